@@ -1,0 +1,110 @@
+"""Model configuration: one frozen dataclass for every family, validated on construction."""
+
+from dataclasses import asdict, dataclass, fields, replace
+
+MODELS = ("transformer", "switchhead", "moa", "switchall")
+POSITIONS = ("xl", "rope")
+MOA_GATINGS = ("softmax", "sigmoid")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters named after the paper's symbols; defaults are the 47M Transformer-XL."""
+
+    model: str = "transformer"  # transformer | switchhead | moa | switchall (= switchhead + sigma-MoE MLP)
+    pos: str = "xl"  # xl: relative positions + memory; rope: rotary
+    d_model: int = 412
+    n_layers: int = 16
+    n_heads: int = 10  # H: attention matrices per token (MoA: active heads = its k)
+    d_head: int = 41
+    d_ff: int = 2053  # dense MLP hidden size (unused by switchall)
+    n_experts: int = 5  # E: experts per head (switchhead) or in the pool (moa)
+    k: int = 2  # active experts per head and side (switchhead)
+    experts: str = "vo"  # which of q, k, v, o are mixtures of experts (switchhead)
+    shared_selection: bool = False  # one router per head serves both sides (switchhead)
+    T: int = 256  # chunk length: tokens computed per step
+    context_blocks: int = 1  # cached past chunks attended to; C = 1 + context_blocks
+    vocab: int = 8000
+    causal: bool = True  # False for sequence classification (ListOps)
+    dropout: float = 0.0
+    entropy_reg: float = 0.0  # switchhead router entropy regulariser coefficient
+    expert_dropout: float = 0.0  # switchhead
+    moa_gating: str = "softmax"
+    moa_cv_coef: float = 0.0  # MoA auxiliary losses: importance CV^2, switch balance, z-loss
+    moa_switch_coef: float = 0.01
+    moa_z_coef: float = 0.001
+    mlp_experts: int = 16  # N_E of the sigma-MoE MLP (switchall)
+    mlp_expert_size: int = 128  # G
+    mlp_k: int = 4  # K
+    mlp_entropy_reg: float = 1e-4
+    mlp_expert_dropout: float = 0.0
+
+    def __post_init__(self):
+        _one_of("model", self.model, MODELS)
+        _one_of("pos", self.pos, POSITIONS)
+        for name in ("d_model", "n_layers", "n_heads", "d_head", "T", "vocab"):
+            _in_range(name, getattr(self, name), 1)
+        _in_range("context_blocks", self.context_blocks, 0)
+        if not self.causal and self.context_blocks:
+            raise ValueError(f"context_blocks must be 0 when causal is False, got {self.context_blocks}")
+        for name in ("dropout", "expert_dropout", "mlp_expert_dropout"):
+            _in_range(name, getattr(self, name), 0.0, 1.0, closed_hi=False)
+        for name in ("entropy_reg", "moa_cv_coef", "moa_switch_coef", "moa_z_coef", "mlp_entropy_reg"):
+            _in_range(name, getattr(self, name), 0.0)
+        if self.mlp == "dense":
+            _in_range("d_ff", self.d_ff, 1)
+        else:
+            _in_range("mlp_experts", self.mlp_experts, 1)
+            _in_range("mlp_expert_size", self.mlp_expert_size, 1)
+            _in_range("mlp_k", self.mlp_k, 1, self.mlp_experts)
+        if self.attention == "switchhead":
+            _in_range("n_experts", self.n_experts, 1)
+            _in_range("k", self.k, 1, self.n_experts)
+            if not self.experts or set(self.experts) - set("qkvo") or len(set(self.experts)) != len(self.experts):
+                raise ValueError(f"experts must be a non-empty subset of 'qkvo', got {self.experts!r}")
+        if self.attention == "moa":
+            _in_range("n_experts", self.n_experts, 1)
+            _in_range("n_heads", self.n_heads, 1, self.n_experts)
+            _one_of("moa_gating", self.moa_gating, MOA_GATINGS)
+
+    @property
+    def attention(self) -> str:
+        return {"transformer": "dense", "switchall": "switchhead"}.get(self.model, self.model)
+
+    @property
+    def mlp(self) -> str:
+        return "sigma_moe" if self.model == "switchall" else "dense"
+
+    @property
+    def mem_len(self) -> int:
+        """Tokens of memory the layers attend to beyond the current chunk."""
+        return self.context_blocks * self.T
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown config fields: {', '.join(unknown)}")
+        return cls(**d)
+
+    def replace(self, **changes) -> "ModelConfig":
+        return replace(self, **changes)
+
+
+def _one_of(name, value, allowed):
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _in_range(name, value, lo, hi=None, closed_hi=True):
+    if isinstance(value, bool) or not isinstance(value, type(lo) if isinstance(lo, int) else (int, float)):
+        raise ValueError(f"{name} must be a {type(lo).__name__}; got {value!r}")
+    above = hi is None or (value <= hi if closed_hi else value < hi)
+    if value < lo or not above:
+        upper = "" if hi is None else (f", {hi}]" if closed_hi else f", {hi})")
+        span = f"[{lo}{upper}" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be in {span}; got {value}")

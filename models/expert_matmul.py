@@ -1,0 +1,140 @@
+"""The expert matmul: every token slot times the weight of the expert its router picked, gate-weighted and
+summed inside the op.
+
+One operation serves SwitchHead (V/K/Q and O experts), MoA (Q and O experts) and the sigma-MoE MLP. A token has
+S slots (head x choice); slot s of token n uses expert ``indices[n, s]`` of a flat expert axis. It reads input
+group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
+
+    out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
+
+The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection that
+router drives. The backward saves only the inputs, the routing and the gates, so activation memory does not grow
+with the number of active experts.
+"""
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+
+@dataclass(eq=False)
+class Routing:
+    """Token slots grouped by expert: ``order`` lists flat slot ids n*S + s, expert by expert."""
+
+    order: Tensor  # [M] slot ids sorted by expert, M = N*S
+    experts: Tensor  # [M] expert of each sorted slot (non-decreasing)
+    offsets: Tensor  # [E+1] start of each expert's run in ``order``
+    n_experts: int
+    slots: int  # S: slots per token
+
+    @property
+    def n_tokens(self) -> int:
+        return self.order.numel() // self.slots
+
+    @cached_property
+    def padded(self) -> tuple[Tensor, int]:
+        """Row of each sorted slot in an [E, capacity] layout, and the capacity (the busiest expert's load)."""
+        counts = self.offsets.diff()
+        capacity = int(counts.max()) if self.order.numel() else 0
+        rank = torch.arange(self.order.numel(), device=self.order.device) - self.offsets[self.experts]
+        return self.experts * capacity + rank, capacity
+
+
+def route(indices: Tensor, n_experts: int) -> Routing:
+    """Sort the slots of ``indices`` [N, S] (expert ids in [0, n_experts)) by expert."""
+    flat = indices.reshape(-1)
+    experts, order = flat.sort(stable=True)
+    counts = torch.bincount(flat, minlength=n_experts)
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    return Routing(order, experts, offsets, n_experts, indices.shape[1])
+
+
+def expert_matmul(
+    x: Tensor, weight: Tensor, routing: Routing, gates: Tensor | None = None, out_groups: int | None = None
+) -> Tensor:
+    """x [N, S_in, d_in], weight [E, d_in, d_out], gates [N, S] or None -> [N, S_out, d_out].
+
+    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction.
+    """
+    n, s_in, d_in = x.shape
+    slots = routing.slots
+    s_out = slots if out_groups is None else out_groups
+    if n != routing.n_tokens or slots % s_in or slots % s_out:
+        raise ValueError(f"x {tuple(x.shape)} and out_groups {s_out} do not fit {n} tokens x {slots} slots")
+    if weight.shape[0] != routing.n_experts or weight.shape[1] != d_in:
+        raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} inputs")
+    if torch.is_autocast_enabled(x.device.type):
+        dtype = torch.get_autocast_dtype(x.device.type)
+        x, weight = x.to(dtype), weight.to(dtype)
+        gates = None if gates is None else gates.to(dtype)
+    return _ExpertMatmul.apply(x, weight, gates, routing, s_out)
+
+
+class _ExpertMatmul(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, gates, routing, s_out):
+        ctx.save_for_backward(x, weight, gates)
+        ctx.routing, ctx.s_out = routing, s_out
+        return _forward(x, weight, gates, routing, s_out)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        x, weight, gates = ctx.saved_tensors
+        needs = ctx.needs_input_grad[:3]
+        grad_x, grad_w, grad_g = _backward(grad_out, x, weight, gates, ctx.routing, needs)
+        return grad_x, grad_w, grad_g, None, None
+
+
+# PyTorch path: sorted slots scattered into an [E, capacity, d] buffer and multiplied with one bmm.
+# It is vectorised but pays for the padding when the load is uneven; the Triton path does not.
+
+
+def _group_rows(routing: Routing, groups: int) -> Tensor:
+    """Row of [N * groups] that each sorted slot reads from or adds into."""
+    token, slot = routing.order // routing.slots, routing.order % routing.slots
+    return token * groups + slot // (routing.slots // groups)
+
+
+def _pad(rows: Tensor, routing: Routing) -> Tensor:
+    index, capacity = routing.padded
+    buffer = rows.new_zeros(routing.n_experts * capacity, rows.shape[1])
+    return buffer.index_copy_(0, index, rows).view(routing.n_experts, capacity, -1)
+
+
+def _unpad(buffer: Tensor, routing: Routing) -> Tensor:
+    return buffer.reshape(-1, buffer.shape[-1])[routing.padded[0]]
+
+
+def _forward(x, weight, gates, routing, s_out):
+    n, s_in, d_in = x.shape
+    x_pad = _pad(x.reshape(n * s_in, d_in)[_group_rows(routing, s_in)], routing)  # [E, cap, d_in]
+    y = _unpad(torch.bmm(x_pad, weight), routing)  # [M, d_out]
+    if gates is not None:
+        y = y * gates.reshape(-1)[routing.order, None]
+    out = y.new_zeros(n * s_out, weight.shape[2])
+    return out.index_add_(0, _group_rows(routing, s_out), y).view(n, s_out, -1)
+
+
+def _backward(grad_out, x, weight, gates, routing, needs):
+    n, s_in, d_in = x.shape
+    s_out = grad_out.shape[1]
+    grad = grad_out.reshape(n * s_out, -1)[_group_rows(routing, s_out)]  # [M, d_out]
+    x_pad = _pad(x.reshape(n * s_in, d_in)[_group_rows(routing, s_in)], routing)  # [E, cap, d_in]
+    grad_x = grad_w = grad_g = None
+    if gates is not None:
+        if needs[2]:
+            y = _unpad(torch.bmm(x_pad, weight), routing)  # recomputed rather than saved
+            grad_g = gates.new_empty(gates.numel()).index_copy_(0, routing.order, (y * grad).sum(1))
+            grad_g = grad_g.view(gates.shape)
+        grad = grad * gates.reshape(-1)[routing.order, None]
+    grad_pad = _pad(grad, routing)  # [E, cap, d_out]
+    if needs[0]:
+        grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), routing)
+        grad_x = x.new_zeros(n * s_in, d_in).index_add_(0, _group_rows(routing, s_in), grad_rows)
+        grad_x = grad_x.view_as(x)
+    if needs[1]:
+        grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
+    return grad_x, grad_w, grad_g

@@ -1,0 +1,124 @@
+"""Pre-LayerNorm Transformer stacks: a language model that carries XL memory across chunks, and a sequence
+classifier (no causal mask) for ListOps. Any attention composes with any MLP."""
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention_dense import DenseAttention
+from .config import ModelConfig
+from .mlp import DenseMLP
+from .moa import MoAAttention
+from .sigma_moe import SigmaMoE
+from .switchhead import SwitchHeadAttention
+from .window import make_window, next_memory, with_memory
+
+ATTENTIONS = {"dense": DenseAttention, "switchhead": SwitchHeadAttention, "moa": MoAAttention}
+MLPS = {"dense": DenseMLP, "sigma_moe": SigmaMoE}
+
+
+@dataclass(frozen=True)
+class State:
+    """What a stack carries from one call to the next: each layer's cached inputs and the position reached."""
+
+    mems: tuple[Tensor | None, ...]
+    offset: int = 0
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_attn, self.ln_mlp = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = ATTENTIONS[cfg.attention](cfg)
+        self.mlp = MLPS[cfg.mlp](cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mem, window):
+        """-> (output, this layer's window inputs, auxiliary loss)."""
+        h = self.ln_attn(x)
+        y, aux_attn = self.attn(h, mem, window)
+        x = x + self.dropout(y)
+        y, aux_mlp = self.mlp(self.ln_mlp(x))
+        return x + self.dropout(y), with_memory(mem, h), aux_attn + aux_mlp
+
+
+class Stack(nn.Module):
+    """Embedding, L blocks and the final LayerNorm."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embedding = nn.Embedding(cfg.vocab, cfg.d_model)
+        nn.init.normal_(self.embedding.weight, std=cfg.d_model**-0.5)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.ln_out = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State, Tensor | float]:
+        # B batch, t tokens
+        cfg = self.cfg
+        B, t = tokens.shape
+        state = state or State((None,) * cfg.n_layers)
+        mem_len = 0 if state.mems[0] is None else state.mems[0].shape[1]
+        window = make_window(state.offset, mem_len, t, cfg.T, cfg.context_blocks, cfg.causal, tokens.device)
+        x = self.dropout(self.embedding(tokens))  # [B, t, d_model]
+        mems, aux = [], 0.0
+        end = state.offset + t
+        for block, mem in zip(self.blocks, state.mems, strict=True):
+            x, inputs, aux_block = block(x, mem, window)
+            mems.append(next_memory(inputs, end, cfg.T, cfg.context_blocks) if cfg.causal else None)
+            aux = aux + aux_block
+        return self.ln_out(x), State(tuple(mems), end), aux
+
+
+@dataclass(frozen=True)
+class LMOutput:
+    logits: Tensor  # [B, t, vocab]
+    state: State
+    aux_loss: Tensor | float  # weighted sum of the routers' auxiliary losses
+
+    def loss(self, targets: Tensor) -> Tensor:
+        """Cross-entropy against targets [B, t], plus the auxiliary losses."""
+        return F.cross_entropy(self.logits.flatten(0, 1).float(), targets.flatten()) + self.aux_loss
+
+
+class LanguageModel(nn.Module):
+    """Decoder-only LM with an untied output projection."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if not cfg.causal:
+            raise ValueError("causal must be True for a language model")
+        self.cfg = cfg
+        self.stack = Stack(cfg)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        nn.init.normal_(self.head.weight, std=cfg.d_model**-0.5)
+
+    def forward(self, tokens: Tensor, state: State | None = None) -> LMOutput:
+        h, state, aux = self.stack(tokens, state)
+        return LMOutput(self.head(h), state, aux)
+
+
+class SequenceClassifier(nn.Module):
+    """Bidirectional stack, mean-pooled over positions, then a linear classifier."""
+
+    def __init__(self, cfg: ModelConfig, n_classes: int):
+        super().__init__()
+        if cfg.causal:
+            raise ValueError("causal must be False for a sequence classifier")
+        self.cfg = cfg
+        self.stack = Stack(cfg)
+        self.head = nn.Linear(cfg.d_model, n_classes, bias=False)
+        nn.init.normal_(self.head.weight, std=cfg.d_model**-0.5)
+
+    def forward(self, tokens: Tensor) -> tuple[Tensor, Tensor | float]:
+        """tokens [B, t] -> (class logits [B, n_classes], auxiliary loss)."""
+        h, _, aux = self.stack(tokens)
+        return self.head(h.mean(dim=1)), aux
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+

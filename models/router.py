@@ -1,0 +1,26 @@
+"""Sigmoid top-k expert selection (SwitchHead, sigma-MoE) and its optional entropy regulariser."""
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[Tensor, Tensor]:
+    """logits [..., E] -> (gates, experts), each [..., k]; gates are sigmoids, not renormalised.
+
+    Expert dropout (training only, by the caller) hides a random subset of experts from the selection.
+    """
+    scores = torch.sigmoid(logits)
+    candidates = scores
+    if expert_dropout > 0:
+        candidates = scores.masked_fill(torch.rand_like(scores) < expert_dropout, float("-inf"))
+    experts = candidates.topk(k, dim=-1, sorted=False).indices
+    return scores.gather(-1, experts), experts
+
+
+def entropy_regularizer(logits: Tensor) -> Tensor:
+    """Minus the entropy of the token-averaged softmax of logits [N, G, E], averaged over the G routers."""
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    mean_log_p = torch.logsumexp(log_p, dim=0) - math.log(logits.shape[0])
+    return (mean_log_p.exp() * mean_log_p).sum(-1).mean()

@@ -1,0 +1,39 @@
+"""sigma-MoE MLP: N_E small ReLU MLPs of hidden size G, K of them chosen per token by a sigmoid router."""
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .expert_matmul import expert_matmul, route
+from .initialization import init_projection_, init_router_
+from .observe import Observable
+from .router import entropy_regularizer, sigmoid_topk
+
+
+class SigmaMoE(Observable, nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        E, G, d = cfg.mlp_experts, cfg.mlp_expert_size, cfg.d_model
+        self.router = nn.Linear(d, E, bias=False)
+        self.up = nn.Parameter(torch.empty(E, d, G))
+        self.down = nn.Parameter(torch.empty(E, G, d))
+        init_router_(self.router.weight, cfg.n_layers)
+        init_projection_(self.up, d, cfg.n_layers)
+        init_projection_(self.down, cfg.mlp_k * G, cfg.n_layers)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor | float]:
+        # N tokens, E experts, K active, G expert size
+        cfg = self.cfg
+        B, t, d = x.shape
+        logits = self.router(x).view(B * t, cfg.mlp_experts)  # [N, E]
+        dropout = cfg.mlp_expert_dropout if self.training else 0.0
+        gates, experts = sigmoid_topk(logits, cfg.mlp_k, dropout)  # [N, K]
+        routing = route(experts, cfg.mlp_experts)
+        hidden = torch.relu(expert_matmul(x.reshape(B * t, 1, d), self.up, routing))  # [N, K, G]
+        y = expert_matmul(hidden, self.down, routing, gates, 1).view(B, t, d)
+        if self.observing:
+            self.record(experts=experts.view(B, t, -1), gates=gates.detach().view(B, t, -1))
+        if not cfg.mlp_entropy_reg:
+            return y, 0.0
+        return y, cfg.mlp_entropy_reg * entropy_regularizer(logits[:, None])

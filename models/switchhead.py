@@ -1,0 +1,121 @@
+"""SwitchHead attention: a few heads whose V and O projections (by default) are mixtures of experts.
+
+Each head has a source-side router over the tokens attended to and a destination-side router over the current
+tokens: ``s = sigmoid(x W^h)``, top-k, gates not renormalised. K experts use the source router, Q experts the
+destination one; with ``shared_selection`` one router per head serves both sides.
+"""
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .expert_matmul import Routing, expert_matmul, route
+from .initialization import init_projection_, init_router_
+from .observe import Observable
+from .positions import positional_attention
+from .router import entropy_regularizer, sigmoid_topk
+from .window import Window, with_memory
+
+
+class Selection(NamedTuple):
+    experts: Tensor  # [B, L, H, K] expert of each head's choice
+    gates: Tensor  # [B, L, H, K]
+    routing: Routing  # over the flat (head, expert) axis
+    logits: Tensor  # [B * L, H, E]
+
+
+class SwitchHeadAttention(Observable, nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        H, E, d, D = cfg.n_heads, cfg.n_experts, cfg.d_model, cfg.d_head
+        for name in "qkv":
+            if name in cfg.experts:
+                weight = nn.Parameter(torch.empty(H * E, d, D))
+                init_projection_(weight, d, cfg.n_layers)
+            else:
+                weight = nn.Linear(d, H * D, bias=False)
+                init_projection_(weight.weight, d, cfg.n_layers)
+            setattr(self, name, weight)
+        if "o" in cfg.experts:
+            self.o = nn.Parameter(torch.empty(H * E, D, d))
+            init_projection_(self.o, H * D, cfg.n_layers)
+        else:
+            self.o = nn.Linear(H * D, d, bias=False)
+            init_projection_(self.o.weight, H * D, cfg.n_layers)
+        src_used, dst_used = bool(set(cfg.experts) & set("kv")), bool(set(cfg.experts) & set("qo"))
+        self.src_router = self.dst_router = None
+        if src_used or cfg.shared_selection:
+            self.src_router = nn.Linear(d, H * E, bias=False)
+        if dst_used and not cfg.shared_selection:
+            self.dst_router = nn.Linear(d, H * E, bias=False)
+        self.uses_src, self.uses_dst = src_used, dst_used
+        for router in (self.src_router, self.dst_router):
+            if router is not None:
+                init_router_(router.weight, cfg.n_layers)
+        self.attention = positional_attention(cfg, H)
+
+    def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
+        # B batch, t current tokens, S memory + current tokens, H heads, E experts, K active, D d_head
+        cfg = self.cfg
+        B, t, _ = x.shape
+        xs = with_memory(mem, x)  # [B, S, d_model]
+        src = dst = None
+        if self.uses_src:
+            src = self._select(self.src_router(xs), B)
+        if self.uses_dst and src is not None and cfg.shared_selection:
+            dst = self._select(src.logits.view(B, -1, src.logits.shape[1] * src.logits.shape[2])[:, -t:], B)
+        elif self.uses_dst:
+            dst = self._select((self.src_router if cfg.shared_selection else self.dst_router)(x), B)
+        q = self._project("q", x, dst).transpose(1, 2)  # [B, H, t, D]
+        k = self._project("k", xs, src).transpose(1, 2)  # [B, H, S, D]
+        v = self._project("v", xs, src).transpose(1, 2)  # [B, H, S, D]
+        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        out = out.transpose(1, 2)  # [B, t, H, D]
+        if "o" in cfg.experts:
+            y = expert_matmul(out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, _flat(dst.gates), 1)
+        else:
+            y = self.o(out.reshape(B * t, -1))
+        if self.observing:
+            self.record(maps=maps, **_selection_record("src", src), **_selection_record("dst", dst))
+        return y.view(B, t, -1), self._regularizer(src, dst)
+
+    def _select(self, logits: Tensor, B: int) -> Selection:
+        """Top-k of each head's router logits [B, L, H * E]."""
+        cfg = self.cfg
+        L = logits.shape[1]
+        logits = logits.reshape(B * L, cfg.n_heads, cfg.n_experts)  # [N, H, E]
+        dropout = cfg.expert_dropout if self.training else 0.0
+        gates, experts = sigmoid_topk(logits, cfg.k, dropout)  # [N, H, K]
+        flat = experts + torch.arange(cfg.n_heads, device=logits.device)[:, None] * cfg.n_experts
+        routing = route(flat.view(B * L, -1), cfg.n_heads * cfg.n_experts)
+        shape = (B, L, cfg.n_heads, cfg.k)
+        return Selection(experts.view(shape), gates.view(shape), routing, logits)
+
+    def _project(self, name: str, x: Tensor, selection: Selection | None) -> Tensor:
+        """Q, K or V of x [B, L, d_model] -> [B, L, H, D], through experts if ``name`` is one of them."""
+        B, L, d = x.shape
+        weight = getattr(self, name)
+        if name in self.cfg.experts:
+            y = expert_matmul(x.reshape(B * L, 1, d), weight, selection.routing, _flat(selection.gates), self.cfg.n_heads)
+        else:
+            y = weight(x)
+        return y.view(B, L, self.cfg.n_heads, self.cfg.d_head)
+
+    def _regularizer(self, src: Selection | None, dst: Selection | None) -> Tensor | float:
+        if not self.cfg.entropy_reg:
+            return 0.0
+        used = [s for s in (src, dst) if s is not None]
+        return self.cfg.entropy_reg * sum(entropy_regularizer(s.logits) for s in used)
+
+
+def _flat(gates: Tensor) -> Tensor:
+    return gates.reshape(-1, gates.shape[2] * gates.shape[3])  # [B, L, H, K] -> [N, H * K]
+
+
+def _selection_record(side: str, selection: Selection | None) -> dict:
+    if selection is None:
+        return {}
+    return {f"{side}_experts": selection.experts, f"{side}_gates": selection.gates.detach()}
