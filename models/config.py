@@ -60,7 +60,11 @@ class ModelConfig:
         if self.attention == "switchhead":
             _in_range("n_experts", self.n_experts, 1)
             _in_range("k", self.k, 1, self.n_experts)
-            if not self.experts or set(self.experts) - set("qkvo") or len(set(self.experts)) != len(self.experts):
+            if (
+                not self.experts
+                or set(self.experts) - set("qkvo")
+                or len(set(self.experts)) != len(self.experts)
+            ):
                 raise ValueError(f"experts must be a non-empty subset of 'qkvo', got {self.experts!r}")
         if self.attention == "moa":
             _in_range("n_experts", self.n_experts, 1)
@@ -102,7 +106,9 @@ def _one_of(name, value, allowed):
 
 def _in_range(name, value, lo, hi=None, closed_hi=True):
     if isinstance(value, bool) or not isinstance(value, type(lo) if isinstance(lo, int) else (int, float)):
-        raise ValueError(f"{name} must be a {type(lo).__name__}; got {value!r}")
+        raise ValueError(
+            f"{name} must be {'an integer' if isinstance(lo, int) else 'a number'}; got {value!r}"
+        )
     above = hi is None or (value <= hi if closed_hi else value < hi)
     if value < lo or not above:
         upper = "" if hi is None else (f", {hi}]" if closed_hi else f", {hi})")

@@ -1,15 +1,15 @@
 """The expert matmul: every token slot times the weight of the expert its router picked, gate-weighted and
 summed inside the op.
 
-One operation serves SwitchHead (V/K/Q and O experts), MoA (Q and O experts) and the sigma-MoE MLP. A token has
-S slots (head x choice); slot s of token n uses expert ``indices[n, s]`` of a flat expert axis. It reads input
-group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
+One operation serves SwitchHead (V/K/Q and O experts), MoA (Q and O experts) and the sigma-MoE MLP. A token
+has S slots (head x choice); slot s of token n uses expert ``indices[n, s]`` of a flat expert axis. It reads
+input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
 
     out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
 
-The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection that
-router drives. The backward saves only the inputs, the routing and the gates, so activation memory does not grow
-with the number of active experts.
+The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection
+that router drives. The backward saves only the inputs, the routing and the gates, so activation memory does
+not grow with the number of active experts.
 """
 
 from dataclasses import dataclass
@@ -35,7 +35,7 @@ class Routing:
 
     @cached_property
     def padded(self) -> tuple[Tensor, int]:
-        """Row of each sorted slot in an [E, capacity] layout, and the capacity (the busiest expert's load)."""
+        """Row of each sorted slot in an [E, capacity] layout; capacity = the busiest expert's load."""
         counts = self.offsets.diff()
         capacity = int(counts.max()) if self.order.numel() else 0
         rank = torch.arange(self.order.numel(), device=self.order.device) - self.offsets[self.experts]
@@ -64,7 +64,9 @@ def expert_matmul(
     if n != routing.n_tokens or slots % s_in or slots % s_out:
         raise ValueError(f"x {tuple(x.shape)} and out_groups {s_out} do not fit {n} tokens x {slots} slots")
     if weight.shape[0] != routing.n_experts or weight.shape[1] != d_in:
-        raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} inputs")
+        raise ValueError(
+            f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} inputs"
+        )
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)

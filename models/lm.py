@@ -58,7 +58,7 @@ class Stack(nn.Module):
     def forward(self, tokens: Tensor, state: State | None = None) -> tuple[Tensor, State, Tensor | float]:
         # B batch, t tokens
         cfg = self.cfg
-        B, t = tokens.shape
+        t = tokens.shape[1]
         state = state or State((None,) * cfg.n_layers)
         mem_len = 0 if state.mems[0] is None else state.mems[0].shape[1]
         window = make_window(state.offset, mem_len, t, cfg.T, cfg.context_blocks, cfg.causal, tokens.device)
@@ -120,5 +120,3 @@ class SequenceClassifier(nn.Module):
 
 def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
-
-

@@ -54,14 +54,18 @@ class MoAAttention(Observable, nn.Module):
         if cfg.moa_gating != "softmax":
             return 0.0
         losses = moa_losses(logits, gates, experts)
-        return cfg.moa_cv_coef * losses["cv"] + cfg.moa_switch_coef * losses["switch"] + cfg.moa_z_coef * losses["z"]
+        return (
+            cfg.moa_cv_coef * losses["cv"]
+            + cfg.moa_switch_coef * losses["switch"]
+            + cfg.moa_z_coef * losses["z"]
+        )
 
 
 def moa_losses(logits: Tensor, gates: Tensor, experts: Tensor) -> dict[str, Tensor]:
     """MoA's auxiliary losses from router logits [N, E] and the chosen gates/experts [N, H].
 
-    cv: squared coefficient of variation of per-expert importance (summed gates); switch: E * sum_e of the mean
-    router probability times the fraction of selections; z: mean squared logsumexp of the logits.
+    cv: squared coefficient of variation of per-expert importance (summed gates); switch: E * sum_e of
+    the mean router probability times the fraction of selections; z: mean squared logsumexp of the logits.
     Per-expert quantities are accumulated along the expert axis.
     """
     n_experts = logits.shape[1]
@@ -71,5 +75,3 @@ def moa_losses(logits: Tensor, gates: Tensor, experts: Tensor) -> dict[str, Tens
     switch = n_experts * (logits.softmax(-1).mean(0) * counts / experts.numel()).sum()
     z = torch.logsumexp(logits, dim=-1).pow(2).mean()
     return {"cv": cv, "switch": switch, "z": z}
-
-

@@ -10,7 +10,9 @@ _ENWIK8 = dict(d_model=512, n_layers=12, T=512, context_blocks=1, vocab=256, dro
 _SMALL_ROPE = dict(_SMALL_XL, pos="rope", T=512, context_blocks=0)
 _BIG_ROPE = dict(_BIG_XL, pos="rope", T=1024, context_blocks=0)
 _SMALL_SIGMA_MOE = dict(mlp_experts=16, mlp_expert_size=128, mlp_k=4, mlp_entropy_reg=1e-4)
-_BIG_SIGMA_MOE = dict(mlp_experts=32, mlp_expert_size=128, mlp_k=4, mlp_entropy_reg=1e-3, mlp_expert_dropout=0.1)
+_BIG_SIGMA_MOE = dict(
+    mlp_experts=32, mlp_expert_size=128, mlp_k=4, mlp_entropy_reg=1e-3, mlp_expert_dropout=0.1
+)
 
 
 def _dense(base, heads, d_head, d_ff):
@@ -30,7 +32,7 @@ def _moa(base, heads, d_head, experts, d_ff):
 
 
 _PUBLISHED = {
-    # Table 1: Wikitext-103, with the MoA rows (d_head and E inferred: the only values that reproduce the costs)
+    # Table 1: Wikitext-103, and MoA (d_head and E inferred: the only values that reproduce the costs)
     "wikitext103-47m-transformer-h10": _dense(_SMALL_XL, 10, 41, 2053),
     "wikitext103-47m-transformer-h2": _dense(_SMALL_XL, 2, 205, 2053),
     "wikitext103-47m-switchhead-h2": _switchhead(_SMALL_XL, 2, 76, 5, 2, 2080),

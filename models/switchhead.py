@@ -75,7 +75,9 @@ class SwitchHeadAttention(Observable, nn.Module):
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
         out = out.transpose(1, 2)  # [B, t, H, D]
         if "o" in cfg.experts:
-            y = expert_matmul(out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, _flat(dst.gates), 1)
+            y = expert_matmul(
+                out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, _flat(dst.gates), 1
+            )
         else:
             y = self.o(out.reshape(B * t, -1))
         if self.observing:
@@ -99,7 +101,9 @@ class SwitchHeadAttention(Observable, nn.Module):
         B, L, d = x.shape
         weight = getattr(self, name)
         if name in self.cfg.experts:
-            y = expert_matmul(x.reshape(B * L, 1, d), weight, selection.routing, _flat(selection.gates), self.cfg.n_heads)
+            y = expert_matmul(
+                x.reshape(B * L, 1, d), weight, selection.routing, _flat(selection.gates), self.cfg.n_heads
+            )
         else:
             y = weight(x)
         return y.view(B, L, self.cfg.n_heads, self.cfg.d_head)

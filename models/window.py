@@ -17,7 +17,9 @@ class Window:
     causal: bool
 
 
-def make_window(offset: int, mem_len: int, t: int, T: int, context_blocks: int, causal: bool, device) -> Window:
+def make_window(
+    offset: int, mem_len: int, t: int, T: int, context_blocks: int, causal: bool, device
+) -> Window:
     """Window of ``t`` tokens starting at ``offset``, after ``mem_len`` cached tokens."""
     k_pos = torch.arange(offset - mem_len, offset + t, device=device)
     q_pos = k_pos[mem_len:]

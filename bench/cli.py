@@ -1,0 +1,154 @@
+"""The ``switchbench`` command line."""
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
+from models.presets import PRESETS, from_name
+
+from .params import parameter_counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except ValueError as error:
+        print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="switchbench", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    presets = commands.add_parser("presets", help="the named configurations and their key hyperparameters")
+    _add_json(presets)
+    presets.set_defaults(run=run_presets)
+
+    params = commands.add_parser("params", help="parameter counts of a preset or of any configuration")
+    add_config_args(params)
+    _add_json(params)
+    params.set_defaults(run=run_params)
+
+    everything = commands.add_parser("all", help="the main job on the embedded default")
+    _add_json(everything)
+    everything.set_defaults(run=run_all)
+    return parser
+
+
+def _add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+_CHOICES = {"model": MODELS, "pos": POSITIONS, "moa_gating": MOA_GATINGS}
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """A positional PRESET and one flag per ModelConfig field (named after its symbol) that overrides it."""
+    parser.add_argument("preset", nargs="?", help="a preset name (see `switchbench presets`)")
+    group = parser.add_argument_group("configuration (overrides the preset)")
+    for field in dataclasses.fields(ModelConfig):
+        flag = "--" + field.name.replace("_", "-")
+        if field.type in (bool, "bool"):
+            group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
+            choices = _CHOICES.get(field.name)
+            metavar = "|".join(choices) if choices else field.name.upper()
+            group.add_argument(flag, dest=field.name, type=kind, choices=choices, metavar=metavar)
+
+
+def config_from_args(args: argparse.Namespace) -> ModelConfig:
+    base = from_name(args.preset) if args.preset else ModelConfig()
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)}
+    return base.replace(**{name: value for name, value in changes.items() if value is not None})
+
+
+def run_presets(args) -> None:
+    rows = [_preset_row(name, cfg) for name, cfg in PRESETS.items()]
+    _emit(rows, args.json)
+
+
+def run_params(args) -> None:
+    cfg = config_from_args(args)
+    counts = parameter_counts(cfg)
+    if args.json:
+        print(json.dumps({"preset": args.preset, "config": cfg.to_dict(), **counts}, indent=2))
+        return
+    per_layer = counts["per_layer"]
+    rows = [
+        {"what": "total", "parameters": counts["total"]},
+        {"what": "embedding", "parameters": counts["embedding"]},
+        {"what": "output head", "parameters": counts["head"]},
+        {"what": f"per layer (x{counts['layers']}): attention", "parameters": per_layer["attention"]},
+        {"what": "per layer: MLP", "parameters": per_layer["mlp"]},
+        {"what": "per layer: attention + MLP", "parameters": per_layer["attention_plus_mlp"]},
+        {"what": "per layer: LayerNorms", "parameters": per_layer["layer_norms"]},
+    ]
+    print(f"{args.preset or 'custom'}: {_describe(cfg)}")
+    print(format_table(rows))
+
+
+def run_all(args) -> None:
+    """For now: every preset with its parameter counts."""
+    run_presets(args)
+
+
+def _preset_row(name: str, cfg: ModelConfig) -> dict:
+    counts = parameter_counts(cfg)
+    return {
+        "preset": name,
+        "model": cfg.model,
+        "pos": cfg.pos,
+        "d_model": cfg.d_model,
+        "layers": cfg.n_layers,
+        "heads": f"{cfg.n_heads}x{cfg.d_head}",
+        "experts": _experts(cfg),
+        "mlp": f"{cfg.mlp_experts}x{cfg.mlp_expert_size} K{cfg.mlp_k}"
+        if cfg.mlp == "sigma_moe"
+        else cfg.d_ff,
+        "T": cfg.T,
+        "C": 1 + cfg.context_blocks,
+        "params": counts["total"],
+        "layer_params": counts["per_layer"]["attention_plus_mlp"],
+    }
+
+
+def _experts(cfg: ModelConfig) -> str:
+    if cfg.attention == "switchhead":
+        return f"E{cfg.n_experts} k{cfg.k} {cfg.experts}" + (" shared" if cfg.shared_selection else "")
+    if cfg.attention == "moa":
+        return f"E{cfg.n_experts} {cfg.moa_gating}"
+    return "-"
+
+
+def _describe(cfg: ModelConfig) -> str:
+    heads = f"{cfg.n_heads}x{cfg.d_head}"
+    return f"{cfg.model} ({cfg.pos}), d_model {cfg.d_model}, {cfg.n_layers} layers, heads {heads}"
+
+
+def _emit(rows: list[dict], as_json: bool) -> None:
+    print(json.dumps(rows, indent=2) if as_json else format_table(rows))
+
+
+def format_table(rows: list[dict]) -> str:
+    """Plain-text table; integers with thousands separators, right-aligned."""
+    cells = [[f"{v:,}" if isinstance(v, int) else str(v) for v in row.values()] for row in rows]
+    header = list(rows[0])
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(header)]
+    numeric = [isinstance(v, int) for v in rows[0].values()]
+
+    def line(values):
+        return "  ".join(
+            v.rjust(w) if n else v.ljust(w) for v, w, n in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Bad configurations fail early, with the field and its allowed range, from Python and the command line."""
+
+import json
+import re
+
+import pytest
+
+from bench.cli import main
+from models.config import ModelConfig
+from models.presets import PRESETS, from_name
+
+BAD = [
+    (dict(model="switchhead", n_experts=4, k=5), "k must be in [1, 4]"),
+    (dict(d_model=0), "d_model must be in >= 1"),
+    (dict(n_heads=-2), "n_heads"),
+    (dict(pos="alibi"), "pos must be one of xl, rope"),
+    (dict(model="gpt"), "model must be one of"),
+    (dict(model="switchhead", experts=""), "experts must be a non-empty subset of 'qkvo'"),
+    (dict(model="switchhead", experts="vx"), "experts"),
+    (dict(model="switchhead", experts="vv"), "experts"),
+    (dict(context_blocks=-1), "context_blocks"),
+    (dict(causal=False, context_blocks=1), "context_blocks must be 0 when causal is False"),
+    (dict(model="moa", n_heads=12, n_experts=10), "n_heads must be in [1, 10]"),
+    (dict(model="moa", n_heads=2, moa_gating="relu"), "moa_gating must be one of softmax, sigmoid"),
+    (dict(model="switchall", mlp_k=20, mlp_experts=16), "mlp_k must be in [1, 16]"),
+    (dict(dropout=1.0), "dropout must be in [0.0, 1.0)"),
+    (dict(d_model="412"), "d_model must be an integer"),
+    (dict(entropy_reg=-0.1), "entropy_reg"),
+]
+
+
+@pytest.mark.parametrize("changes, message", BAD)
+def test_bad_config_names_field_and_range(changes, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ModelConfig(**changes)
+
+
+def test_fields_of_other_families_are_not_checked():
+    """A dense model does not care about its unused expert settings."""
+    ModelConfig(model="transformer", n_experts=2, k=7)
+
+
+def test_unknown_preset_suggests_close_names():
+    with pytest.raises(ValueError, match="c4-47m-switchhead-h2"):
+        from_name("c4-47m-switchhead-h3")
+
+
+def test_config_round_trips_through_a_dict():
+    cfg = PRESETS["c4-262m-switchall-h4"]
+    assert ModelConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match="unknown config fields: colour"):
+        ModelConfig.from_dict({**cfg.to_dict(), "colour": 1})
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["params", "--model", "switchhead", "--k", "9"], "k must be in [1, 5]"),
+        (["params", "no-such-preset"], "unknown preset 'no-such-preset'"),
+        (["params", "--d-model", "abc"], "invalid int value"),
+        (["params", "--pos", "alibi"], "invalid choice"),
+        (["params", "--model", "switchhead", "--experts", ""], "experts must be a non-empty subset"),
+    ],
+)
+def test_cli_rejects_bad_configs_with_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_cli_params_json_overrides_the_preset(capsys):
+    assert main(["params", "c4-47m-switchhead-h2", "--n-heads", "3", "--d-head", "112", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["n_heads"] == 3 and out["config"]["k"] == 3
+    assert out["per_layer"]["attention"] == 2 * 412 * 336 + 2 * 15 * 412 * 112 + 2 * 412 * 15 + 412 * 336
+
+
+def test_cli_presets_lists_every_preset(capsys):
+    assert main(["presets", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["preset"] for r in rows] == list(PRESETS)
