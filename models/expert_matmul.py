@@ -52,11 +52,17 @@ def route(indices: Tensor, n_experts: int) -> Routing:
 
 
 def expert_matmul(
-    x: Tensor, weight: Tensor, routing: Routing, gates: Tensor | None = None, out_groups: int | None = None
+    x: Tensor,
+    weight: Tensor,
+    routing: Routing,
+    gates: Tensor | None = None,
+    out_groups: int | None = None,
+    impl: str = "torch",
 ) -> Tensor:
     """x [N, S_in, d_in], weight [E, d_in, d_out], gates [N, S] or None -> [N, S_out, d_out].
 
-    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction.
+    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction. ``impl`` names an entry of
+    IMPLEMENTATIONS.
     """
     n, s_in, d_in = x.shape
     slots = routing.slots
@@ -71,23 +77,25 @@ def expert_matmul(
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         gates = None if gates is None else gates.to(dtype)
-    return _ExpertMatmul.apply(x, weight, gates, routing, s_out)
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"impl must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
+    return _ExpertMatmul.apply(x, weight, gates, routing, s_out, impl)
 
 
 class _ExpertMatmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, gates, routing, s_out):
+    def forward(ctx, x, weight, gates, routing, s_out, impl):
         ctx.save_for_backward(x, weight, gates)
-        ctx.routing, ctx.s_out = routing, s_out
-        return _forward(x, weight, gates, routing, s_out)
+        ctx.routing, ctx.impl = routing, impl
+        return IMPLEMENTATIONS[impl][0](x, weight, gates, routing, s_out)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         x, weight, gates = ctx.saved_tensors
         needs = ctx.needs_input_grad[:3]
-        grad_x, grad_w, grad_g = _backward(grad_out, x, weight, gates, ctx.routing, needs)
-        return grad_x, grad_w, grad_g, None, None
+        grad_x, grad_w, grad_g = IMPLEMENTATIONS[ctx.impl][1](grad_out, x, weight, gates, ctx.routing, needs)
+        return grad_x, grad_w, grad_g, None, None, None
 
 
 # PyTorch path: sorted slots scattered into an [E, capacity, d] buffer and multiplied with one bmm.
@@ -140,3 +148,7 @@ def _backward(grad_out, x, weight, gates, routing, needs):
     if needs[1]:
         grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
     return grad_x, grad_w, grad_g
+
+
+# name -> (forward(x, weight, gates, routing, s_out), backward(grad_out, x, weight, gates, routing, needs))
+IMPLEMENTATIONS = {"torch": (_forward, _backward)}
