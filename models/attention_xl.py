@@ -10,10 +10,10 @@ from .initialization import init_projection_
 from .window import Window, attend
 
 
-def sinusoids(distances: Tensor, d_model: int) -> Tensor:
-    """Sinusoidal encodings [D, d_model] of integer distances [D]."""
-    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, device=distances.device) / d_model)
-    angles = distances[:, None].float() * inv_freq[None, :]
+def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sinusoidal encodings [D, d_model] of integer distances [D], computed in ``dtype``."""
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, device=distances.device, dtype=dtype) / d_model)
+    angles = distances[:, None].to(dtype) * inv_freq[None, :]
     return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :d_model]
 
 
@@ -31,7 +31,8 @@ class XLAttention(nn.Module):
         t, S = q.shape[2], k.shape[2]
         lowest = 0 if window.causal else 1 - t  # causal: negative distances are masked anyway
         distances = torch.arange(lowest, S, device=q.device)  # [D]; the largest is S - 1
-        r = self.pos_proj(sinusoids(distances, self.d_model).to(q.dtype))  # [D, Hk * d_head]
+        encodings = sinusoids(distances, self.d_model, torch.promote_types(q.dtype, torch.float32))
+        r = self.pos_proj(encodings.to(q.dtype))  # [D, Hk * d_head]
         r = r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
         index = (window.q_pos[:, None] - window.k_pos[None, :] - lowest).clamp_(min=0)  # [t, S]
         pos = (q @ r).gather(-1, index.expand(*q.shape[:2], t, S))  # [B, H, t, S]

@@ -35,11 +35,12 @@ class Routing:
 
     @cached_property
     def padded(self) -> tuple[Tensor, int]:
-        """Row of each sorted slot in an [E, capacity] layout; capacity = the busiest expert's load."""
+        """Row of each slot (n*S + s order) in an [E, capacity] layout; capacity: the busiest load."""
         counts = self.offsets.diff()
         capacity = int(counts.max()) if self.order.numel() else 0
         rank = torch.arange(self.order.numel(), device=self.order.device) - self.offsets[self.experts]
-        return self.experts * capacity + rank, capacity
+        rows = torch.empty_like(self.order).index_copy_(0, self.order, self.experts * capacity + rank)
+        return rows, capacity
 
 
 def route(indices: Tensor, n_experts: int) -> Routing:
@@ -98,14 +99,19 @@ class _ExpertMatmul(torch.autograd.Function):
         return grad_x, grad_w, grad_g, None, None, None
 
 
-# PyTorch path: sorted slots scattered into an [E, capacity, d] buffer and multiplied with one bmm.
-# It is vectorised but pays for the padding when the load is uneven; the Triton path does not.
+# PyTorch path: the slots are scattered into an [E, capacity, d] buffer and multiplied with one bmm. It is
+# vectorised but pays for the padding when the load is uneven; the Triton path does not.
 
 
-def _group_rows(routing: Routing, groups: int) -> Tensor:
-    """Row of [N * groups] that each sorted slot reads from or adds into."""
-    token, slot = routing.order // routing.slots, routing.order % routing.slots
-    return token * groups + slot // (routing.slots // groups)
+def _per_slot(t: Tensor, slots: int) -> Tensor:
+    """[N, G, d] -> [N * slots, d]: each group's row repeated for its slots // G slots."""
+    n, groups, d = t.shape
+    return t[:, :, None].expand(n, groups, slots // groups, d).reshape(n * slots, d)
+
+
+def _group_sum(t: Tensor, n: int, groups: int) -> Tensor:
+    """[N * S, d] -> [N, groups, d]: the sum over each group's slots."""
+    return t.view(n, groups, -1, t.shape[-1]).sum(2)
 
 
 def _pad(rows: Tensor, routing: Routing) -> Tensor:
@@ -115,36 +121,32 @@ def _pad(rows: Tensor, routing: Routing) -> Tensor:
 
 
 def _unpad(buffer: Tensor, routing: Routing) -> Tensor:
-    return buffer.reshape(-1, buffer.shape[-1])[routing.padded[0]]
+    return buffer.view(-1, buffer.shape[-1])[routing.padded[0]]
 
 
 def _forward(x, weight, gates, routing, s_out):
-    n, s_in, d_in = x.shape
-    x_pad = _pad(x.reshape(n * s_in, d_in)[_group_rows(routing, s_in)], routing)  # [E, cap, d_in]
-    y = _unpad(torch.bmm(x_pad, weight), routing)  # [M, d_out]
+    n = x.shape[0]
+    x_pad = _pad(_per_slot(x, routing.slots), routing)  # [E, cap, d_in]
+    y = _unpad(torch.bmm(x_pad, weight), routing)  # [N * S, d_out]
     if gates is not None:
-        y = y * gates.reshape(-1)[routing.order, None]
-    out = y.new_zeros(n * s_out, weight.shape[2])
-    return out.index_add_(0, _group_rows(routing, s_out), y).view(n, s_out, -1)
+        y = y * gates.reshape(-1, 1)
+    return _group_sum(y, n, s_out)
 
 
 def _backward(grad_out, x, weight, gates, routing, needs):
-    n, s_in, d_in = x.shape
-    s_out = grad_out.shape[1]
-    grad = grad_out.reshape(n * s_out, -1)[_group_rows(routing, s_out)]  # [M, d_out]
-    x_pad = _pad(x.reshape(n * s_in, d_in)[_group_rows(routing, s_in)], routing)  # [E, cap, d_in]
+    n, s_in, _ = x.shape
+    grad = _per_slot(grad_out, routing.slots)  # [N * S, d_out]
+    x_pad = _pad(_per_slot(x, routing.slots), routing)  # [E, cap, d_in]
     grad_x = grad_w = grad_g = None
     if gates is not None:
         if needs[2]:
             y = _unpad(torch.bmm(x_pad, weight), routing)  # recomputed rather than saved
-            grad_g = gates.new_empty(gates.numel()).index_copy_(0, routing.order, (y * grad).sum(1))
-            grad_g = grad_g.view(gates.shape)
-        grad = grad * gates.reshape(-1)[routing.order, None]
+            grad_g = (y * grad).sum(1).view(gates.shape)
+        grad = grad * gates.reshape(-1, 1)
     grad_pad = _pad(grad, routing)  # [E, cap, d_out]
     if needs[0]:
-        grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), routing)
-        grad_x = x.new_zeros(n * s_in, d_in).index_add_(0, _group_rows(routing, s_in), grad_rows)
-        grad_x = grad_x.view_as(x)
+        grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), routing)  # [N * S, d_in]
+        grad_x = _group_sum(grad_rows, n, s_in)
     if needs[1]:
         grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
     return grad_x, grad_w, grad_g

@@ -21,6 +21,6 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
 
 def entropy_regularizer(logits: Tensor) -> Tensor:
     """Minus the entropy of the token-averaged softmax of logits [N, G, E], averaged over the G routers."""
-    log_p = torch.log_softmax(logits.float(), dim=-1)
+    log_p = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     mean_log_p = torch.logsumexp(log_p, dim=0) - math.log(logits.shape[0])
     return (mean_log_p.exp() * mean_log_p).sum(-1).mean()
