@@ -1,0 +1,525 @@
+"""Sequence behaviour of the language models: causality, XL memory, incremental decoding with a cache,
+initialisation, overfitting a fixed batch, and observation of attention maps and routing."""
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.config import ModelConfig
+from models.lm import LanguageModel, SequenceClassifier
+from models.moa import MoAAttention
+from models.observe import Observable, observe
+from models.presets import PRESETS
+from models.sigma_moe import SigmaMoE
+from models.switchhead import SwitchHeadAttention
+from models.window import make_window
+
+FAMILIES = ("transformer", "switchhead", "moa", "switchall")
+POSITIONS = ("xl", "rope")
+T = 8
+SEQ = 2 * T + 3
+TIGHT = dict(rtol=1e-10, atol=1e-10)
+
+
+def small_cfg(model: str, pos: str = "xl", **changes) -> ModelConfig:
+    base = dict(
+        model=model,
+        pos=pos,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_ff=48,
+        n_experts=4,
+        k=2,
+        T=T,
+        context_blocks=1 if pos == "xl" else 0,
+        vocab=50,
+        mlp_experts=4,
+        mlp_expert_size=8,
+        mlp_k=2,
+    )
+    return ModelConfig(**(base | changes))
+
+
+def make_lm(cfg: ModelConfig, seed: int = 0) -> LanguageModel:
+    torch.manual_seed(seed)
+    return LanguageModel(cfg).double().eval()
+
+
+def random_tokens(cfg: ModelConfig, length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randint(cfg.vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def run_pieces(lm: LanguageModel, tokens: torch.Tensor, sizes) -> torch.Tensor:
+    """Logits of ``tokens`` fed in consecutive pieces of ``sizes``, carrying the state between calls."""
+    assert sum(sizes) == tokens.shape[1]
+    state, logits, start = None, [], 0
+    with torch.no_grad():
+        for n in sizes:
+            out = lm(tokens[:, start : start + n], state)
+            logits.append(out.logits)
+            state, start = out.state, start + n
+    assert state.offset == tokens.shape[1]
+    return torch.cat(logits, dim=1)
+
+
+def allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, T: int, context_blocks: int) -> torch.Tensor:
+    """Brute-force window rule: p sees q iff q <= p and q's chunk is at most context_blocks chunks back."""
+    return torch.tensor(
+        [[q <= p and q // T >= p // T - context_blocks for q in k_pos.tolist()] for p in q_pos.tolist()]
+    )
+
+
+# --- the window ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("offset", "mem_len", "t", "cb"), [(0, 0, 19, 1), (8, 8, 8, 1), (13, 13, 1, 1), (21, 5, 3, 0)]
+)
+def test_make_window_matches_the_rule(offset, mem_len, t, cb):
+    """The mask is exactly the documented rule over absolute positions."""
+    window = make_window(offset, mem_len, t, T, cb, True, "cpu")
+    assert window.q_pos.tolist() == list(range(offset, offset + t))
+    assert window.k_pos.tolist() == list(range(offset - mem_len, offset + t))
+    assert torch.equal(window.mask, allowed(window.q_pos, window.k_pos, T, cb))
+
+
+# --- 1. causality ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("model", FAMILIES)
+def test_causal(model, pos):
+    """Changing the token at position t changes no logit before t, and some logit from t on."""
+    cfg = small_cfg(model, pos)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    with torch.no_grad():
+        base = lm(tokens).logits
+        for t in (0, T - 1, T + 2, SEQ - 1):
+            changed = tokens.clone()
+            changed[:, t] = (changed[:, t] + 1) % cfg.vocab
+            logits = lm(changed).logits
+            # Not bit-exact: a changed routing changes the expert buffers' shapes, hence the rounding.
+            torch.testing.assert_close(
+                logits[:, :t], base[:, :t], **TIGHT, msg=f"position {t} leaks backwards"
+            )
+            assert not torch.allclose(logits[:, t:], base[:, t:]), f"position {t} changes nothing"
+
+
+# --- 2. XL memory ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_xl_memory_matches_explicit_reference(model):
+    """Chunk 2 after chunk 1 equals running each layer by hand on chunk 1's captured layer inputs."""
+    cfg = small_cfg(model, "xl", context_blocks=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, 2 * T)
+    captured = {}
+
+    def capture(i):
+        return lambda module, args, output: captured.__setitem__(i, args[0].detach().clone())
+
+    hooks = [b.attn.register_forward_hook(capture(i)) for i, b in enumerate(lm.stack.blocks)]
+    with torch.no_grad():
+        first = lm(tokens[:, :T])
+        for hook in hooks:
+            hook.remove()
+        second = lm(tokens[:, T:], first.state)
+
+        window = make_window(T, T, T, T, 1, True, tokens.device)
+        x = lm.stack.embedding(tokens[:, T:])
+        for i, block in enumerate(lm.stack.blocks):
+            assert captured[i].shape == (2, T, cfg.d_model)
+            y, _ = block.attn(block.ln_attn(x), captured[i], window)
+            x = x + y
+            y, _ = block.mlp(block.ln_mlp(x))
+            x = x + y
+        expected = lm.head(lm.stack.ln_out(x))
+        alone = lm(tokens[:, T:]).logits
+
+    torch.testing.assert_close(second.logits, expected, **TIGHT)
+    assert not torch.allclose(second.logits, alone, atol=1e-6), "the memory has no effect"
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("context_blocks", [1, 2])
+def test_context_blocks_reach(model, pos, context_blocks):
+    """One layer: chunk 3 depends on chunk 1 exactly when two chunks of context are kept."""
+    cfg = small_cfg(model, pos, n_layers=1, context_blocks=context_blocks)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, 3 * T)
+    changed = tokens.clone()
+    changed[:, : T // 2] = (changed[:, : T // 2] + 1) % cfg.vocab
+    for sizes in ([3 * T], [T, T, T], [1] * (3 * T)):
+        base, other = run_pieces(lm, tokens, sizes), run_pieces(lm, changed, sizes)
+        if context_blocks == 2:
+            assert not torch.allclose(base[:, 2 * T :], other[:, 2 * T :]), f"chunk 1 not seen ({sizes})"
+        else:
+            torch.testing.assert_close(base[:, 2 * T :], other[:, 2 * T :], **TIGHT)
+
+
+@pytest.mark.parametrize("context_blocks", [1, 2])
+def test_layer0_maps_cover_the_context(context_blocks):
+    """With memory, layer 0's maps of chunk 3 span context_blocks past chunks, each with some weight."""
+    cfg = small_cfg("transformer", "xl", context_blocks=context_blocks)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, 3 * T)
+    with torch.no_grad():
+        state = lm(tokens[:, : 2 * T]).state
+        with observe(lm) as records:
+            lm(tokens[:, 2 * T :], state)
+    maps = records["stack.blocks.0.attn"]["maps"]
+    assert maps.shape == (2, cfg.n_heads, T, (context_blocks + 1) * T)
+    for chunk in range(context_blocks + 1):
+        assert (maps[..., chunk * T : (chunk + 1) * T].sum(-1) > 0).all()
+
+
+# --- 3. length-1 inputs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("model", FAMILIES)
+def test_length_one_inputs(model, pos):
+    """A single token runs with and without state, and matches the same token inside a longer call."""
+    cfg = small_cfg(model, pos, context_blocks=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, T + 2, batch=3)
+    with torch.no_grad():
+        full = lm(tokens).logits
+        single = lm(tokens[:, :1])
+        assert single.logits.shape == (3, 1, cfg.vocab)
+        assert single.state.offset == 1
+        torch.testing.assert_close(single.logits, full[:, :1], **TIGHT)
+        state = lm(tokens[:, : T + 1]).state
+        step = lm(tokens[:, T + 1 :], state)
+    assert step.logits.shape == (3, 1, cfg.vocab)
+    assert step.state.offset == T + 2
+    assert all(m.shape[1] == T + 2 for m in step.state.mems)
+    torch.testing.assert_close(step.logits, full[:, T + 1 :], **TIGHT)
+
+
+# --- 4. incremental decoding -----------------------------------------------------------------------------
+
+PIECES = {
+    "one call": [SEQ],
+    "token by token": [1] * SEQ,
+    "uneven": [5, 1, T, 2, 3],
+    "straddling": [T - 1, T + 1, 3],
+}
+
+
+@pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
+@pytest.mark.parametrize("model", FAMILIES)
+def test_incremental_matches_chunks(model, pos, context_blocks):
+    """Any split of the sequence, token by token included, gives the logits of chunks of T."""
+    cfg = small_cfg(model, pos, context_blocks=context_blocks)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    reference = run_pieces(lm, tokens, [T, T, SEQ - 2 * T])
+    for name, sizes in PIECES.items():
+        torch.testing.assert_close(
+            run_pieces(lm, tokens, sizes), reference, **TIGHT, msg=lambda m, n=name: f"{n}: {m}"
+        )
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize("pos", POSITIONS)
+def test_cache_keeps_the_window(model, pos):
+    """After each call every layer holds context_blocks chunks plus the unfinished one, and no more."""
+    cfg = small_cfg(model, pos, context_blocks=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    state, end = None, 0
+    with torch.no_grad():
+        for n in PIECES["uneven"]:
+            state, end = lm(tokens[:, end : end + n], state).state, end + n
+            keep = min(end, T + end % T)
+            assert state.offset == end
+            assert all((m is None and keep == 0) or m.shape == (2, keep, cfg.d_model) for m in state.mems)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    model=st.sampled_from(FAMILIES),
+    pos=st.sampled_from(POSITIONS),
+    context_blocks=st.integers(0, 2),
+    cuts=st.lists(st.integers(1, SEQ - 1), max_size=6, unique=True),
+)
+def test_incremental_any_split(model, pos, context_blocks, cuts):
+    """Random splits of the sequence agree with one call over the whole sequence."""
+    cfg = small_cfg(model, pos, context_blocks=context_blocks)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    bounds = [0, *sorted(cuts), SEQ]
+    sizes = [b - a for a, b in itertools.pairwise(bounds)]
+    torch.testing.assert_close(run_pieces(lm, tokens, sizes), run_pieces(lm, tokens, [SEQ]), **TIGHT)
+
+
+# --- 5. and 6. initialisation ----------------------------------------------------------------------------
+
+INIT_LAYERS = (
+    2  # sqrt(2 / L) = 1 sets the expected std well apart from nn.Linear's default of 1/sqrt(3 fan_in)
+)
+
+
+def init_cfg(model: str, pos: str = "xl") -> ModelConfig:
+    return ModelConfig(
+        model=model,
+        pos=pos,
+        d_model=256,
+        n_layers=INIT_LAYERS,
+        n_heads=4,
+        d_head=48,
+        d_ff=512,
+        n_experts=4,
+        k=2,
+        T=16,
+        vocab=64,
+        mlp_experts=8,
+        mlp_expert_size=64,
+        mlp_k=2,
+    )
+
+
+def assert_init(weight: torch.Tensor, fan_in: int, what: str) -> None:
+    """Finite, zero-mean normal with std sqrt(2/L)/sqrt(fan_in)."""
+    w = weight.detach().double().flatten()
+    expected = math.sqrt(2.0 / INIT_LAYERS) / math.sqrt(fan_in)
+    assert torch.isfinite(w).all(), what
+    assert abs(w.std().item() / expected - 1) < 0.1, (
+        f"{what}: std {w.std().item():.4g}, expected {expected:.4g}"
+    )
+    assert abs(w.mean().item()) < 0.1 * expected, what
+    # A normal's kurtosis is 3; a uniform (nn.Linear's default) has 1.8.
+    kurtosis = (((w - w.mean()) / w.std()) ** 4).mean().item()
+    assert abs(kurtosis - 3) < 0.4, f"{what}: kurtosis {kurtosis:.3g}"
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_xl_positional_projection_initialised(model):
+    """Every layer's XL position projection is initialised like the other projections (fan_in d_model)."""
+    cfg = init_cfg(model)
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg)
+    for i, block in enumerate(lm.stack.blocks):
+        weight = block.attn.attention.pos_proj.weight
+        heads = 1 if model == "moa" else cfg.n_heads
+        assert weight.shape == (heads * cfg.d_head, cfg.d_model)
+        assert_init(weight, cfg.d_model, f"layer {i} pos_proj")
+
+
+def projections(cfg: ModelConfig, block) -> list[tuple[str, torch.Tensor, int]]:
+    """(name, weight, fan_in) of every projection of a block, fan_in as the authors define it."""
+    d, hd, attn, mlp = cfg.d_model, cfg.n_heads * cfg.d_head, block.attn, block.mlp
+    if cfg.attention == "dense":
+        found = [
+            ("q", attn.q.weight, d),
+            ("k", attn.k.weight, d),
+            ("v", attn.v.weight, d),
+            ("o", attn.o.weight, hd),
+        ]
+    elif cfg.attention == "switchhead":
+        found = [("q", attn.q.weight, d), ("k", attn.k.weight, d), ("v", attn.v, d), ("o", attn.o, hd)]
+    else:
+        found = [
+            ("k", attn.k.weight, d),
+            ("v", attn.v.weight, d),
+            ("q", attn.q_experts, d),
+            ("o", attn.o_experts, hd),
+        ]
+    if cfg.mlp == "dense":
+        found += [("up", mlp.up.weight, d), ("down", mlp.down.weight, cfg.d_ff)]
+    else:
+        found += [("up", mlp.up, d), ("down", mlp.down, cfg.mlp_k * cfg.mlp_expert_size)]
+    return found
+
+
+def routers(block) -> list[torch.Tensor]:
+    found = [getattr(block.attn, name, None) for name in ("src_router", "dst_router", "router")]
+    found.append(getattr(block.mlp, "router", None))
+    return [r.weight for r in found if r is not None]
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_authors_initialisation(model):
+    """Projections have std sqrt(2/L)/sqrt(fan_in) (output fan_in H*d_head); router rows share one norm."""
+    cfg = init_cfg(model)
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg)
+    expected_routers = {"transformer": 0, "switchhead": 2, "moa": 1, "switchall": 3}[model]
+    for i, block in enumerate(lm.stack.blocks):
+        for name, weight, fan_in in projections(cfg, block):
+            assert_init(weight, fan_in, f"layer {i} {name}")
+        found = routers(block)
+        assert len(found) == expected_routers
+        for weight in found:
+            norms = weight.detach().norm(dim=-1)
+            assert torch.isfinite(norms).all() and (norms > 0).all()
+            torch.testing.assert_close(
+                norms, norms.new_full(norms.shape, norms.mean().item()), rtol=1e-5, atol=0
+            )
+            # Rescaling the rows keeps the projection scale: each row's norm is about sqrt(2/L).
+            assert abs(norms.mean().item() / math.sqrt(2.0 / INIT_LAYERS) - 1) < 0.2
+
+
+# --- 7. learning -----------------------------------------------------------------------------------------
+
+LM_PRESETS = (
+    "tiny-transformer",
+    "tiny-switchhead",
+    "tiny-moa",
+    "tiny-switchall",
+    "tiny-transformer-rope",
+    "tiny-switchhead-rope",
+)
+
+
+@pytest.mark.parametrize("preset", LM_PRESETS)
+def test_tiny_lm_overfits_a_batch(preset):
+    """Each tiny preset memorises a fixed 4 x 32 batch of random tokens."""
+    cfg = PRESETS[preset].replace(vocab=64, dropout=0.0)
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg)
+    data = torch.randint(cfg.vocab, (4, cfg.T + 1), generator=torch.Generator().manual_seed(0))
+    inputs, targets = data[:, :-1], data[:, 1:]
+    optimizer = torch.optim.Adam(lm.parameters(), lr=3e-3)
+    losses = []
+    for step in range(80):
+        loss = lm(inputs).loss(targets)
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            # Routers learn only through their gates: a detached gate would leave them without gradient.
+            for name, p in lm.named_parameters():
+                assert p.grad is not None and torch.isfinite(p.grad).all(), name
+                assert p.grad.abs().sum() > 0, f"{name} gets no gradient"
+        optimizer.step()
+        losses.append(loss.item())
+    lm.eval()
+    with torch.no_grad():
+        final = torch.nn.functional.cross_entropy(lm(inputs).logits.flatten(0, 1), targets.flatten()).item()
+    assert losses[0] > 0.8 * math.log(cfg.vocab)
+    assert final < 0.5 * losses[0], f"loss {losses[0]:.3f} -> {final:.3f}"
+
+
+@pytest.mark.parametrize(("model", "pos"), [(m, "xl") for m in FAMILIES] + [("switchhead", "rope")])
+def test_sequence_classifier_learns_a_batch(model, pos):
+    """The bidirectional classifier fits random labels of a fixed small batch."""
+    cfg = small_cfg(model, pos, causal=False, context_blocks=0, T=16)
+    torch.manual_seed(0)
+    classifier = SequenceClassifier(cfg, n_classes=4)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(cfg.vocab, (8, 16), generator=generator)
+    labels = torch.randint(4, (8,), generator=generator)
+    optimizer = torch.optim.Adam(classifier.parameters(), lr=3e-3)
+    for _ in range(60):
+        logits, aux = classifier(tokens)
+        loss = torch.nn.functional.cross_entropy(logits, labels) + aux
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    classifier.eval()
+    with torch.no_grad():
+        logits, _ = classifier(tokens)
+    assert logits.shape == (8, 4)
+    assert (logits.argmax(-1) == labels).all()
+
+
+def test_sequence_classifier_is_bidirectional():
+    """Without the causal mask, the pooled output depends on the last token, and each position sees it."""
+    cfg = small_cfg("switchhead", "xl", causal=False, context_blocks=0)
+    torch.manual_seed(0)
+    classifier = SequenceClassifier(cfg, n_classes=3).double().eval()
+    tokens = random_tokens(cfg, 12)
+    changed = tokens.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % cfg.vocab
+    with torch.no_grad():
+        h, _, _ = classifier.stack(tokens)
+        h2, _, _ = classifier.stack(changed)
+    assert not torch.isclose(h[:, 0], h2[:, 0]).all(), "the first position does not see the last"
+
+
+# --- 8. observation --------------------------------------------------------------------------------------
+
+
+def observables(lm) -> dict:
+    return {name: m for name, m in lm.named_modules() if isinstance(m, Observable)}
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("model", FAMILIES)
+def test_observe_records_post_softmax_maps_and_routing(model, pos):
+    """Maps are distributions over the allowed keys; routing has the documented shapes and ranges."""
+    cfg = small_cfg(model, pos, context_blocks=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    B, H = tokens.shape[0], cfg.n_heads
+    with torch.no_grad():
+        state = lm(tokens[:, :T]).state
+        for offset, t, state_in in ((0, SEQ, None), (T, SEQ - T, state)):
+            mem = 0 if state_in is None else T
+            with observe(lm) as records:
+                lm(tokens[:, offset : offset + t], state_in)
+            assert set(records) == set(observables(lm))
+            q_pos, k_pos = torch.arange(offset, offset + t), torch.arange(offset - mem, offset + t)
+            mask = allowed(q_pos, k_pos, T, cfg.context_blocks)
+            for name, module in observables(lm).items():
+                record = records[name]
+                if isinstance(module, SigmaMoE):
+                    check_selection(record["experts"], record["gates"], (B, t, cfg.mlp_k), cfg.mlp_experts)
+                    continue
+                maps = record["maps"]
+                assert maps.shape == (B, H, t, mem + t), name
+                assert (maps >= 0).all()
+                torch.testing.assert_close(maps.sum(-1), torch.ones(B, H, t, dtype=maps.dtype))
+                assert (maps[..., ~mask] == 0).all(), f"{name}: weight outside the window"
+                assert (maps[..., mask] > 0).all()
+                if isinstance(module, SwitchHeadAttention):
+                    check_selection(
+                        record["src_experts"], record["src_gates"], (B, mem + t, H, cfg.k), cfg.n_experts
+                    )
+                    check_selection(
+                        record["dst_experts"], record["dst_gates"], (B, t, H, cfg.k), cfg.n_experts
+                    )
+                if isinstance(module, MoAAttention):
+                    check_selection(record["experts"], record["gates"], (B, t, H), cfg.n_experts)
+
+
+def check_selection(experts: torch.Tensor, gates: torch.Tensor, shape: tuple, n_experts: int) -> None:
+    assert experts.shape == shape and gates.shape == shape
+    assert ((experts >= 0) & (experts < n_experts)).all()
+    assert ((gates >= 0) & (gates <= 1)).all()
+    # The k choices of one router are distinct experts.
+    assert (experts.sort(-1).values.diff(dim=-1) > 0).all()
+
+
+@pytest.mark.parametrize("pos", POSITIONS)
+@pytest.mark.parametrize("model", FAMILIES)
+def test_observe_changes_nothing_and_stops(model, pos):
+    """Outputs are the same with and without observing; after the block nothing is recorded."""
+    cfg = small_cfg(model, pos)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    assert all(m.observation is None for m in observables(lm).values())
+    with torch.no_grad():
+        plain = lm(tokens)
+        with observe(lm) as records:
+            observed = lm(tokens)
+        kept = {name: dict(record) for name, record in records.items()}
+        assert all(m.observation is None for m in observables(lm).values())
+        after = lm(tokens[:, :5])
+    torch.testing.assert_close(observed.logits, plain.logits, **TIGHT)
+    torch.testing.assert_close(after.logits, plain.logits[:, :5], **TIGHT)
+    assert all(kept[name].keys() == records[name].keys() for name in records)
+    for name, record in records.items():
+        assert record, f"{name} recorded nothing inside the block"
+        # A later forward outside the block must not overwrite what was recorded inside it.
+        assert all(record[key] is kept[name][key] for key in record), name
