@@ -8,48 +8,52 @@ input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
     out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
 
 The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection
-that router drives. The backward saves only the inputs, the routing and the gates, so activation memory does
-not grow with the number of active experts.
+that router drives. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
+implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
+the gates, so activation memory does not grow with the number of active experts.
+
+Layers: Triton kernels (expert_matmul_triton.py) or the PyTorch path below -> custom ops -> autograd ->
+:func:`expert_matmul`. CUDA tensors use Triton, others PyTorch; ``impl=`` or SWITCHBENCH_EXPERT_MATMUL
+forces one.
 """
 
+import os
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from torch import Tensor
 
+IMPLS = ("torch", "triton")
+ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 
-@dataclass(eq=False)
+
+@dataclass(frozen=True, eq=False)
 class Routing:
     """Token slots grouped by expert: ``order`` lists flat slot ids n*S + s, expert by expert."""
 
     order: Tensor  # [M] slot ids sorted by expert, M = N*S
     experts: Tensor  # [M] expert of each sorted slot (non-decreasing)
     offsets: Tensor  # [E+1] start of each expert's run in ``order``
-    n_experts: int
     slots: int  # S: slots per token
+
+    @property
+    def n_experts(self) -> int:
+        return self.offsets.numel() - 1
 
     @property
     def n_tokens(self) -> int:
         return self.order.numel() // self.slots
-
-    @cached_property
-    def padded(self) -> tuple[Tensor, int]:
-        """Row of each slot (n*S + s order) in an [E, capacity] layout; capacity: the busiest load."""
-        counts = self.offsets.diff()
-        capacity = int(counts.max()) if self.order.numel() else 0
-        rank = torch.arange(self.order.numel(), device=self.order.device) - self.offsets[self.experts]
-        rows = torch.empty_like(self.order).index_copy_(0, self.order, self.experts * capacity + rank)
-        return rows, capacity
 
 
 def route(indices: Tensor, n_experts: int) -> Routing:
     """Sort the slots of ``indices`` [N, S] (expert ids in [0, n_experts)) by expert."""
     flat = indices.reshape(-1)
     experts, order = flat.sort(stable=True)
-    counts = torch.bincount(flat, minlength=n_experts)
+    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return Routing(order, experts, offsets, n_experts, indices.shape[1])
+    return Routing(order, experts, offsets, indices.shape[1])
 
 
 def expert_matmul(
@@ -58,12 +62,11 @@ def expert_matmul(
     routing: Routing,
     gates: Tensor | None = None,
     out_groups: int | None = None,
-    impl: str = "torch",
+    impl: str | None = None,
 ) -> Tensor:
     """x [N, S_in, d_in], weight [E, d_in, d_out], gates [N, S] or None -> [N, S_out, d_out].
 
-    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction. ``impl`` names an entry of
-    IMPLEMENTATIONS.
+    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction.
     """
     n, s_in, d_in = x.shape
     slots = routing.slots
@@ -71,36 +74,127 @@ def expert_matmul(
     if n != routing.n_tokens or slots % s_in or slots % s_out:
         raise ValueError(f"x {tuple(x.shape)} and out_groups {s_out} do not fit {n} tokens x {slots} slots")
     if weight.shape[0] != routing.n_experts or weight.shape[1] != d_in:
-        raise ValueError(
-            f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} inputs"
-        )
+        raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} in")
+    impl = impl or os.environ.get(ENV_IMPL) or ("triton" if x.is_cuda else "torch")
+    if impl not in IMPLS:
+        raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)}; got {impl!r}")
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         gates = None if gates is None else gates.to(dtype)
-    if impl not in IMPLEMENTATIONS:
-        raise ValueError(f"impl must be one of {', '.join(IMPLEMENTATIONS)}; got {impl!r}")
-    return _ExpertMatmul.apply(x, weight, gates, routing, s_out, impl)
+    return torch.ops.switchbench.expert_matmul(
+        x, weight, gates, routing.order, routing.experts, routing.offsets, s_out, impl
+    )
 
 
-class _ExpertMatmul(torch.autograd.Function):
+# Custom ops
+
+
+@torch.library.custom_op("switchbench::expert_matmul", mutates_args=())
+def _expert_matmul_op(
+    x: Tensor,
+    weight: Tensor,
+    gates: Tensor | None,
+    order: Tensor,
+    experts: Tensor,
+    offsets: Tensor,
+    s_out: int,
+    impl: str,
+) -> Tensor:
+    return _implementation(impl).forward(x, weight, gates, order, experts, offsets, s_out)
+
+
+@_expert_matmul_op.register_fake
+def _(x, weight, gates, order, experts, offsets, s_out, impl):
+    return x.new_empty(x.shape[0], s_out, weight.shape[2])
+
+
+@torch.library.custom_op("switchbench::expert_matmul_backward", mutates_args=())
+def _expert_matmul_backward_op(
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    gates: Tensor | None,
+    order: Tensor,
+    experts: Tensor,
+    offsets: Tensor,
+    impl: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (grad_x, grad_weight, grad_gates); grad_gates is empty when there are no gates."""
+    return _implementation(impl).backward(grad_out, x, weight, gates, order, experts, offsets)
+
+
+@_expert_matmul_backward_op.register_fake
+def _(grad_out, x, weight, gates, order, experts, offsets, impl):
+    grad_gates = x.new_empty(0) if gates is None else torch.empty_like(gates)
+    return torch.empty_like(x), torch.empty_like(weight), grad_gates
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, gates, order, experts, offsets, _, impl = inputs
+    ctx.save_for_backward(x, weight, gates, order, experts, offsets)
+    ctx.impl = impl
+
+
+def _backward(ctx, grad_out):
+    x, weight, gates, order, experts, offsets = ctx.saved_tensors
+    grad_x, grad_w, grad_g = torch.ops.switchbench.expert_matmul_backward(
+        grad_out.contiguous(), x, weight, gates, order, experts, offsets, ctx.impl
+    )
+    return grad_x, grad_w, None if gates is None else grad_g, None, None, None, None, None
+
+
+_expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _implementation(impl: str):
+    if impl == "triton":
+        from . import expert_matmul_triton
+
+        return expert_matmul_triton
+    return TorchExpertMatmul
+
+
+# The PyTorch path: slots scattered into an [E, capacity, d] buffer (capacity = the busiest expert's load) and
+# multiplied with one bmm. Vectorised and exact, but it pays for the padding when the load is uneven.
+
+
+class TorchExpertMatmul:
     @staticmethod
-    def forward(ctx, x, weight, gates, routing, s_out, impl):
-        ctx.save_for_backward(x, weight, gates)
-        ctx.routing, ctx.impl = routing, impl
-        return IMPLEMENTATIONS[impl][0](x, weight, gates, routing, s_out)
+    def forward(x, weight, gates, order, experts, offsets, s_out):
+        n = x.shape[0]
+        rows, capacity = _padded_rows(order, experts, offsets)
+        slots = order.numel() // max(n, 1)
+        x_pad = _pad(_per_slot(x, slots), rows, capacity, weight.shape[0])  # [E, cap, d_in]
+        y = _unpad(torch.bmm(x_pad, weight), rows)  # [N * S, d_out]
+        if gates is not None:
+            y = y * gates.reshape(-1, 1)
+        return _group_sum(y, n, s_out)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out):
-        x, weight, gates = ctx.saved_tensors
-        needs = ctx.needs_input_grad[:3]
-        grad_x, grad_w, grad_g = IMPLEMENTATIONS[ctx.impl][1](grad_out, x, weight, gates, ctx.routing, needs)
-        return grad_x, grad_w, grad_g, None, None, None
+    def backward(grad_out, x, weight, gates, order, experts, offsets):
+        n, s_in, _ = x.shape
+        n_experts = weight.shape[0]
+        rows, capacity = _padded_rows(order, experts, offsets)
+        slots = order.numel() // max(n, 1)
+        grad = _per_slot(grad_out, slots)  # [N * S, d_out]
+        x_pad = _pad(_per_slot(x, slots), rows, capacity, n_experts)  # [E, cap, d_in]
+        grad_g = x.new_empty(0)
+        if gates is not None:
+            y = _unpad(torch.bmm(x_pad, weight), rows)  # recomputed rather than saved
+            grad_g = (y * grad).sum(1).view(gates.shape)
+            grad = grad * gates.reshape(-1, 1)
+        grad_pad = _pad(grad, rows, capacity, n_experts)  # [E, cap, d_out]
+        grad_x = _group_sum(_unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows), n, s_in)
+        grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
+        return grad_x, grad_w, grad_g
 
 
-# PyTorch path: the slots are scattered into an [E, capacity, d] buffer and multiplied with one bmm. It is
-# vectorised but pays for the padding when the load is uneven; the Triton path does not.
+def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tensor, int]:
+    """Row of each slot (n*S + s order) in the [E, capacity] buffer, and the capacity."""
+    capacity = int(offsets.diff().max()) if order.numel() else 0
+    rank = torch.arange(order.numel(), device=order.device) - offsets[experts]
+    return torch.empty_like(order).index_copy_(0, order, experts * capacity + rank), capacity
 
 
 def _per_slot(t: Tensor, slots: int) -> Tensor:
@@ -114,43 +208,10 @@ def _group_sum(t: Tensor, n: int, groups: int) -> Tensor:
     return t.view(n, groups, -1, t.shape[-1]).sum(2)
 
 
-def _pad(rows: Tensor, routing: Routing) -> Tensor:
-    index, capacity = routing.padded
-    buffer = rows.new_zeros(routing.n_experts * capacity, rows.shape[1])
-    return buffer.index_copy_(0, index, rows).view(routing.n_experts, capacity, -1)
+def _pad(rows: Tensor, index: Tensor, capacity: int, n_experts: int) -> Tensor:
+    buffer = rows.new_zeros(n_experts * capacity, rows.shape[1])
+    return buffer.index_copy_(0, index, rows).view(n_experts, capacity, -1)
 
 
-def _unpad(buffer: Tensor, routing: Routing) -> Tensor:
-    return buffer.view(-1, buffer.shape[-1])[routing.padded[0]]
-
-
-def _forward(x, weight, gates, routing, s_out):
-    n = x.shape[0]
-    x_pad = _pad(_per_slot(x, routing.slots), routing)  # [E, cap, d_in]
-    y = _unpad(torch.bmm(x_pad, weight), routing)  # [N * S, d_out]
-    if gates is not None:
-        y = y * gates.reshape(-1, 1)
-    return _group_sum(y, n, s_out)
-
-
-def _backward(grad_out, x, weight, gates, routing, needs):
-    n, s_in, _ = x.shape
-    grad = _per_slot(grad_out, routing.slots)  # [N * S, d_out]
-    x_pad = _pad(_per_slot(x, routing.slots), routing)  # [E, cap, d_in]
-    grad_x = grad_w = grad_g = None
-    if gates is not None:
-        if needs[2]:
-            y = _unpad(torch.bmm(x_pad, weight), routing)  # recomputed rather than saved
-            grad_g = (y * grad).sum(1).view(gates.shape)
-        grad = grad * gates.reshape(-1, 1)
-    grad_pad = _pad(grad, routing)  # [E, cap, d_out]
-    if needs[0]:
-        grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), routing)  # [N * S, d_in]
-        grad_x = _group_sum(grad_rows, n, s_in)
-    if needs[1]:
-        grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
-    return grad_x, grad_w, grad_g
-
-
-# name -> (forward(x, weight, gates, routing, s_out), backward(grad_out, x, weight, gates, routing, needs))
-IMPLEMENTATIONS = {"torch": (_forward, _backward)}
+def _unpad(buffer: Tensor, index: Tensor) -> Tensor:
+    return buffer.view(-1, buffer.shape[-1])[index]
