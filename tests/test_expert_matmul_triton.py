@@ -1,0 +1,205 @@
+"""The Triton expert matmul against the PyTorch path and a float64 loop: forward and every gradient.
+
+Without a GPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py), so the shapes stay small.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from models.expert_matmul import expert_matmul, route
+
+CUDA = torch.cuda.is_available()
+NAMES = ("out", "grad_x", "grad_w", "grad_gates")
+
+
+def naive(x, weight, indices, gates, s_out):
+    """out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]], in float64."""
+    n_tokens, s_in, _ = x.shape
+    slots = indices.shape[1]
+    out = torch.zeros(n_tokens, s_out, weight.shape[2], dtype=torch.float64)
+    for n in range(n_tokens):
+        for s in range(slots):
+            gate = 1.0 if gates is None else gates[n, s]
+            out[n, s // (slots // s_out)] += gate * x[n, s // (slots // s_in)] @ weight[indices[n, s]]
+    return out
+
+
+def run(impl, x, weight, indices, gates, s_out, grad_out):
+    """Output and gradients of one implementation, as float64."""
+    leaves = [t.detach().clone().requires_grad_() for t in (x, weight) + (() if gates is None else (gates,))]
+    g = None if gates is None else leaves[2]
+    y = expert_matmul(leaves[0], leaves[1], route(indices, weight.shape[0]), g, s_out, impl=impl)
+    y.backward(grad_out.to(y.dtype))
+    return [t.detach().double() for t in (y, *(leaf.grad for leaf in leaves))]
+
+
+# (tokens N, S_in, slots S, S_out, experts E, d_in, d_out, routing): sizes off the 16-wide interpreter blocks
+CASES = {
+    "switchhead-v": (9, 1, 6, 3, 4, 37, 19, "random"),  # 3 heads x k=2, per-head output
+    "switchhead-o": (7, 3, 6, 1, 5, 19, 23, "random"),  # per-head input, sum over heads and choices
+    "sigma-moe-up": (11, 1, 3, 3, 6, 17, 18, "random"),
+    "sigma-moe-down": (11, 3, 3, 1, 6, 18, 17, "random"),
+    "moa-q": (8, 1, 2, 2, 5, 20, 33, "random"),
+    "single-token": (1, 1, 2, 1, 3, 5, 7, "random"),
+    "empty-experts": (6, 1, 2, 1, 8, 16, 16, "two-experts"),
+    "one-expert-takes-all": (13, 1, 1, 1, 4, 21, 9, "one-expert"),
+    "k-equals-E": (5, 1, 4, 1, 4, 9, 17, "all-experts"),
+    "k-1": (10, 2, 2, 2, 3, 33, 5, "random"),
+}
+
+
+def make_case(n, s_in, slots, s_out, n_experts, d_in, d_out, routing, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if routing == "random":
+        indices = torch.randint(0, n_experts, (n, slots), generator=gen)
+    elif routing == "two-experts":
+        indices = torch.randint(0, 2, (n, slots), generator=gen) * 3
+    elif routing == "one-expert":
+        indices = torch.full((n, slots), 2)
+    else:  # every expert once per token
+        indices = torch.stack([torch.randperm(n_experts, generator=gen) for _ in range(n)])
+    x = torch.randn(n, s_in, d_in, generator=gen, dtype=torch.float64)
+    weight = torch.randn(n_experts, d_in, d_out, generator=gen, dtype=torch.float64)
+    gates = torch.rand(n, slots, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(n, s_out, d_out, generator=gen, dtype=torch.float64)
+    return x, weight, indices, gates, grad_out
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
+@pytest.mark.parametrize("case", CASES)
+def test_triton_matches_float64_and_torch_path(case, gated):
+    s_out = CASES[case][3]
+    x, weight, indices, gates, grad_out = make_case(*CASES[case])
+    gates = gates if gated else None
+    exact = run("torch", x, weight, indices, gates, s_out, grad_out)  # the PyTorch path in float64
+    y_loop = naive(x, weight, indices, gates, s_out)
+    torch.testing.assert_close(exact[0], y_loop, rtol=1e-12, atol=1e-12)
+    f32 = [t.float() for t in (x, weight)] + [None if gates is None else gates.float()]
+    triton_out = run("triton", f32[0], f32[1], indices, f32[2], s_out, grad_out)
+    torch_out = run("torch", f32[0], f32[1], indices, f32[2], s_out, grad_out)
+    for what, got, ref, ref32 in zip(NAMES[: len(exact)], triton_out, exact, torch_out, strict=True):
+        scale = ref.abs().max().clamp(min=1)
+        torch.testing.assert_close(
+            got / scale, ref / scale, rtol=0, atol=2e-6, msg=lambda m, w=what: f"{w}: {m}"
+        )
+        torch.testing.assert_close(got / scale, ref32 / scale, rtol=0, atol=2e-6)
+
+
+def test_experts_without_tokens_get_zero_weight_gradient():
+    x, weight, indices, gates, grad_out = make_case(*CASES["empty-experts"])
+    _, _, grad_w, _ = run("triton", x.float(), weight.float(), indices, gates.float(), 1, grad_out)
+    unused = sorted(set(range(weight.shape[0])) - set(indices.flatten().tolist()))
+    assert unused and grad_w[unused].abs().max() == 0
+
+
+def test_deterministic_and_every_element_written():
+    """Two runs agree bit for bit; an unwritten row would hold whatever the allocator left there."""
+    x, weight, indices, gates, grad_out = make_case(*CASES["switchhead-o"], seed=3)
+    args = (x.float(), weight.float(), indices, gates.float(), 1, grad_out)
+    first, second = run("triton", *args), run("triton", *args)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+        assert torch.isfinite(a).all()
+
+
+def test_fp16_inputs_accumulate_in_fp32():
+    x, weight, indices, gates, grad_out = make_case(*CASES["sigma-moe-down"], seed=5)
+    half = [t.half() for t in (x, weight, gates)]
+    got = run("triton", half[0], half[1], indices, half[2], 1, grad_out)
+    exact = run("torch", *[t.double() for t in half[:2]], indices, half[2].double(), 1, grad_out)
+    for a, b in zip(got, exact, strict=True):
+        scale = b.abs().max().clamp(min=1)
+        torch.testing.assert_close(a / scale, b / scale, rtol=0, atol=2e-3)
+
+
+def test_triton_rejects_float64():
+    x, weight, indices, gates, _ = make_case(*CASES["k-1"])
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
+        expert_matmul(x, weight, route(indices, 3), gates, 2, impl="triton")
+
+
+def test_environment_forces_the_implementation(monkeypatch):
+    """CPU tensors take the PyTorch path unless SWITCHBENCH_EXPERT_MATMUL says otherwise."""
+    x, weight, indices, gates, _ = make_case(*CASES["k-1"])
+    routing = route(indices, 3)
+    expert_matmul(x, weight, routing, gates, 2)  # float64: only the PyTorch path takes it
+    monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
+    with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
+        expert_matmul(x, weight, routing, gates, 2)
+    monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "cublas")
+    with pytest.raises(ValueError, match="impl must be one of torch, triton"):
+        expert_matmul(x, weight, routing, gates, 2)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpu_real_sizes(dtype):
+    """262M C4 SwitchHead V projection shapes (4 heads x 4 experts, k=2), batch 8, on the GPU."""
+    gen = torch.Generator().manual_seed(0)
+    n, heads, n_experts, k, d_model, d_head = 8 * 1024, 4, 4, 2, 1024, 112
+    choices = torch.rand(n, heads, n_experts, generator=gen).argsort(-1)[..., :k]  # [N, H, k]
+    indices = (choices + torch.arange(heads)[:, None] * n_experts).reshape(n, heads * k)
+    x = torch.randn(n, 1, d_model, generator=gen, dtype=torch.float64)
+    weight = (
+        torch.randn(heads * n_experts, d_model, d_head, generator=gen, dtype=torch.float64) / d_model**0.5
+    )
+    gates = torch.rand(n, heads * k, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(n, heads, d_head, generator=gen, dtype=torch.float64)
+    exact = run("torch", x, weight, indices, gates, heads, grad_out)
+    cuda = [t.to("cuda", dtype) for t in (x, weight, gates)]
+    got = run("triton", cuda[0], cuda[1], indices.cuda(), cuda[2], heads, grad_out.cuda())
+    tol = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+    for a, b in zip(got, exact, strict=True):
+        scale = b.abs().max()
+        torch.testing.assert_close(a.cpu() / scale, b / scale, rtol=0, atol=tol)
+
+
+def test_custom_op_registration():
+    """Schema, fake implementation and autograd registration agree with the real op (opcheck)."""
+    x, weight, indices, gates, _ = make_case(*CASES["switchhead-v"])
+    routing = route(indices, weight.shape[0])
+    args = (x.requires_grad_(), weight.requires_grad_(), gates.requires_grad_())
+    for impl in ("torch", "triton"):
+        dtype = torch.float64 if impl == "torch" else torch.float32
+        leaves = [t.detach().to(dtype).requires_grad_() for t in args]
+        torch.library.opcheck(
+            torch.ops.switchbench.expert_matmul.default,
+            (*leaves, routing.order, routing.experts, routing.offsets, 3, impl),
+            test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
+        )
+
+
+def test_torch_compile_traces_a_switchhead_layer():
+    from models.config import ModelConfig
+    from models.switchhead import SwitchHeadAttention
+    from models.window import make_window
+
+    cfg = ModelConfig(model="switchhead", d_model=32, n_layers=2, n_heads=2, d_head=8, n_experts=4, k=2, T=8)
+    layer = SwitchHeadAttention(cfg)
+    x = torch.randn(2, 8, 32)
+    window = make_window(0, 0, 8, 8, 1, True, "cpu")
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=False)
+    torch.testing.assert_close(compiled(x, None, window)[0], layer(x, None, window)[0])
+
+
+def test_switchhead_layer_on_the_triton_path(monkeypatch):
+    """A whole SwitchHead layer, forward and backward, gives the same result through either implementation."""
+    from models.config import ModelConfig
+    from models.switchhead import SwitchHeadAttention
+    from models.window import make_window
+
+    cfg = ModelConfig(model="switchhead", d_model=24, n_layers=2, n_heads=2, d_head=8, n_experts=3, k=2, T=6)
+    layer = SwitchHeadAttention(cfg)
+    x, mem = torch.randn(2, 6, 24), torch.randn(2, 6, 24)
+    window = make_window(6, 6, 6, 6, 1, True, "cpu")
+    results = {}
+    for impl in ("torch", "triton"):
+        monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", impl)
+        layer.zero_grad()
+        y, _ = layer(x, mem, window)
+        y.square().sum().backward()
+        results[impl] = [y.detach(), *(p.grad.clone() for p in layer.parameters())]
+    for a, b in zip(results["triton"], results["torch"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
