@@ -4,11 +4,15 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
 from models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
 from models.presets import PRESETS, from_name
 
+from .kernels import SIZES
 from .params import parameter_counts
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     add_config_args(params)
     _add_json(params)
     params.set_defaults(run=run_params)
+
+    kernels = commands.add_parser("kernel-bench", help="expert-matmul throughput against one dense matmul")
+    kernels.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    kernels.add_argument("--batch", type=int, help="sequences (default: 64 on a GPU, 1 on the CPU)")
+    kernels.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    kernels.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    kernels.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
+    _add_json(kernels)
+    kernels.set_defaults(run=run_kernel_bench)
 
     everything = commands.add_parser("all", help="the main job on the embedded default")
     _add_json(everything)
@@ -91,6 +104,49 @@ def run_params(args) -> None:
     ]
     print(f"{args.preset or 'custom'}: {_describe(cfg)}")
     print(format_table(rows))
+
+
+def run_kernel_bench(args) -> None:
+    import torch
+
+    from . import kernels
+    from .environment import environment
+    from .results import save_run
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here")
+    batch = args.batch or (64 if device == "cuda" else 1)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1; got {batch}")
+    dtype = getattr(torch, DTYPES[args.dtype])
+    # Off a GPU, Triton runs in its interpreter: correct but not worth timing.
+    impls = ["triton", "torch", "dense"] if device == "cuda" else ["torch", "dense"]
+    rows = kernels.run(args.sizes, batch, device, dtype, impls)
+    metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
+    label = f"{_slug(metadata['device'])}-{args.dtype}-b{batch}"
+    path = save_run(Path(args.out), label, metadata, rows)
+    if args.json:
+        print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
+        return
+    print(f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time")
+    table = [
+        {
+            "case": r["case"],
+            "pass": r["pass"],
+            "impl": r["impl"],
+            "ms": f"{r['ms']:.3f}",
+            "TFLOP/s": f"{r['tflops']:.3g}",
+            "vs dense": f"{100 * r['vs_dense']:.0f}%",
+        }
+        for r in rows
+    ]
+    print(format_table(table))
+    print(f"saved {path} and its .csv")
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
 def run_all(args) -> None:

@@ -1,0 +1,161 @@
+"""Expert-matmul throughput: Triton and PyTorch paths against one dense matmul doing the same useful MACs.
+
+Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA
+Q and O) and one expert-sized matmul as the paper measured its kernel. Every implementation is checked against
+the PyTorch path before it is timed.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from models.expert_matmul import expert_matmul, route
+from models.presets import PRESETS
+
+SIZES = {
+    "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
+    "262m": ("c4-262m-switchhead-h4", "c4-262m-switchall-h4", "wikitext103-262m-moa-h8"),
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    tokens: int  # N
+    in_groups: int  # S_in
+    slots: int  # S
+    out_groups: int  # S_out
+    experts_per_group: int  # experts a slot chooses from (its head's E, or the whole pool)
+    groups: int  # routers (heads) over a flat axis of groups x experts_per_group experts
+    d_in: int
+    d_out: int
+    gated: bool
+
+    @property
+    def macs(self) -> int:
+        """Useful multiply-accumulates of the forward pass."""
+        return self.tokens * self.slots * self.d_in * self.d_out
+
+
+def cases(size: str, batch: int) -> list[Case]:
+    """The six expert-matmul uses of one size, and one expert-sized matmul, at ``batch`` sequences."""
+    switchhead, switchall, moa = (PRESETS[name] for name in SIZES[size])
+    H, E, k, d, D = (
+        switchhead.n_heads,
+        switchhead.n_experts,
+        switchhead.k,
+        switchhead.d_model,
+        switchhead.d_head,
+    )
+    window = batch * switchhead.T * (1 + switchhead.context_blocks)  # the source side sees the memory too
+    tokens = batch * switchhead.T
+    NE, G, K = switchall.mlp_experts, switchall.mlp_expert_size, switchall.mlp_k
+    MH, ME, MD = moa.n_heads, moa.n_experts, moa.d_head
+    return [
+        Case(f"{size} switchhead-v", window, 1, H * k, H, E, H, d, D, True),
+        Case(f"{size} switchhead-o", tokens, H, H * k, 1, E, H, D, d, True),
+        Case(f"{size} sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
+        Case(f"{size} sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
+        Case(f"{size} moa-q", tokens, 1, MH, MH, ME, 1, d, MD, False),
+        Case(f"{size} moa-o", tokens, MH, MH, 1, ME, 1, MD, d, True),
+        # One expert's share of the SwitchHead V projection, as a single expert
+        Case(f"{size} expert-sized", window * k // E, 1, 1, 1, 1, 1, d, D, False),
+    ]
+
+
+def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
+    """Seeded inputs: k distinct experts per group and token, chosen uniformly."""
+    gen = torch.Generator().manual_seed(seed)
+    k = case.slots // case.groups
+    scores = torch.rand(case.tokens, case.groups, case.experts_per_group, generator=gen)
+    choice = scores.argsort(-1)[..., :k] + torch.arange(case.groups)[:, None] * case.experts_per_group
+    n_experts = case.groups * case.experts_per_group
+    x = torch.randn(case.tokens, case.in_groups, case.d_in, generator=gen) / case.d_in**0.25
+    weight = torch.randn(n_experts, case.d_in, case.d_out, generator=gen) / case.d_in**0.25
+    gates = torch.rand(case.tokens, case.slots, generator=gen) if case.gated else None
+    tensors = {"x": x, "weight": weight, "gates": gates}
+    out = {name: None if t is None else t.to(device, dtype).requires_grad_() for name, t in tensors.items()}
+    out["routing"] = route(choice.reshape(case.tokens, case.slots).to(device), n_experts)
+    out["dense"] = weight[0].to(device, dtype).requires_grad_()
+    rows = x[:, :1].expand(case.tokens, case.slots, case.d_in).reshape(-1, case.d_in)
+    out["rows"] = rows.to(device, dtype).requires_grad_()
+    return out
+
+
+def _expert(impl: str) -> Callable:
+    def run(case: Case, inputs: dict):
+        return expert_matmul(
+            inputs["x"], inputs["weight"], inputs["routing"], inputs["gates"], case.out_groups, impl=impl
+        )
+
+    return run
+
+
+def _dense(case: Case, inputs: dict):
+    """The same useful MACs as one dense matmul: [N * S, d_in] @ [d_in, d_out]."""
+    return inputs["rows"] @ inputs["dense"]
+
+
+IMPLEMENTATIONS = {"triton": _expert("triton"), "torch": _expert("torch"), "dense": _dense}
+
+
+def timer(device: str) -> Callable[[Callable], float]:
+    """Median milliseconds of fn(): triton's do_bench (L2 flushed, warm-up excluded) on a GPU."""
+    if device == "cuda":
+        import triton
+
+        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+    def cpu(fn, repeats=5):
+        fn()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(1e3 * (time.perf_counter() - start))
+        return statistics.median(times)
+
+    return cpu
+
+
+def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype) -> float:
+    """Largest error of ``impl`` against the PyTorch path, relative to the output's largest value."""
+    reference = IMPLEMENTATIONS["torch"](case, inputs).float()
+    got = IMPLEMENTATIONS[impl](case, inputs).float()
+    error = ((got - reference).abs().max() / reference.abs().max().clamp(min=1e-30)).item()
+    tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
+    if not error <= tolerance:
+        raise AssertionError(f"{impl} on {case.name}: relative error {error:.2e} above {tolerance:.0e}")
+    return error
+
+
+def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict]:
+    """Forward and forward+backward timings of one implementation on one case."""
+    inputs = make_inputs(case, device, dtype)
+    fn = IMPLEMENTATIONS[impl]
+    error = 0.0 if impl in ("torch", "dense") else check(case, inputs, impl, dtype)
+    out = fn(case, inputs)
+    grad = torch.randn_like(out)
+    ms = timer(device)
+    forward = ms(lambda: fn(case, inputs))
+    both = ms(lambda: fn(case, inputs).backward(grad))
+    rows = []
+    for what, t, macs in (("forward", forward, case.macs), ("forward+backward", both, 3 * case.macs)):
+        row = {"case": case.name, "impl": impl, "pass": what, "ms": t, "tflops": 2 * macs / t / 1e9}
+        rows.append(row | {"max_rel_error": error, **{f"shape_{k}": v for k, v in asdict(case).items()}})
+    return rows
+
+
+def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+    rows = []
+    for size in sizes:
+        for case in cases(size, batch):
+            for impl in impls:
+                rows += measure(case, impl, device, dtype)
+    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense"}
+    for r in rows:
+        r["vs_dense"] = dense[(r["case"], r["pass"])] / r["ms"] if (r["case"], r["pass"]) in dense else None
+    return rows

@@ -1,0 +1,44 @@
+"""Result files: written whole or not at all, never over an earlier run."""
+
+import csv
+import io
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def new_run_stem(folder: Path, label: str) -> Path:
+    """``folder/label``, or ``folder/label-2``, ... : the first stem with no .json beside it."""
+    stem, n = Path(folder) / label, 1
+    while stem.with_suffix(".json").exists():
+        n += 1
+        stem = Path(folder) / f"{label}-{n}"
+    return stem
+
+
+def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path:
+    """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``; returns the JSON path."""
+    stem = new_run_stem(folder, label)
+    buffer = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    write_atomic(stem.with_suffix(".csv"), buffer.getvalue())
+    return write_atomic(stem.with_suffix(".json"), json.dumps({"metadata": metadata, "rows": rows}, indent=2))
