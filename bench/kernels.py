@@ -75,8 +75,8 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     n_experts = case.groups * case.experts_per_group
     x = torch.randn(case.tokens, case.in_groups, case.d_in, generator=gen) / case.d_in**0.25
     weight = torch.randn(n_experts, case.d_in, case.d_out, generator=gen) / case.d_in**0.25
-    gates = torch.rand(case.tokens, case.slots, generator=gen) if case.gated else None
-    tensors = {"x": x, "weight": weight, "gates": gates}
+    scores = torch.rand(case.tokens, n_experts, generator=gen) if case.gated else None
+    tensors = {"x": x, "weight": weight, "scores": scores}
     out = {name: None if t is None else t.to(device, dtype).requires_grad_() for name, t in tensors.items()}
     out["routing"] = route(choice.reshape(case.tokens, case.slots).to(device), n_experts)
     out["dense"] = weight[0].to(device, dtype).requires_grad_()
@@ -88,7 +88,7 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
 def _expert(impl: str) -> Callable:
     def run(case: Case, inputs: dict):
         return expert_matmul(
-            inputs["x"], inputs["weight"], inputs["routing"], inputs["gates"], case.out_groups, impl=impl
+            inputs["x"], inputs["weight"], inputs["routing"], inputs["scores"], case.out_groups, impl=impl
         )
 
     return run

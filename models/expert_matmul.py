@@ -5,12 +5,15 @@ One operation serves SwitchHead (V/K/Q and O experts), MoA (Q and O experts) and
 has S slots (head x choice); slot s of token n uses expert ``indices[n, s]`` of a flat expert axis. It reads
 input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
 
-    out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
+    out[n, s // (S/S_out)] += scores[n, indices[n, s]] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
+
+The gate of a slot is read from the router's scores [N, E] inside the op, so the op saves the scores the router
+keeps anyway rather than k gates per token.
 
 The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection
 that router drives. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
 implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
-the gates, so activation memory does not grow with the number of active experts.
+the scores, so activation memory does not grow with the number of active experts.
 
 Layers: Triton kernels (expert_matmul_triton.py) or the PyTorch path below -> custom ops -> autograd ->
 :func:`expert_matmul`. CUDA tensors use Triton, others PyTorch; ``impl=`` or SWITCHBENCH_EXPERT_MATMUL
@@ -31,6 +34,7 @@ ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 class Routing:
     """Token slots grouped by expert: ``order`` lists flat slot ids n*S + s, expert by expert."""
 
+    indices: Tensor  # [N, S] expert of each slot
     order: Tensor  # [M] slot ids sorted by expert, M = N*S
     experts: Tensor  # [M] expert of each sorted slot (non-decreasing)
     offsets: Tensor  # [E+1] start of each expert's run in ``order``
@@ -53,18 +57,18 @@ def route(indices: Tensor, n_experts: int) -> Routing:
         0, flat, torch.ones_like(flat)
     )
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return Routing(order, experts, offsets, indices.shape[1])
+    return Routing(indices, order, experts, offsets, indices.shape[1])
 
 
 def expert_matmul(
     x: Tensor,
     weight: Tensor,
     routing: Routing,
-    gates: Tensor | None = None,
+    scores: Tensor | None = None,
     out_groups: int | None = None,
     impl: str | None = None,
 ) -> Tensor:
-    """x [N, S_in, d_in], weight [E, d_in, d_out], gates [N, S] or None -> [N, S_out, d_out].
+    """x [N, S_in, d_in], weight [E, d_in, d_out], router scores [N, E] or None (no gates) -> [N, S_out, d_out].
 
     ``out_groups`` (S_out) defaults to S: one output per slot, no reduction.
     """
@@ -81,9 +85,9 @@ def expert_matmul(
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
-        gates = None if gates is None else gates.to(dtype)
+        scores = None if scores is None else scores.to(dtype)
     return torch.ops.switchbench.expert_matmul(
-        x, weight, gates, routing.order, routing.experts, routing.offsets, s_out, impl
+        x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
     )
 
 
@@ -94,18 +98,19 @@ def expert_matmul(
 def _expert_matmul_op(
     x: Tensor,
     weight: Tensor,
-    gates: Tensor | None,
+    scores: Tensor | None,
+    indices: Tensor,
     order: Tensor,
     experts: Tensor,
     offsets: Tensor,
     s_out: int,
     impl: str,
 ) -> Tensor:
-    return _implementation(impl).forward(x, weight, gates, order, experts, offsets, s_out)
+    return _implementation(impl).forward(x, weight, scores, indices, order, experts, offsets, s_out)
 
 
 @_expert_matmul_op.register_fake
-def _(x, weight, gates, order, experts, offsets, s_out, impl):
+def _(x, weight, scores, indices, order, experts, offsets, s_out, impl):
     return x.new_empty(x.shape[0], s_out, weight.shape[2])
 
 
@@ -114,34 +119,35 @@ def _expert_matmul_backward_op(
     grad_out: Tensor,
     x: Tensor,
     weight: Tensor,
-    gates: Tensor | None,
+    scores: Tensor | None,
+    indices: Tensor,
     order: Tensor,
     experts: Tensor,
     offsets: Tensor,
     impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (grad_x, grad_weight, grad_gates); grad_gates is empty when there are no gates."""
-    return _implementation(impl).backward(grad_out, x, weight, gates, order, experts, offsets)
+    """-> (grad_x, grad_weight, grad_scores); grad_scores is empty when there are no scores."""
+    return _implementation(impl).backward(grad_out, x, weight, scores, indices, order, experts, offsets)
 
 
 @_expert_matmul_backward_op.register_fake
-def _(grad_out, x, weight, gates, order, experts, offsets, impl):
-    grad_gates = x.new_empty(0) if gates is None else torch.empty_like(gates)
-    return torch.empty_like(x), torch.empty_like(weight), grad_gates
+def _(grad_out, x, weight, scores, indices, order, experts, offsets, impl):
+    grad_scores = x.new_empty(0) if scores is None else torch.empty_like(scores)
+    return torch.empty_like(x), torch.empty_like(weight), grad_scores
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, gates, order, experts, offsets, _, impl = inputs
-    ctx.save_for_backward(x, weight, gates, order, experts, offsets)
+    x, weight, scores, indices, order, experts, offsets, _, impl = inputs
+    ctx.save_for_backward(x, weight, scores, indices, order, experts, offsets)
     ctx.impl = impl
 
 
 def _backward(ctx, grad_out):
-    x, weight, gates, order, experts, offsets = ctx.saved_tensors
-    grad_x, grad_w, grad_g = torch.ops.switchbench.expert_matmul_backward(
-        grad_out.contiguous(), x, weight, gates, order, experts, offsets, ctx.impl
+    x, weight, scores, *routing = ctx.saved_tensors
+    grad_x, grad_w, grad_s = torch.ops.switchbench.expert_matmul_backward(
+        grad_out.contiguous(), x, weight, scores, *routing, ctx.impl
     )
-    return grad_x, grad_w, None if gates is None else grad_g, None, None, None, None, None
+    return grad_x, grad_w, None if scores is None else grad_s, None, None, None, None, None, None
 
 
 _expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
@@ -161,33 +167,32 @@ def _implementation(impl: str):
 
 class TorchExpertMatmul:
     @staticmethod
-    def forward(x, weight, gates, order, experts, offsets, s_out):
+    def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         n = x.shape[0]
         rows, capacity = _padded_rows(order, experts, offsets)
-        slots = order.numel() // max(n, 1)
-        x_pad = _pad(_per_slot(x, slots), rows, capacity, weight.shape[0])  # [E, cap, d_in]
+        x_pad = _pad(_per_slot(x, indices.shape[1]), rows, capacity, weight.shape[0])  # [E, cap, d_in]
         y = _unpad(torch.bmm(x_pad, weight), rows)  # [N * S, d_out]
-        if gates is not None:
-            y = y * gates.reshape(-1, 1)
+        if scores is not None:
+            y = y * scores.gather(1, indices).reshape(-1, 1)
         return _group_sum(y, n, s_out)
 
     @staticmethod
-    def backward(grad_out, x, weight, gates, order, experts, offsets):
+    def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         n, s_in, _ = x.shape
-        n_experts = weight.shape[0]
+        n_experts, slots = weight.shape[0], indices.shape[1]
         rows, capacity = _padded_rows(order, experts, offsets)
-        slots = order.numel() // max(n, 1)
         grad = _per_slot(grad_out, slots)  # [N * S, d_out]
         x_pad = _pad(_per_slot(x, slots), rows, capacity, n_experts)  # [E, cap, d_in]
-        grad_g = x.new_empty(0)
-        if gates is not None:
+        grad_s = x.new_empty(0)
+        if scores is not None:
             y = _unpad(torch.bmm(x_pad, weight), rows)  # recomputed rather than saved
-            grad_g = (y * grad).sum(1).view(gates.shape)
-            grad = grad * gates.reshape(-1, 1)
+            grad_gates = (y * grad).sum(1).view(n, slots)
+            grad_s = torch.zeros_like(scores).scatter_add_(1, indices, grad_gates)
+            grad = grad * scores.gather(1, indices).reshape(-1, 1)
         grad_pad = _pad(grad, rows, capacity, n_experts)  # [E, cap, d_out]
         grad_x = _group_sum(_unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows), n, s_in)
         grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
-        return grad_x, grad_w, grad_g
+        return grad_x, grad_w, grad_s
 
 
 def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tensor, int]:

@@ -40,7 +40,7 @@ def _scatter_matmul_kernel(
     x_ptr,
     w_ptr,
     y_ptr,
-    gates_ptr,
+    scores_ptr,
     order_ptr,
     offsets_ptr,
     n_experts,
@@ -83,7 +83,8 @@ def _scatter_matmul_kernel(
         )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     if HAS_GATES:
-        acc = acc * tl.load(gates_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)[:, None]
+        gate = tl.load(scores_ptr + (slot // slots) * n_experts + e, mask=row_ok, other=0.0)
+        acc = acc * gate.to(tl.float32)[:, None]
     tl.store(
         y_ptr + slot[:, None] * d_out + n[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -96,9 +97,10 @@ def _grouped_outer_kernel(
     x_ptr,
     g_ptr,
     dw_ptr,
-    gates_ptr,
+    scores_ptr,
     order_ptr,
     offsets_ptr,
+    n_experts,
     d_in,
     d_out,
     slots,
@@ -139,7 +141,7 @@ def _grouped_outer_kernel(
             other=0.0,
         )
         if HAS_GATES:
-            gate = tl.load(gates_ptr + slot, mask=row_ok, other=0.0).to(tl.float32)
+            gate = tl.load(scores_ptr + token * n_experts + e, mask=row_ok, other=0.0).to(tl.float32)
             b = (b.to(tl.float32) * gate[:, None]).to(a.dtype)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
     dw = dw_ptr + e.to(tl.int64) * d_in * d_out + k[:, None] * d_out + n[None, :]
@@ -178,13 +180,11 @@ def _precision(dtype: torch.dtype) -> str:
     return "tf32" if tf32 and os.environ.get("TRITON_INTERPRET") != "1" else "ieee"
 
 
-def scatter_matmul(
-    rows: Tensor, in_groups: int, weight: Tensor, gates: Tensor | None, order, offsets
-) -> Tensor:
-    """rows [N * in_groups, d_in], weight [E, d_in, d_out] (any strides) -> one row per slot [M, d_out]."""
+def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets) -> Tensor:
+    """rows [N * in_groups, d_in], weight [E, d_in, d_out] (any strides), scores [N, E] or None
+    -> one row per slot [N * slots, d_out]."""
     n_experts, d_in, d_out = weight.shape
     m = order.numel()
-    slots = m // max(rows.shape[0] // in_groups, 1)
     y = rows.new_empty(m, d_out)
     if m == 0:
         return y
@@ -199,7 +199,7 @@ def scatter_matmul(
         rows,
         weight,
         y,
-        gates,
+        scores,
         order,
         offsets,
         n_experts,
@@ -211,18 +211,17 @@ def scatter_matmul(
         rows.stride(0),
         rows.stride(1),
         *weight.stride(),
-        HAS_GATES=gates is not None,
+        HAS_GATES=scores is not None,
         PRECISION=_precision(rows.dtype),
         BLOCK_E=triton.next_power_of_2(n_experts),
     )
     return y
 
 
-def grouped_outer(x_rows, in_groups, grad_rows, out_groups, gates, order, offsets, n_experts) -> Tensor:
+def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order, offsets, n_experts):
     """Sum over each expert's slots of x_row^T (gate * grad_row) -> [E, d_in, d_out]."""
     d_in, d_out = x_rows.shape[1], grad_rows.shape[1]
     m = order.numel()
-    slots = m // max(x_rows.shape[0] // in_groups, 1)
     dw = x_rows.new_empty(n_experts, d_in, d_out)
 
     def grid(meta):
@@ -235,12 +234,13 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, gates, order, offset
         x_rows,
         grad_rows,
         dw,
-        gates,
+        scores,
         order,
         offsets,
+        n_experts,
         d_in,
         d_out,
-        max(slots, 1),
+        slots,
         in_groups,
         out_groups,
         triton.next_power_of_2(max(m, 1)),
@@ -248,7 +248,7 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, gates, order, offset
         x_rows.stride(1),
         grad_rows.stride(0),
         grad_rows.stride(1),
-        HAS_GATES=gates is not None,
+        HAS_GATES=scores is not None,
         PRECISION=_precision(x_rows.dtype),
     )
     return dw
@@ -260,28 +260,32 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, gates, order, offset
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def forward(x, weight, gates, order, experts, offsets, s_out):
+def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     if x.dtype not in DTYPES or weight.dtype != x.dtype:
         raise ValueError(
             f"the Triton expert matmul takes fp32, fp16 or bf16; got {x.dtype} and {weight.dtype}"
         )
     n, s_in, d_in = x.shape
-    gates = None if gates is None else gates.reshape(-1)
-    y = scatter_matmul(x.reshape(n * s_in, d_in), s_in, weight, gates, order, offsets)  # [N * S, d_out]
+    slots = indices.shape[1]
+    y = scatter_matmul(
+        x.reshape(n * s_in, d_in), s_in, weight, scores, slots, order, offsets
+    )  # [N * S, d_out]
     return y.view(n, s_out, -1, weight.shape[2]).sum(2)
 
 
-def backward(grad_out, x, weight, gates, order, experts, offsets):
+def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     n, s_in, d_in = x.shape
     s_out, d_out = grad_out.shape[1:]
+    slots = indices.shape[1]
     x_rows, grad_rows = x.reshape(n * s_in, d_in), grad_out.reshape(n * s_out, d_out)
-    flat_gates = None if gates is None else gates.reshape(-1)
     weight_t = weight.transpose(1, 2)  # a strided view: the kernel reads W^T in place
-    grad_x = scatter_matmul(grad_rows, s_out, weight_t, flat_gates, order, offsets)  # [N * S, d_in]
+    grad_x = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets)  # [N * S, d_in]
     grad_x = grad_x.view(n, s_in, -1, d_in).sum(2)
-    grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, flat_gates, order, offsets, weight.shape[0])
-    grad_g = x.new_empty(0)
-    if gates is not None:
-        y = scatter_matmul(x_rows, s_in, weight, None, order, offsets).view(n, s_out, -1, d_out)
-        grad_g = (y.float() * grad_out[:, :, None].float()).sum(-1).view(gates.shape).to(gates.dtype)
-    return grad_x, grad_w, grad_g
+    grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
+    grad_s = x.new_empty(0)
+    if scores is not None:
+        y = scatter_matmul(x_rows, s_in, weight, None, slots, order, offsets).view(n, s_out, -1, d_out)
+        grad_gates = (y.float() * grad_out[:, :, None].float()).sum(-1).view(n, slots)
+        grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
+        grad_s = grad_s.scatter_add_(1, indices, grad_gates).to(scores.dtype)
+    return grad_x, grad_w, grad_s

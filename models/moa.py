@@ -35,16 +35,18 @@ class MoAAttention(Observable, nn.Module):
         xs = with_memory(mem, x)  # [B, S, d_model]
         logits = self.router(x).view(B * t, cfg.n_experts)  # [N, E]
         if cfg.moa_gating == "softmax":
-            gates, experts = logits.softmax(-1).topk(cfg.n_heads, dim=-1, sorted=False)  # [N, H]
+            scores = logits.softmax(-1)  # [N, E]
+            experts = scores.topk(cfg.n_heads, dim=-1, sorted=False).indices  # [N, H]
         else:
-            gates, experts = sigmoid_topk(logits, cfg.n_heads)
+            scores, experts = sigmoid_topk(logits, cfg.n_heads)
         routing = route(experts, cfg.n_experts)
         q = expert_matmul(x.reshape(B * t, 1, d), self.q_experts, routing)  # [N, H, D]
         q = q.view(B, t, cfg.n_heads, cfg.d_head).transpose(1, 2)  # [B, H, t, D]
         k, v = self.k(xs)[:, None], self.v(xs)[:, None]  # [B, 1, S, D]
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
         out = out.transpose(1, 2).reshape(B * t, cfg.n_heads, cfg.d_head)
-        y = expert_matmul(out, self.o_experts, routing, gates, 1).view(B, t, d)
+        y = expert_matmul(out, self.o_experts, routing, scores, 1).view(B, t, d)
+        gates = scores.gather(1, experts)  # [N, H]
         if self.observing:
             self.record(maps=maps, experts=experts.view(B, t, -1), gates=gates.detach().view(B, t, -1))
         return y, self._aux_loss(logits, gates, experts)

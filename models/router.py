@@ -7,7 +7,8 @@ from torch import Tensor
 
 
 def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[Tensor, Tensor]:
-    """logits [..., E] -> (gates, experts), each [..., k]; gates are sigmoids, not renormalised.
+    """logits [..., E] -> (scores [..., E], experts [..., k]); a chosen expert's gate is its score, a sigmoid,
+    not renormalised.
 
     Expert dropout (training only, by the caller) hides a random subset of experts from the selection.
     """
@@ -15,8 +16,7 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
     candidates = scores
     if expert_dropout > 0:
         candidates = scores.masked_fill(torch.rand_like(scores) < expert_dropout, float("-inf"))
-    experts = candidates.topk(k, dim=-1, sorted=False).indices
-    return scores.gather(-1, experts), experts
+    return scores, candidates.topk(k, dim=-1, sorted=False).indices
 
 
 def entropy_regularizer(logits: Tensor) -> Tensor:

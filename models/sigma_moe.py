@@ -28,12 +28,13 @@ class SigmaMoE(Observable, nn.Module):
         B, t, d = x.shape
         logits = self.router(x).view(B * t, cfg.mlp_experts)  # [N, E]
         dropout = cfg.mlp_expert_dropout if self.training else 0.0
-        gates, experts = sigmoid_topk(logits, cfg.mlp_k, dropout)  # [N, K]
+        scores, experts = sigmoid_topk(logits, cfg.mlp_k, dropout)  # [N, E], [N, K]
         routing = route(experts, cfg.mlp_experts)
         hidden = torch.relu(expert_matmul(x.reshape(B * t, 1, d), self.up, routing))  # [N, K, G]
-        y = expert_matmul(hidden, self.down, routing, gates, 1).view(B, t, d)
+        y = expert_matmul(hidden, self.down, routing, scores, 1).view(B, t, d)
         if self.observing:
-            self.record(experts=experts.view(B, t, -1), gates=gates.detach().view(B, t, -1))
+            gates = scores.detach().gather(1, experts)
+            self.record(experts=experts.view(B, t, -1), gates=gates.view(B, t, -1))
         if not cfg.mlp_entropy_reg:
             return y, 0.0
         return y, cfg.mlp_entropy_reg * entropy_regularizer(logits[:, None])

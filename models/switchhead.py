@@ -21,9 +21,15 @@ from .window import Window, with_memory
 
 class Selection(NamedTuple):
     experts: Tensor  # [B, L, H, K] expert of each head's choice
-    gates: Tensor  # [B, L, H, K]
+    scores: Tensor  # [B * L, H * E] sigmoid of every expert; a chosen expert's gate is its score
     routing: Routing  # over the flat (head, expert) axis
     logits: Tensor  # [B * L, H, E]
+
+    @property
+    def gates(self) -> Tensor:
+        """[B, L, H, K] gates of the chosen experts."""
+        scores = self.scores.detach().view(*self.experts.shape[:3], -1)
+        return scores.gather(-1, self.experts)
 
 
 class SwitchHeadAttention(Observable, nn.Module):
@@ -75,9 +81,7 @@ class SwitchHeadAttention(Observable, nn.Module):
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
         out = out.transpose(1, 2)  # [B, t, H, D]
         if "o" in cfg.experts:
-            y = expert_matmul(
-                out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, _flat(dst.gates), 1
-            )
+            y = expert_matmul(out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, dst.scores, 1)
         else:
             y = self.o(out.reshape(B * t, -1))
         if self.observing:
@@ -90,11 +94,11 @@ class SwitchHeadAttention(Observable, nn.Module):
         L = logits.shape[1]
         logits = logits.reshape(B * L, cfg.n_heads, cfg.n_experts)  # [N, H, E]
         dropout = cfg.expert_dropout if self.training else 0.0
-        gates, experts = sigmoid_topk(logits, cfg.k, dropout)  # [N, H, K]
+        scores, experts = sigmoid_topk(logits, cfg.k, dropout)  # [N, H, E], [N, H, K]
         flat = experts + torch.arange(cfg.n_heads, device=logits.device)[:, None] * cfg.n_experts
         routing = route(flat.view(B * L, -1), cfg.n_heads * cfg.n_experts)
-        shape = (B, L, cfg.n_heads, cfg.k)
-        return Selection(experts.view(shape), gates.view(shape), routing, logits)
+        experts = experts.view(B, L, cfg.n_heads, cfg.k)
+        return Selection(experts, scores.view(B * L, -1), routing, logits)
 
     def _project(self, name: str, x: Tensor, selection: Selection | None) -> Tensor:
         """Q, K or V of x [B, L, d_model] -> [B, L, H, D], through experts if ``name`` is one of them."""
@@ -102,7 +106,7 @@ class SwitchHeadAttention(Observable, nn.Module):
         weight = getattr(self, name)
         if name in self.cfg.experts:
             y = expert_matmul(
-                x.reshape(B * L, 1, d), weight, selection.routing, _flat(selection.gates), self.cfg.n_heads
+                x.reshape(B * L, 1, d), weight, selection.routing, selection.scores, self.cfg.n_heads
             )
         else:
             y = weight(x)
@@ -115,11 +119,7 @@ class SwitchHeadAttention(Observable, nn.Module):
         return self.cfg.entropy_reg * sum(entropy_regularizer(s.logits) for s in used)
 
 
-def _flat(gates: Tensor) -> Tensor:
-    return gates.reshape(-1, gates.shape[2] * gates.shape[3])  # [B, L, H, K] -> [N, H * K]
-
-
 def _selection_record(side: str, selection: Selection | None) -> dict:
     if selection is None:
         return {}
-    return {f"{side}_experts": selection.experts, f"{side}_gates": selection.gates.detach()}
+    return {f"{side}_experts": selection.experts, f"{side}_gates": selection.gates}

@@ -11,25 +11,27 @@ pytest.importorskip("triton")
 from models.expert_matmul import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
-NAMES = ("out", "grad_x", "grad_w", "grad_gates")
+NAMES = ("out", "grad_x", "grad_w", "grad_scores")
 
 
-def naive(x, weight, indices, gates, s_out):
-    """out[n, s // (S/S_out)] += gates[n, s] * x[n, s // (S/S_in)] @ weight[indices[n, s]], in float64."""
+def naive(x, weight, indices, scores, s_out):
+    """out[n, s // (S/S_out)] += scores[n, e] * x[n, s // (S/S_in)] @ weight[e], e = indices[n, s], in float64."""
     n_tokens, s_in, _ = x.shape
     slots = indices.shape[1]
     out = torch.zeros(n_tokens, s_out, weight.shape[2], dtype=torch.float64)
     for n in range(n_tokens):
         for s in range(slots):
-            gate = 1.0 if gates is None else gates[n, s]
+            gate = 1.0 if scores is None else scores[n, indices[n, s]]
             out[n, s // (slots // s_out)] += gate * x[n, s // (slots // s_in)] @ weight[indices[n, s]]
     return out
 
 
-def run(impl, x, weight, indices, gates, s_out, grad_out):
+def run(impl, x, weight, indices, scores, s_out, grad_out):
     """Output and gradients of one implementation, as float64."""
-    leaves = [t.detach().clone().requires_grad_() for t in (x, weight) + (() if gates is None else (gates,))]
-    g = None if gates is None else leaves[2]
+    leaves = [
+        t.detach().clone().requires_grad_() for t in (x, weight) + (() if scores is None else (scores,))
+    ]
+    g = None if scores is None else leaves[2]
     y = expert_matmul(leaves[0], leaves[1], route(indices, weight.shape[0]), g, s_out, impl=impl)
     y.backward(grad_out.to(y.dtype))
     return [t.detach().double() for t in (y, *(leaf.grad for leaf in leaves))]
@@ -62,21 +64,21 @@ def make_case(n, s_in, slots, s_out, n_experts, d_in, d_out, routing, seed=0):
         indices = torch.stack([torch.randperm(n_experts, generator=gen) for _ in range(n)])
     x = torch.randn(n, s_in, d_in, generator=gen, dtype=torch.float64)
     weight = torch.randn(n_experts, d_in, d_out, generator=gen, dtype=torch.float64)
-    gates = torch.rand(n, slots, generator=gen, dtype=torch.float64)
+    scores = torch.rand(n, n_experts, generator=gen, dtype=torch.float64)
     grad_out = torch.randn(n, s_out, d_out, generator=gen, dtype=torch.float64)
-    return x, weight, indices, gates, grad_out
+    return x, weight, indices, scores, grad_out
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
 @pytest.mark.parametrize("case", CASES)
 def test_triton_matches_float64_and_torch_path(case, gated):
     s_out = CASES[case][3]
-    x, weight, indices, gates, grad_out = make_case(*CASES[case])
-    gates = gates if gated else None
-    exact = run("torch", x, weight, indices, gates, s_out, grad_out)  # the PyTorch path in float64
-    y_loop = naive(x, weight, indices, gates, s_out)
+    x, weight, indices, scores, grad_out = make_case(*CASES[case])
+    scores = scores if gated else None
+    exact = run("torch", x, weight, indices, scores, s_out, grad_out)  # the PyTorch path in float64
+    y_loop = naive(x, weight, indices, scores, s_out)
     torch.testing.assert_close(exact[0], y_loop, rtol=1e-12, atol=1e-12)
-    f32 = [t.float() for t in (x, weight)] + [None if gates is None else gates.float()]
+    f32 = [t.float() for t in (x, weight)] + [None if scores is None else scores.float()]
     triton_out = run("triton", f32[0], f32[1], indices, f32[2], s_out, grad_out)
     torch_out = run("torch", f32[0], f32[1], indices, f32[2], s_out, grad_out)
     for what, got, ref, ref32 in zip(NAMES[: len(exact)], triton_out, exact, torch_out, strict=True):
@@ -88,16 +90,16 @@ def test_triton_matches_float64_and_torch_path(case, gated):
 
 
 def test_experts_without_tokens_get_zero_weight_gradient():
-    x, weight, indices, gates, grad_out = make_case(*CASES["empty-experts"])
-    _, _, grad_w, _ = run("triton", x.float(), weight.float(), indices, gates.float(), 1, grad_out)
+    x, weight, indices, scores, grad_out = make_case(*CASES["empty-experts"])
+    _, _, grad_w, _ = run("triton", x.float(), weight.float(), indices, scores.float(), 1, grad_out)
     unused = sorted(set(range(weight.shape[0])) - set(indices.flatten().tolist()))
     assert unused and grad_w[unused].abs().max() == 0
 
 
 def test_deterministic_and_every_element_written():
     """Two runs agree bit for bit; an unwritten row would hold whatever the allocator left there."""
-    x, weight, indices, gates, grad_out = make_case(*CASES["switchhead-o"], seed=3)
-    args = (x.float(), weight.float(), indices, gates.float(), 1, grad_out)
+    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"], seed=3)
+    args = (x.float(), weight.float(), indices, scores.float(), 1, grad_out)
     first, second = run("triton", *args), run("triton", *args)
     for a, b in zip(first, second, strict=True):
         assert torch.equal(a, b)
@@ -105,8 +107,8 @@ def test_deterministic_and_every_element_written():
 
 
 def test_fp16_inputs_accumulate_in_fp32():
-    x, weight, indices, gates, grad_out = make_case(*CASES["sigma-moe-down"], seed=5)
-    half = [t.half() for t in (x, weight, gates)]
+    x, weight, indices, scores, grad_out = make_case(*CASES["sigma-moe-down"], seed=5)
+    half = [t.half() for t in (x, weight, scores)]
     got = run("triton", half[0], half[1], indices, half[2], 1, grad_out)
     exact = run("torch", *[t.double() for t in half[:2]], indices, half[2].double(), 1, grad_out)
     for a, b in zip(got, exact, strict=True):
@@ -115,22 +117,22 @@ def test_fp16_inputs_accumulate_in_fp32():
 
 
 def test_triton_rejects_float64():
-    x, weight, indices, gates, _ = make_case(*CASES["k-1"])
+    x, weight, indices, scores, _ = make_case(*CASES["k-1"])
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
-        expert_matmul(x, weight, route(indices, 3), gates, 2, impl="triton")
+        expert_matmul(x, weight, route(indices, 3), scores, 2, impl="triton")
 
 
 def test_environment_forces_the_implementation(monkeypatch):
     """CPU tensors take the PyTorch path unless SWITCHBENCH_EXPERT_MATMUL says otherwise."""
-    x, weight, indices, gates, _ = make_case(*CASES["k-1"])
+    x, weight, indices, scores, _ = make_case(*CASES["k-1"])
     routing = route(indices, 3)
-    expert_matmul(x, weight, routing, gates, 2)  # float64: only the PyTorch path takes it
+    expert_matmul(x, weight, routing, scores, 2)  # float64: only the PyTorch path takes it
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
-        expert_matmul(x, weight, routing, gates, 2)
+        expert_matmul(x, weight, routing, scores, 2)
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "cublas")
     with pytest.raises(ValueError, match="impl must be one of torch, triton"):
-        expert_matmul(x, weight, routing, gates, 2)
+        expert_matmul(x, weight, routing, scores, 2)
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
@@ -145,10 +147,10 @@ def test_gpu_real_sizes(dtype):
     weight = (
         torch.randn(heads * n_experts, d_model, d_head, generator=gen, dtype=torch.float64) / d_model**0.5
     )
-    gates = torch.rand(n, heads * k, generator=gen, dtype=torch.float64)
+    scores = torch.rand(n, heads * n_experts, generator=gen, dtype=torch.float64)
     grad_out = torch.randn(n, heads, d_head, generator=gen, dtype=torch.float64)
-    exact = run("torch", x, weight, indices, gates, heads, grad_out)
-    cuda = [t.to("cuda", dtype) for t in (x, weight, gates)]
+    exact = run("torch", x, weight, indices, scores, heads, grad_out)
+    cuda = [t.to("cuda", dtype) for t in (x, weight, scores)]
     got = run("triton", cuda[0], cuda[1], indices.cuda(), cuda[2], heads, grad_out.cuda())
     tol = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     for a, b in zip(got, exact, strict=True):
@@ -158,15 +160,15 @@ def test_gpu_real_sizes(dtype):
 
 def test_custom_op_registration():
     """Schema, fake implementation and autograd registration agree with the real op (opcheck)."""
-    x, weight, indices, gates, _ = make_case(*CASES["switchhead-v"])
+    x, weight, indices, scores, _ = make_case(*CASES["switchhead-v"])
     routing = route(indices, weight.shape[0])
-    args = (x.requires_grad_(), weight.requires_grad_(), gates.requires_grad_())
+    args = (x, weight, scores)
     for impl in ("torch", "triton"):
         dtype = torch.float64 if impl == "torch" else torch.float32
         leaves = [t.detach().to(dtype).requires_grad_() for t in args]
         torch.library.opcheck(
             torch.ops.switchbench.expert_matmul.default,
-            (*leaves, routing.order, routing.experts, routing.offsets, 3, impl),
+            (*leaves, routing.indices, routing.order, routing.experts, routing.offsets, 3, impl),
             test_utils=("test_schema", "test_faketensor", "test_autograd_registration"),
         )
 

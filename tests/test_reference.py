@@ -232,7 +232,8 @@ def _ref_moa(m, x, mem, q_pos, k_pos):
     return torch.stack(rows).view(B, t, -1), routing
 
 
-def _naive_expert_matmul(x, weight, indices, gates, s_out):
+def _naive_expert_matmul(x, weight, indices, scores, s_out):
+    """The gate of slot (n, s) is the router score of its expert, scores[n, indices[n, s]]."""
     N, S = indices.shape
     s_in = x.shape[1]
     rows = []
@@ -240,8 +241,8 @@ def _naive_expert_matmul(x, weight, indices, gates, s_out):
         groups = [x.new_zeros(weight.shape[2]) for _ in range(s_out)]
         for s in range(S):
             term = x[n, s // (S // s_in)] @ weight[int(indices[n, s])]
-            if gates is not None:
-                term = gates[n, s] * term
+            if scores is not None:
+                term = scores[n, int(indices[n, s])] * term
             groups[s // (S // s_out)] = groups[s // (S // s_out)] + term
         rows.append(torch.stack(groups))
     return torch.stack(rows)
@@ -254,11 +255,11 @@ def _check_expert_matmul(N, E, s_in, S, s_out, indices, gated, seed, default_gro
     d_in, d_out = 3, 2
     x = _randn(seed, N, s_in, d_in).requires_grad_()
     weight = _randn(seed + 1, E, d_in, d_out).requires_grad_()
-    gates = _randn(seed + 2, N, S).requires_grad_() if gated else None
+    scores = _randn(seed + 2, N, E).requires_grad_() if gated else None
     groups = None if default_groups else s_out
-    out = expert_matmul(x, weight, route(indices, E), gates, groups)
-    ref = _naive_expert_matmul(x, weight, indices, gates, s_out)
-    wrt = {"x": x, "weight": weight} | ({"gates": gates} if gated else {})
+    out = expert_matmul(x, weight, route(indices, E), scores, groups)
+    ref = _naive_expert_matmul(x, weight, indices, scores, s_out)
+    wrt = {"x": x, "weight": weight} | ({"scores": scores} if gated else {})
     _assert_matches(out, ref, wrt, seed + 3)
 
 
@@ -386,7 +387,7 @@ def test_switchhead_one_expert_ungated_is_dense(monkeypatch, pos, experts):
 
     def ungated(logits, k, expert_dropout=0.0):
         shape = (*logits.shape[:-1], k)
-        return logits.new_ones(shape), torch.zeros(shape, dtype=torch.long)
+        return torch.ones_like(logits), torch.zeros(shape, dtype=torch.long)
 
     monkeypatch.setattr(switchhead_module, "sigmoid_topk", ungated)
     cfg = _switchhead_cfg(pos, experts, False, "mem-block").replace(n_experts=1, k=1)
@@ -548,11 +549,12 @@ def test_moa_losses_known_values():
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("expert_dropout", [0.0, 0.4])
 def test_sigmoid_topk(k, expert_dropout):
-    """Gates are the raw sigmoids of the chosen experts; without dropout those are the top-k."""
+    """Scores are the raw sigmoids of every expert; without dropout the chosen experts are the top-k."""
     torch.manual_seed(k)
     logits = _randn(k, 5, 3, 6, scale=2.0)
-    gates, experts = sigmoid_topk(logits, k, expert_dropout)
-    assert gates.shape == experts.shape == (5, 3, k)
+    scores, experts = sigmoid_topk(logits, k, expert_dropout)
+    assert scores.shape == logits.shape and experts.shape == (5, 3, k)
+    gates = scores.gather(-1, experts)
     for n in range(5):
         for g in range(3):
             row = experts[n, g].tolist()
