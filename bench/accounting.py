@@ -140,3 +140,59 @@ def parse_paper(cell: str) -> tuple[float, int, str]:
         raise ValueError(f"a published cost ends in M or G; got {cell!r}")
     decimals = len(number.split(".")[1]) if "." in number else 0
     return float(number) * (1e9 if unit == "G" else 1e6), decimals, unit
+
+
+# Exact count of this project's modules (models/): every matmul-like product, every float saved for backward
+
+
+def exact_cost(cfg: ModelConfig) -> Cost:
+    """One attention layer of ``cfg``: T current tokens after (C - 1) T cached ones, S = C T keys, forward pass.
+
+    Each term names the op of models/ that performs the MACs or saves the floats; auxiliary losses are left out
+    (they are computed only when their coefficient is non-zero). Memory counts distinct storages of floating
+    tensors that autograd saves, parameters excluded.
+    """
+    H, dh, dm, T, C = _symbols(cfg)
+    S = C * T
+    macs, mem = _exact_projections(cfg, H, dh, dm, T, S)
+    core = _exact_core(cfg, H, dh, dm, T, S)
+    return Cost(macs + core.macs, mem + core.mem)
+
+
+def _exact_projections(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> tuple[int, int]:
+    """Routers and the Q, K, V, O projections; memory: the layer inputs, router scores, the O input."""
+    inputs = T * dm + (S * dm if S > T else 0)  # current tokens; the window [memory; current] is a new tensor
+    # The heads' outputs made [T, H d_head]-contiguous for the O projection. With RoPE, SDPA keeps its output
+    # anyway; with one head or one token that output already has this layout and no copy is made.
+    o_input = 0 if cfg.pos == "rope" and (H == 1 or T == 1) else T * H * dh
+    if cfg.attention == "dense":
+        return (T + 2 * S) * dm * H * dh + T * H * dh * dm, inputs + o_input
+    if cfg.attention == "moa":
+        E = cfg.n_experts
+        macs = T * dm * E + T * H * dm * dh + 2 * S * dm * dh + T * H * dh * dm  # router, Q, K, V, O
+        return macs, inputs + T * E + o_input  # T x E router probabilities
+    E, k, experts = cfg.n_experts, cfg.k, cfg.experts
+    src, dst = bool(set(experts) & set("kv")), bool(set(experts) & set("qo"))
+    router_tokens = (S if src else 0) + (T if dst and not (cfg.shared_selection and src) else 0)
+    scores = ((S if src else 0) + (T if dst else 0)) * H * E  # sigmoids of every expert, each side
+    macs = router_tokens * dm * H * E
+    for name, tokens, d_in, d_out in (("q", T, dm, dh), ("k", S, dm, dh), ("v", S, dm, dh), ("o", T, dh, dm)):
+        macs += tokens * H * (k if name in experts else 1) * d_in * d_out
+    return macs, inputs + scores + o_input
+
+
+def _exact_core(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> Cost:
+    """Attention of H query heads over S keys with H_k key heads (1 for MoA); XL adds projected positions."""
+    Hk = 1 if cfg.attention == "moa" else H
+    macs = 2 * H * T * S * dh  # q k^T and A v
+    if cfg.pos == "xl":
+        D = S if cfg.causal else S + T - 1  # distances 0..S-1, and the negative ones without a causal mask
+        macs += D * dm * Hk * dh + H * T * dh * D  # position projection, q r^T
+        # sinusoids, projected positions, q, k, the attention map (after softmax), v
+        mem = D * dm + D * Hk * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
+        return Cost(macs, mem)
+    half = int(dh * 0.5) // 2  # rotated channel pairs
+    rotation = 2 * (T + S) * half  # cos and sin of the query and key positions
+    # rotated q and k, v, the output and its logsumexp, and the boolean mask made additive
+    sdpa = T * H * dh + S * Hk * dh + S * Hk * dh + T * H * dh + H * T + (T * S if cfg.causal else 0)
+    return Cost(macs, rotation + sdpa)

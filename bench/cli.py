@@ -47,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(kernels)
     kernels.set_defaults(run=run_kernel_bench)
 
+    count = commands.add_parser("count", help="MACs and memory of one attention layer, every view")
+    add_config_args(count)
+    _add_json(count)
+    count.set_defaults(run=run_count)
+
     tables = commands.add_parser("tables", help="regenerate the paper's Tables 1, 2, 3 and 7 cell by cell")
     tables.add_argument("--out", default="results/tables", help="folder for CSV, Markdown and LaTeX")
     _add_json(tables)
@@ -109,6 +114,39 @@ def run_params(args) -> None:
     ]
     print(f"{args.preset or 'custom'}: {_describe(cfg)}")
     print(format_table(rows))
+
+
+def run_count(args) -> None:
+    from . import tables
+    from .measure import cost_views
+
+    cfg = config_from_args(args)
+    views = cost_views(cfg)
+    published = [r for r in tables.published_rows() if PRESETS.get(r.preset) == cfg]
+    if args.json:
+        rows = [{"table": r.table, "preset": r.preset, "macs": r.macs, "mem": r.mem} for r in published]
+        print(json.dumps({"config": cfg.to_dict(), "published": rows, **views}, indent=2))
+        return
+    names = {
+        "paper": "paper's convention (its table script)",
+        "printed_eq": "paper's printed equations",
+        "exact": "exact, this implementation",
+        "fvcore": "measured: fvcore",
+        "flop_counter": "measured: FlopCounterMode / 2",
+        "saved_floats": "measured: saved-tensor hooks",
+    }
+    rows = [{"view": f"published, Table {r.table} ({r.preset})", "MACs": r.macs, "memory (floats)": r.mem}
+            for r in published]  # fmt: skip
+    for key, label in names.items():
+        macs, mem = views.get(f"macs_{key}"), views.get(f"mem_{key}")
+        rows.append({"view": label, "MACs": _count(macs), "memory (floats)": _count(mem)})
+    print(f"{args.preset or 'custom'}: {_describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
+          f"C = {1 + cfg.context_blocks}, forward")  # fmt: skip
+    print(format_table(rows))
+
+
+def _count(value) -> str:
+    return "-" if value is None else f"{value:,}"
 
 
 def run_tables(args) -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 from models.config import ModelConfig
 from models.presets import PRESETS
 
-from .accounting import Cost, format_paper, paper_cost, parse_paper, printed_cost
+from .accounting import Cost, format_paper, paper_cost, parse_paper
+from .measure import cost_views
 from .results import write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,26 +117,23 @@ def table_rows(table: str, rows: list[PublishedRow] | None = None) -> list[dict]
         cfg = PRESETS[row.preset]
         paper = paper_cost(cfg)
         cost, note = reproducing_cost(row)
-        base, _ = reproducing_cost(dense_baseline(row, rows))
-        printed = printed_cost(cfg)
+        base_row = dense_baseline(row, rows)
+        base, _ = reproducing_cost(base_row)
         note = "; ".join(filter(None, [note, _rounding_note(cost, row)]))
         out.append(
             _describe(cfg, row.preset)
             | {
                 "dataset": row.dataset,
                 "macs_published": row.macs,
-                "macs_paper": paper.macs,
                 "macs_paper_printed": as_printed(paper.macs, row.macs, table),
-                "macs_printed_eq": "" if printed is None else printed.macs,
                 "mem_published": row.mem,
-                "mem_paper": paper.mem,
                 "mem_paper_printed": as_printed(paper.mem, row.mem, table),
-                "mem_printed_eq": "" if printed is None else printed.mem,
+                "reproduced": _reproduced(paper, cost, row),
                 "macs_vs_dense": cost.macs / base.macs,
                 "mem_vs_dense": cost.mem / base.mem,
-                "reproduced": _reproduced(paper, cost, row),
-                "note": note,
             }
+            | _measured(cfg, PRESETS[base_row.preset])
+            | {"note": note}
         )
     return out
 
@@ -147,20 +145,26 @@ def mac_matched_rows() -> list[dict]:
     out = []
     for name in MAC_MATCHED:
         cfg = PRESETS[name]
-        paper, base = paper_cost(cfg), paper_cost(PRESETS[baselines[f"{cfg.pos}-{cfg.d_model}"]])
-        printed = printed_cost(cfg)
+        dense = PRESETS[baselines[f"{cfg.pos}-{cfg.d_model}"]]
+        paper, base = paper_cost(cfg), paper_cost(dense)
         out.append(
             _describe(cfg, name)
-            | {
-                "macs_paper": paper.macs,
-                "macs_printed_eq": "" if printed is None else printed.macs,
-                "mem_paper": paper.mem,
-                "mem_printed_eq": "" if printed is None else printed.mem,
-                "macs_vs_dense": paper.macs / base.macs,
-                "mem_vs_dense": paper.mem / base.mem,
-            }
+            | {"macs_vs_dense": paper.macs / base.macs, "mem_vs_dense": paper.mem / base.mem}
+            | _measured(cfg, dense)
         )
     return out
+
+
+def _measured(cfg: ModelConfig, dense: ModelConfig) -> dict:
+    """The paper's convention and printed equations in full, the exact count and the three measurements."""
+    views, base = cost_views(cfg), cost_views(dense)
+    agree = views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"]
+    agree = agree and views["mem_exact"] == views["mem_saved_floats"]
+    return {k: "" if v is None else v for k, v in views.items()} | {
+        "macs_exact_vs_dense": views["macs_exact"] / base["macs_exact"],
+        "mem_exact_vs_dense": views["mem_exact"] / base["mem_exact"],
+        "measured_agree": "yes" if agree else "NO",
+    }
 
 
 def _describe(cfg: ModelConfig, preset: str) -> dict:

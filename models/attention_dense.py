@@ -29,4 +29,4 @@ class DenseAttention(Observable, nn.Module):
         v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
         self.record(maps=maps)
-        return self.o(out.transpose(1, 2).reshape(B, t, -1)), 0.0
+        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1)), 0.0

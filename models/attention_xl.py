@@ -14,7 +14,7 @@ def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float3
     """Sinusoidal encodings [D, d_model] of integer distances [D], computed in ``dtype``."""
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, device=distances.device, dtype=dtype) / d_model)
     angles = distances[:, None].to(dtype) * inv_freq[None, :]
-    return torch.cat([angles.sin(), angles.cos()], dim=-1)[:, :d_model]
+    return torch.cat([angles.sin(), angles[:, : d_model // 2].cos()], dim=-1)  # exactly d_model columns
 
 
 class XLAttention(nn.Module):
@@ -35,6 +35,8 @@ class XLAttention(nn.Module):
         r = self.pos_proj(encodings.to(q.dtype))  # [D, Hk * d_head]
         r = r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
         index = (window.q_pos[:, None] - window.k_pos[None, :] - lowest).clamp_(min=0)  # [t, S]
-        pos = (q @ r).gather(-1, index.expand(*q.shape[:2], t, S))  # [B, H, t, S]
+        rows = torch.arange(t, device=q.device)[:, None]
+        # Indexing rather than gather: its backward keeps only the indices, not the [B, H, t, D] scores.
+        pos = (q @ r)[:, :, rows, index]  # [B, H, t, S]
         logits = (q @ k.transpose(-1, -2) + pos) * (1.0 / math.sqrt(self.d_head))
         return attend(logits, v, window.mask, return_maps)

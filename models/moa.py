@@ -44,7 +44,9 @@ class MoAAttention(Observable, nn.Module):
         q = q.view(B, t, cfg.n_heads, cfg.d_head).transpose(1, 2)  # [B, H, t, D]
         k, v = self.k(xs)[:, None], self.v(xs)[:, None]  # [B, 1, S, D]
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
-        out = out.transpose(1, 2).reshape(B * t, cfg.n_heads, cfg.d_head)
+        out = (
+            out.transpose(1, 2).contiguous().view(B * t, cfg.n_heads, cfg.d_head)
+        )  # one layout for any kernel
         y = expert_matmul(out, self.o_experts, routing, scores, 1).view(B, t, d)
         gates = scores.gather(1, experts)  # [N, H]
         if self.observing:
@@ -53,14 +55,11 @@ class MoAAttention(Observable, nn.Module):
 
     def _aux_loss(self, logits: Tensor, gates: Tensor, experts: Tensor) -> Tensor | float:
         cfg = self.cfg
-        if cfg.moa_gating != "softmax":
+        coefs = {"cv": cfg.moa_cv_coef, "switch": cfg.moa_switch_coef, "z": cfg.moa_z_coef}
+        if cfg.moa_gating != "softmax" or not any(coefs.values()):
             return 0.0
         losses = moa_losses(logits, gates, experts)
-        return (
-            cfg.moa_cv_coef * losses["cv"]
-            + cfg.moa_switch_coef * losses["switch"]
-            + cfg.moa_z_coef * losses["z"]
-        )
+        return sum(coef * losses[name] for name, coef in coefs.items() if coef)
 
 
 def moa_losses(logits: Tensor, gates: Tensor, experts: Tensor) -> dict[str, Tensor]:

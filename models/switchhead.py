@@ -79,7 +79,7 @@ class SwitchHeadAttention(Observable, nn.Module):
         k = self._project("k", xs, src).transpose(1, 2)  # [B, H, S, D]
         v = self._project("v", xs, src).transpose(1, 2)  # [B, H, S, D]
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
-        out = out.transpose(1, 2)  # [B, t, H, D]
+        out = out.transpose(1, 2).contiguous()  # [B, t, H, D], one layout whatever the attention kernel
         if "o" in cfg.experts:
             y = expert_matmul(out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, dst.scores, 1)
         else:

@@ -1,0 +1,151 @@
+"""Counts measured on the real modules: one attention layer, one sequence, forward pass.
+
+Three independent measurements: fvcore's FlopCountAnalysis (TorchScript trace, MACs), torch's FlopCounterMode
+(dispatched ops, FLOPs / 2) and saved-tensor hooks (floats autograd keeps, storages de-duplicated, parameters
+excluded). Ops neither counter knows are given formulas here; any other op that could hide MACs is an error.
+"""
+
+import warnings
+from collections.abc import Callable
+from functools import cache
+
+import torch
+from torch import nn
+
+from models.config import ModelConfig
+from models.lm import ATTENTIONS
+from models.window import make_window
+
+from . import accounting
+
+# Ops of the layers that fvcore has no handle for and that perform no multiply-accumulate (elementwise, routing,
+# sorting). Any other op without a handle is an error rather than a silent zero.
+NO_MACS = {
+    "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::neg", "aten::pow", "aten::sin",
+    "aten::cos", "aten::sigmoid", "aten::softmax", "aten::topk", "aten::sort", "aten::cumsum",
+    "aten::scatter_add_", "aten::ones_like",
+}  # fmt: skip
+
+
+def layer_and_inputs(cfg: ModelConfig, seed: int = 0):
+    """The attention module of ``cfg`` and the inputs of one sequence: T tokens after (C - 1) T cached ones."""
+    cfg = cfg.replace(moa_cv_coef=0.0, moa_switch_coef=0.0, moa_z_coef=0.0, entropy_reg=0.0, dropout=0.0)
+    torch.manual_seed(seed)
+    layer = ATTENTIONS[cfg.attention](cfg)
+    x = torch.randn(1, cfg.T, cfg.d_model, requires_grad=True)
+    mem = torch.randn(1, cfg.mem_len, cfg.d_model) if cfg.mem_len else None
+    window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, "cpu")
+    return layer, x, mem, window
+
+
+class _Traceable(nn.Module):
+    """The layer as a function of tensors only, for the TorchScript tracer."""
+
+    def __init__(self, layer, window):
+        super().__init__()
+        self.layer, self.window = layer, window
+
+    def forward(self, x, mem):
+        return self.layer(x, mem, self.window)[0]
+
+
+def _expert_matmul_macs(x_shape, weight_shape, indices_shape) -> int:
+    return indices_shape[0] * indices_shape[1] * weight_shape[1] * weight_shape[2]
+
+
+def _sdpa_macs(q_shape, k_shape) -> int:
+    """q k^T and A v: 2 B H t S d_head."""
+    *batch, t, d_head = q_shape
+    return 2 * int(torch.Size(batch).numel()) * t * k_shape[-2] * d_head
+
+
+def fvcore_macs(cfg: ModelConfig) -> int:
+    with warnings.catch_warnings():  # fvcore's import touches the deprecated torch.jit.script
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from fvcore.nn import FlopCountAnalysis
+        from fvcore.nn.jit_handles import get_shape
+
+    layer, x, mem, window = layer_and_inputs(cfg)
+    inputs = (x, mem) if mem is not None else (x, None)
+    analysis = FlopCountAnalysis(_Traceable(layer, window), inputs)
+    analysis.set_op_handle(
+        "switchbench::expert_matmul",
+        lambda ins, outs: _expert_matmul_macs(*(get_shape(ins[i]) for i in (0, 1, 3))),
+        "aten::scaled_dot_product_attention",
+        lambda ins, outs: _sdpa_macs(get_shape(ins[0]), get_shape(ins[1])),
+    )
+    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        total = analysis.total()
+    unknown = sorted(set(analysis.unsupported_ops()) - NO_MACS)
+    if unknown:
+        raise RuntimeError(f"fvcore has no MAC count for {', '.join(unknown)}")
+    return int(total)
+
+
+def _flop_formulas() -> dict:
+    def expert_matmul(x, weight, scores, indices, *args, out_shape=None, **kwargs):
+        return 2 * _expert_matmul_macs(x, weight, indices)
+
+    def sdpa_cpu(query, key, value, *args, out_shape=None, **kwargs):
+        return 2 * _sdpa_macs(query, key)
+
+    return {
+        torch.ops.switchbench.expert_matmul: expert_matmul,  # keyed by packet, as FlopCounterMode looks up
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu,
+    }
+
+
+def flop_counter_macs(cfg: ModelConfig) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    layer, x, mem, window = layer_and_inputs(cfg)
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        layer(x, mem, window)
+    return counter.get_total_flops() // 2
+
+
+def saved_floats(cfg: ModelConfig) -> int:
+    """Floats autograd keeps for the backward of one forward pass of the layer."""
+    layer, x, mem, window = layer_and_inputs(cfg)
+    return count_saved_floats(lambda: layer(x, mem, window), layer)
+
+
+def count_saved_floats(forward: Callable, module: nn.Module) -> int:
+    """Elements of the distinct floating-point storages saved by ``forward()``, parameters excluded."""
+    parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if t.is_floating_point() and storage.data_ptr() not in parameters:
+            storages[storage.data_ptr()] = storage.nbytes() // t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = forward()  # kept alive until counted, so no storage is freed and its address reused
+    del output
+    return sum(storages.values())
+
+
+@cache
+def cost_views(cfg: ModelConfig) -> dict:
+    """Every count of one configuration: the paper's convention and printed equations, the exact analytic count,
+    and the three measurements."""
+    paper, printed, exact = (
+        accounting.paper_cost(cfg),
+        accounting.printed_cost(cfg),
+        accounting.exact_cost(cfg),
+    )
+    return {
+        "macs_paper": paper.macs,
+        "macs_printed_eq": None if printed is None else printed.macs,
+        "macs_exact": exact.macs,
+        "macs_fvcore": fvcore_macs(cfg),
+        "macs_flop_counter": flop_counter_macs(cfg),
+        "mem_paper": paper.mem,
+        "mem_printed_eq": None if printed is None else printed.mem,
+        "mem_exact": exact.mem,
+        "mem_saved_floats": saved_floats(cfg),
+    }

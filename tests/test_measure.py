@@ -1,0 +1,90 @@
+"""The exact analytic count equals three independent measurements on the real modules."""
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench import measure
+from bench.accounting import exact_cost, paper_cost
+from bench.cli import main
+from models.config import ModelConfig
+from models.presets import PRESETS
+
+
+@st.composite
+def configs(draw):
+    model = draw(st.sampled_from(["transformer", "switchhead", "moa", "switchall"]))
+    causal = draw(st.booleans())
+    E = draw(st.integers(1, 5))
+    H = draw(st.integers(1, E if model == "moa" else 4))
+    return ModelConfig(
+        model=model,
+        pos=draw(st.sampled_from(["xl", "rope"])),
+        causal=causal,
+        context_blocks=draw(st.integers(0, 2)) if causal else 0,
+        d_model=draw(st.integers(4, 24)),
+        n_heads=H,
+        d_head=draw(st.integers(1, 9)),
+        T=draw(st.integers(1, 7)),
+        n_experts=E,
+        k=draw(st.integers(1, E)),
+        experts="".join(draw(st.lists(st.sampled_from("qkvo"), min_size=1, max_size=4, unique=True))),
+        shared_selection=draw(st.booleans()),
+        moa_gating=draw(st.sampled_from(["softmax", "sigmoid"])),
+        n_layers=2,
+        mlp_experts=4,
+        mlp_k=2,
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs())
+def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
+    exact = exact_cost(cfg)
+    assert measure.fvcore_macs(cfg) == exact.macs
+    assert measure.flop_counter_macs(cfg) == exact.macs
+    assert measure.saved_floats(cfg) == exact.mem
+
+
+@pytest.mark.parametrize(
+    "name", ["c4-262m-switchhead-h4", "wikitext103-244m-transformer-h16", "wikitext103-47m-moa-h8"]
+)
+def test_exact_count_at_published_sizes(name):
+    views = measure.cost_views(PRESETS[name])
+    assert views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"]
+    assert views["mem_exact"] == views["mem_saved_floats"]
+
+
+def test_switchhead_memory_does_not_grow_with_k():
+    """The expert matmul keeps no per-expert copy: only its MACs grow with k."""
+    cfg = PRESETS["c4-47m-switchhead-h2"].replace(T=32, experts="qkvo")
+    floats = {k: measure.saved_floats(cfg.replace(k=k)) for k in range(1, cfg.n_experts + 1)}
+    macs = {k: measure.fvcore_macs(cfg.replace(k=k)) for k in (1, 2)}
+    assert len(set(floats.values())) == 1, floats
+    assert macs[2] > macs[1]
+
+
+def test_dense_xl_gap_to_the_paper_convention_term_by_term():
+    """Ours recomputes K and V of the memory, projects the C T distances once and multiplies q by them; the
+    convention counts K and V of T tokens and 2 C T d_head d_model for the positions, per head."""
+    cfg = PRESETS["c4-262m-transformer-h16"]
+    H, dh, dm, T, C = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.T, 2
+    S = C * T
+    gap = exact_cost(cfg).macs - paper_cost(cfg).macs
+    assert gap == 2 * (S - T) * dm * H * dh + C * H * T * T * dh - C * T * dm * H * dh
+
+
+def test_an_op_without_a_mac_count_is_an_error(monkeypatch):
+    monkeypatch.setattr(measure, "NO_MACS", set())
+    with pytest.raises(RuntimeError, match="fvcore has no MAC count for aten::"):
+        measure.fvcore_macs(PRESETS["tiny-switchhead"])
+
+
+def test_cli_count(capsys):
+    assert main(["count", "c4-262m-switchhead-h4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["preset"] for r in out["published"]} == {"c4-262m-switchhead-h4", "pes2o-262m-switchhead-h4"}
+    assert out["macs_paper"] == 2_358_116_352 and out["mem_paper"] == 5_578_752
+    assert out["macs_exact"] == out["macs_fvcore"] == out["macs_flop_counter"]
