@@ -1,0 +1,118 @@
+"""Cost against context length: where the T^2 attention terms take over from the projections.
+
+The exact count of one attention layer is a quadratic a T^2 + b T in the chunk length T (C fixed): the T^2
+terms are the attention maps (and the XL position scores), the T terms the projections and routers. The sweep
+evaluates it from 128 to 16384 tokens; the cross-over length b / a is where the quadratic terms are half.
+"""
+
+from pathlib import Path
+
+from models.config import ModelConfig
+from models.presets import PRESETS
+
+from .accounting import Cost, exact_cost
+from .results import write_atomic
+
+LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
+SERIES = {
+    "47m": {
+        "dense XL": "c4-47m-transformer-h10",
+        "dense RoPE": "wikitext103-45m-transformer-h10",
+        "MoA XL (H=4)": "wikitext103-47m-moa-h4",
+        "SwitchHead XL": "c4-47m-switchhead-h2",
+        "SwitchHead RoPE": "wikitext103-45m-switchhead-h2",
+    },
+    "262m": {
+        "dense XL": "c4-262m-transformer-h16",
+        "dense RoPE": "wikitext103-244m-transformer-h16",
+        "MoA XL (H=8)": "wikitext103-262m-moa-h8",
+        "SwitchHead XL": "c4-262m-switchhead-h4",
+        "SwitchHead RoPE": "wikitext103-243m-switchhead-h4",
+    },
+}
+
+
+def quadratic(cfg: ModelConfig) -> tuple[Cost, Cost]:
+    """(a, b) with cost(T) = a T^2 + b T, from the exact count at T = 2 and 4 (C as configured)."""
+    f2, f4 = exact_cost(cfg.replace(T=2)), exact_cost(cfg.replace(T=4))
+
+    def fit(y2: int, y4: int) -> tuple[int, int]:
+        a = (y4 - 2 * y2) // 8
+        return a, (y2 - 4 * a) // 2
+
+    (am, bm), (ak, bk) = fit(f2.macs, f4.macs), fit(f2.mem, f4.mem)
+    return Cost(am, ak), Cost(bm, bk)
+
+
+def sweep() -> list[dict]:
+    rows = []
+    for size, series in SERIES.items():
+        for label, preset in series.items():
+            cfg = PRESETS[preset]
+            a, b = quadratic(cfg)
+            for T in LENGTHS:
+                cost = exact_cost(cfg.replace(T=T))
+                rows.append(
+                    {
+                        "size": size,
+                        "model": label,
+                        "preset": preset,
+                        "T": T,
+                        "C": 1 + cfg.context_blocks,
+                        "macs": cost.macs,
+                        "mem": cost.mem,
+                        "macs_quadratic_share": a.macs * T * T / cost.macs,
+                        "mem_quadratic_share": a.mem * T * T / cost.mem,
+                        "macs_crossover_T": b.macs / a.macs,
+                        "mem_crossover_T": b.mem / a.mem,
+                    }
+                )
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> list[Path]:
+    """MACs and memory against T, log-log, one panel per size and quantity; crossovers marked. PNG and SVG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(SERIES)
+    fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
+    for col, size in enumerate(sizes):
+        for row, (key, name, unit) in enumerate(
+            (("macs", "compute", "MACs"), ("mem", "memory", "floats kept for backward"))
+        ):
+            ax = axes[row][col]
+            for label in SERIES[size]:
+                points = [r for r in rows if r["size"] == size and r["model"] == label]
+                line = ax.plot(
+                    [r["T"] for r in points], [r[key] for r in points], marker="o", ms=3, label=label
+                )
+                crossover = points[0][f"{key}_crossover_T"]
+                if LENGTHS[0] <= crossover <= LENGTHS[-1]:
+                    ax.axvline(crossover, color=line[0].get_color(), ls=":", lw=1)
+            ax.set(xscale="log", yscale="log", xlabel="chunk length T (tokens)", ylabel=unit)
+            ax.set_title(f"{size.upper()} presets: {name}")
+            ax.grid(True, which="major", alpha=0.3)
+            ax.legend(fontsize=8, title="dotted: T where T² terms are half", title_fontsize=8)
+    fig.suptitle(
+        "One attention layer, one sequence, forward pass (exact count); XL keeps C = 2 chunks, RoPE C = 1"
+    )
+    fig.tight_layout()
+    written = []
+    for suffix in (".png", ".svg"):
+        target = path.with_suffix(suffix)
+        tmp = target.with_name(f".{target.name}.tmp{suffix}")
+        fig.savefig(tmp, dpi=110)
+        tmp.replace(target)
+        written.append(target)
+    plt.close(fig)
+    return written
+
+
+def write_sweep(folder: Path) -> list[Path]:
+    from .tables import to_csv
+
+    rows = sweep()
+    return [write_atomic(folder / "cost_scaling.csv", to_csv(rows)), *plot(rows, folder / "cost_scaling")]

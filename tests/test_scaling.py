@@ -1,0 +1,39 @@
+"""The cost-against-length sweep: its quadratic model is exact, and its files are written."""
+
+import csv
+
+import pytest
+
+from bench import scaling
+from bench.accounting import exact_cost
+from models.presets import PRESETS
+
+
+@pytest.mark.parametrize("preset", [p for series in scaling.SERIES.values() for p in series.values()])
+def test_cost_is_exactly_quadratic_in_T(preset):
+    cfg = PRESETS[preset]
+    a, b = scaling.quadratic(cfg)
+    for T in (3, 100, 4096):
+        cost = exact_cost(cfg.replace(T=T))
+        assert (cost.macs, cost.mem) == (a.macs * T * T + b.macs * T, a.mem * T * T + b.mem * T)
+
+
+def test_quadratic_terms_are_half_at_the_crossover():
+    rows = [r for r in scaling.sweep() if r["preset"] == "c4-262m-transformer-h16"]
+    crossover = rows[0]["macs_crossover_T"]
+    below = [r for r in rows if r["T"] < crossover]
+    above = [r for r in rows if r["T"] > crossover]
+    assert all(r["macs_quadratic_share"] < 0.5 for r in below) and all(
+        r["macs_quadratic_share"] > 0.5 for r in above
+    )
+    assert below and above
+
+
+def test_sweep_files(tmp_path):
+    written = scaling.write_sweep(tmp_path)
+    assert sorted(p.name for p in written) == ["cost_scaling.csv", "cost_scaling.png", "cost_scaling.svg"]
+    with open(tmp_path / "cost_scaling.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == sum(len(s) for s in scaling.SERIES.values()) * len(scaling.LENGTHS)
+    assert {int(r["T"]) for r in rows} == {128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+    assert (tmp_path / "cost_scaling.png").stat().st_size > 10_000
