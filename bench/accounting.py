@@ -196,3 +196,13 @@ def _exact_core(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> C
     # rotated q and k, v, the output and its logsumexp, and the boolean mask made additive
     sdpa = T * H * dh + S * Hk * dh + S * Hk * dh + T * H * dh + H * T + (T * S if cfg.causal else 0)
     return Cost(macs, rotation + sdpa)
+
+
+def model_macs(cfg: ModelConfig) -> int:
+    """Forward MACs of the whole language model on one sequence: L layers of attention and MLP, and the head."""
+    T, dm = cfg.T, cfg.d_model
+    if cfg.mlp == "dense":
+        mlp = 2 * T * dm * cfg.d_ff
+    else:  # router, then K experts of size G up and down
+        mlp = T * dm * cfg.mlp_experts + 2 * T * cfg.mlp_k * dm * cfg.mlp_expert_size
+    return cfg.n_layers * (exact_cost(cfg).macs + mlp) + T * dm * cfg.vocab

@@ -37,7 +37,8 @@ def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path
     stem = new_run_stem(folder, label)
     buffer = io.StringIO()
     if rows:
-        writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+        fields = list(dict.fromkeys(key for row in rows for key in row))  # every key, in order of appearance
+        writer = csv.DictWriter(buffer, fieldnames=fields)
         writer.writeheader()
         writer.writerows(rows)
     write_atomic(stem.with_suffix(".csv"), buffer.getvalue())

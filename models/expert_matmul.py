@@ -181,18 +181,19 @@ class TorchExpertMatmul:
         n, s_in, _ = x.shape
         n_experts, slots = weight.shape[0], indices.shape[1]
         rows, capacity = _padded_rows(order, experts, offsets)
-        grad = _per_slot(grad_out, slots)  # [N * S, d_out]
-        x_pad = _pad(_per_slot(x, slots), rows, capacity, n_experts)  # [E, cap, d_in]
+        x_slots = _per_slot(x, slots)  # [N * S, d_in]
+        grad_pad = _pad(_per_slot(grad_out, slots), rows, capacity, n_experts)  # [E, cap, d_out], ungated
+        # Ungated input gradients give the gate gradients as a row-dot with x: no forward recomputed.
+        grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows)  # [N * S, d_in]
         grad_s = x.new_empty(0)
         if scores is not None:
-            y = _unpad(torch.bmm(x_pad, weight), rows)  # recomputed rather than saved
-            grad_gates = (y * grad).sum(1).view(n, slots)
-            grad_s = torch.zeros_like(scores).scatter_add_(1, indices, grad_gates)
-            grad = grad * scores.gather(1, indices).reshape(-1, 1)
-        grad_pad = _pad(grad, rows, capacity, n_experts)  # [E, cap, d_out]
-        grad_x = _group_sum(_unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows), n, s_in)
-        grad_w = torch.bmm(x_pad.transpose(1, 2), grad_pad)
-        return grad_x, grad_w, grad_s
+            gates = scores.gather(1, indices).reshape(-1, 1)
+            grad_s = torch.zeros_like(scores).scatter_add_(
+                1, indices, (grad_rows * x_slots).sum(1).view(n, slots)
+            )
+            grad_rows, x_slots = grad_rows * gates, x_slots * gates
+        grad_w = torch.bmm(_pad(x_slots, rows, capacity, n_experts).transpose(1, 2), grad_pad)
+        return _group_sum(grad_rows, n, s_in), grad_w, grad_s
 
 
 def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tensor, int]:

@@ -279,13 +279,15 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     slots = indices.shape[1]
     x_rows, grad_rows = x.reshape(n * s_in, d_in), grad_out.reshape(n * s_out, d_out)
     weight_t = weight.transpose(1, 2)  # a strided view: the kernel reads W^T in place
-    grad_x = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets)  # [N * S, d_in]
-    grad_x = grad_x.view(n, s_in, -1, d_in).sum(2)
+    # Ungated input gradients per slot; the gate gradients are their row-dot with x, no forward recomputed.
+    grad_slots = scatter_matmul(grad_rows, s_out, weight_t, None, slots, order, offsets)  # [N * S, d_in]
     grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
     grad_s = x.new_empty(0)
+    grad_slots = grad_slots.view(n, s_in, slots // s_in, d_in)
     if scores is not None:
-        y = scatter_matmul(x_rows, s_in, weight, None, slots, order, offsets).view(n, s_out, -1, d_out)
-        grad_gates = (y.float() * grad_out[:, :, None].float()).sum(-1).view(n, slots)
+        gates = scores.gather(1, indices).view(n, s_in, slots // s_in, 1)
+        grad_gates = (grad_slots.float() * x[:, :, None].float()).sum(-1).view(n, slots)
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
         grad_s = grad_s.scatter_add_(1, indices, grad_gates).to(scores.dtype)
-    return grad_x, grad_w, grad_s
+        grad_slots = grad_slots * gates
+    return grad_slots.sum(2), grad_w, grad_s

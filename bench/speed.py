@@ -1,0 +1,312 @@
+"""Wall-clock and peak memory of whole training steps, forward passes and single attention layers.
+
+Models of one group (a dense baseline and the models compared with it) are timed interleaved, one call of each
+per round, and every ratio is the median over rounds of the paired ratio, so slow drifts of the machine cancel.
+On a GPU calls are timed with CUDA events after an L2 flush; peak memory is torch.cuda.max_memory_allocated over
+one training step. On the CPU memory is the activation bytes autograd keeps for one training step.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from models.lm import ATTENTIONS, LanguageModel
+from models.presets import PRESETS
+from models.window import make_window
+
+from .accounting import exact_cost, model_macs
+from .measure import count_saved_floats
+
+# Each group: a dense baseline first, then the models compared with it.
+GROUPS = {
+    "47m": (
+        "c4-47m-transformer-h10",
+        "c4-47m-switchhead-h2",
+        "wikitext103-47m-moa-h4",
+        "c4-47m-switchall-h2",
+    ),
+    "45m-rope": ("wikitext103-45m-transformer-h10", "wikitext103-45m-switchhead-h2"),
+    "262m": (
+        "c4-262m-transformer-h16",
+        "c4-262m-switchhead-h4",
+        "wikitext103-262m-moa-h8",
+        "c4-262m-switchall-h4",
+    ),
+    "244m-rope": ("wikitext103-244m-transformer-h16", "wikitext103-243m-switchhead-h4"),
+    "tiny": ("tiny-transformer", "tiny-switchhead", "tiny-moa", "tiny-switchall"),
+    "tiny-rope": ("tiny-transformer-rope", "tiny-switchhead-rope"),
+}
+GPU_GROUPS = ("47m", "45m-rope", "262m", "244m-rope")
+CPU_GROUPS = ("tiny", "tiny-rope")
+# The CI gate: one SwitchHead against one dense attention layer at the 47M shapes, and the exact cost ratios.
+GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class Bench:
+    """One timed thing: ``run()`` is a call; ``flops`` its useful floating-point operations."""
+
+    preset: str
+    scope: str  # "model" or "layer"
+    what: str  # "train step", "forward", "forward+backward"
+    run: Callable[[], object]
+    flops: float
+    memory: Callable[[], float]  # bytes: peak allocated (GPU) or kept for backward (CPU)
+
+
+def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False) -> list[Bench]:
+    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried."""
+    cfg = PRESETS[preset].replace(dropout=0.0)
+    model = LanguageModel(cfg).to(device)
+    trained = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
+    inputs, targets = tokens[:, :-1], tokens[:, 1:]
+    autocast = torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
+    with torch.no_grad(), autocast:
+        state = model(inputs).state  # a full cache, as in training after the first chunk
+
+    def train_step():
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = trained(inputs, state).loss(targets)
+        loss.backward()
+        optimizer.step()
+
+    def forward():
+        with torch.no_grad(), autocast:
+            return model(inputs, state).logits
+
+    def memory():
+        if device == "cuda":
+            return _cuda_peak(train_step)
+        with autocast:
+            return count_saved_floats(lambda: trained(inputs, state).loss(targets), model) * _bytes(dtype)
+
+    macs = batch * model_macs(cfg)
+    return [
+        Bench(preset, "model", "train step", train_step, 6 * macs, memory),
+        Bench(preset, "model", "forward", forward, 2 * macs, lambda: float("nan")),
+    ]
+
+
+def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> list[Bench]:
+    """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL)."""
+    cfg = PRESETS[preset]
+    layer = ATTENTIONS[cfg.attention](cfg).to(device, dtype)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype).requires_grad_()
+    mem = (
+        torch.randn(batch, cfg.mem_len, cfg.d_model, generator=gen).to(device, dtype) if cfg.mem_len else None
+    )
+    window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, device)
+    grad = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype)
+
+    def forward():
+        with torch.no_grad():
+            return layer(x, mem, window)[0]
+
+    def forward_backward():
+        layer(x, mem, window)[0].backward(grad)
+
+    def memory():
+        if device == "cuda":
+            return _cuda_peak(forward_backward)
+        return count_saved_floats(lambda: layer(x, mem, window), layer) * _bytes(dtype)
+
+    macs = batch * exact_cost(cfg).macs
+    return [
+        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: float("nan")),
+        Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory),
+    ]
+
+
+def _bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _cuda_peak(step: Callable) -> float:
+    step()  # warm: allocator pools, autotuning
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return float(torch.cuda.max_memory_allocated())
+
+
+class Timer:
+    """Milliseconds of one call: CUDA events after an L2 flush on a GPU, perf_counter on the CPU."""
+
+    def __init__(self, device: str):
+        self.device = device
+        if device == "cuda":
+            self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def __call__(self, fn: Callable) -> float:
+        if self.device != "cuda":
+            start = time.perf_counter()
+            fn()
+            return 1e3 * (time.perf_counter() - start)
+        self.flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+
+def is_oom(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
+
+
+def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, progress=None) -> list[dict]:
+    """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians."""
+    times: dict[int, list[float]] = {i: [] for i in range(len(benches))}
+    failed: dict[int, str] = {}
+    for r in range(warmup + rounds):
+        for i, bench in enumerate(benches):
+            if i in failed:
+                continue
+            try:
+                t = timer(bench.run)
+            except RuntimeError as error:  # an OOM is a result; anything else is a bug and is raised
+                if not is_oom(error):
+                    raise
+                failed[i] = "OOM"
+                _release()
+                continue
+            if r >= warmup:
+                times[i].append(t)
+        if progress is not None:
+            progress.update(1)
+    rows = []
+    for i, bench in enumerate(benches):
+        base = next(j for j, b in enumerate(benches) if (b.scope, b.what) == (bench.scope, bench.what))
+        row = {
+            "preset": bench.preset,
+            "scope": bench.scope,
+            "what": bench.what,
+            "status": failed.get(i, "ok"),
+        }
+        if i not in failed:
+            memory = _memory(bench)
+            row |= {
+                "ms": statistics.median(times[i]),
+                "ms_iqr": _iqr(times[i]),
+                "tflops": bench.flops / statistics.median(times[i]) / 1e9,
+                "memory_bytes": memory,
+            }
+            if base not in failed:
+                row["ratio_time"] = statistics.median(
+                    a / b for a, b in zip(times[i], times[base], strict=True)
+                )
+                row["baseline"] = benches[base].preset
+        rows.append(row)
+    for row in rows:  # memory ratios need every row's memory first
+        base = next((r for r in rows if (r["scope"], r["what"]) == (row["scope"], row["what"])), None)
+        if (
+            "memory_bytes" in row
+            and base
+            and base.get("memory_bytes")
+            and row["memory_bytes"] == row["memory_bytes"]
+        ):
+            row["ratio_memory"] = row["memory_bytes"] / base["memory_bytes"]
+    return rows
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q3 - q1
+
+
+def _memory(bench: Bench) -> float:
+    try:
+        return bench.memory()
+    except RuntimeError as error:
+        if not is_oom(error):
+            raise
+        _release()
+        return float("nan")
+
+
+def _release() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
+    """This device's achievable dense-matmul throughput, measured: the yardstick for 'fraction of peak'."""
+    n = 8192 if device == "cuda" else 1024
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    timer = Timer(device)
+    for _ in range(3):
+        timer(lambda: a @ b)
+    ms = statistics.median(timer(lambda: a @ b) for _ in range(10))
+    return 2 * n**3 / ms / 1e9
+
+
+def count_ratios() -> list[dict]:
+    """Exact MAC and memory ratios of one attention layer against its group's dense baseline (no timing)."""
+    rows = []
+    for group in GROUPS.values():
+        base = exact_cost(PRESETS[group[0]])
+        for preset in group[1:]:
+            cost = exact_cost(PRESETS[preset])
+            rows.append(
+                {"preset": preset, "scope": "count", "what": "exact", "status": "ok", "baseline": group[0],
+                 "ratio_macs": cost.macs / base.macs, "ratio_memory": cost.mem / base.mem}
+            )  # fmt: skip
+    return rows
+
+
+def run(
+    groups: dict[str, tuple[str, ...]],
+    scopes: tuple[str, ...],
+    device: str,
+    dtype: torch.dtype,
+    batch: int,
+    rounds: int,
+    warmup: int,
+    ddp: bool = False,
+) -> list[dict]:
+    """Every group and scope timed interleaved; OOMs recorded; the exact cost ratios of the presets added."""
+    from tqdm import tqdm
+
+    timer, rows = Timer(device), []
+    with tqdm(
+        total=len(groups) * len(scopes) * (rounds + warmup), desc="timing", unit="round", disable=None
+    ) as bar:
+        for group, presets in groups.items():
+            for scope in scopes:
+                benches = []
+                for preset in presets:
+                    try:
+                        if scope == "model":
+                            benches += model_benches(preset, batch, device, dtype, ddp)
+                        else:
+                            benches += layer_benches(preset, batch, device, dtype)
+                    except RuntimeError as error:
+                        if not is_oom(error):
+                            raise
+                        rows.append(
+                            {
+                                "group": group,
+                                "preset": preset,
+                                "scope": scope,
+                                "what": "build",
+                                "status": "OOM",
+                            }
+                        )
+                        _release()
+                rows += [r | {"group": group} for r in time_group(benches, timer, rounds, warmup, bar)]
+                del benches
+                _release()
+    return rows + [r | {"group": "count"} for r in count_ratios()]

@@ -1,0 +1,140 @@
+"""The speed harness and its regression gate (structure and decisions; no timing target is asserted here)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench import gate, speed
+from bench.cli import main
+from models.attention_dense import DenseAttention
+from models.switchhead import SwitchHeadAttention
+
+BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu.json"
+
+
+def _row(preset, what="forward+backward", **ratios):
+    return {"preset": preset, "scope": "layer", "what": what, "status": "ok", "baseline": "dense"} | ratios
+
+
+def test_check_flags_each_ratio_beyond_its_tolerance():
+    baseline = {"tolerances": {"ratio_time": 0.5, "ratio_memory": 0.0},
+                "ratios": {"sh | layer | forward+backward": {"ratio_time": 0.4, "ratio_memory": 0.38}}}  # fmt: skip
+    assert gate.check({"rows": [_row("sh", ratio_time=0.59, ratio_memory=0.38)]}, baseline) == []
+    problems = gate.check({"rows": [_row("sh", ratio_time=0.61, ratio_memory=0.3801)]}, baseline)
+    assert len(problems) == 2 and "ratio_time" in problems[0] and "ratio_memory" in problems[1]
+    assert "missing" in gate.check({"rows": []}, baseline)[0]
+    oom = _row("sh") | {"status": "OOM"}
+    assert "OOM" in gate.check({"rows": [oom]}, baseline)[0]
+
+
+def test_baseline_round_trip(tmp_path):
+    run = {"metadata": {"device": "x"}, "rows": [_row("sh", ratio_time=0.4, ratio_memory=0.38)]}
+    path = gate.write_baseline(run, tmp_path / "b.json")
+    assert gate.check(run, json.loads(path.read_text())) == []
+
+
+def test_paired_timing_and_oom_are_recorded():
+    calls = []
+
+    def ok():
+        calls.append("a")
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    benches = [
+        speed.Bench("dense", "layer", "forward", ok, 1e6, lambda: 100.0),
+        speed.Bench("moe", "layer", "forward", ok, 1e6, lambda: 40.0),
+        speed.Bench("big", "layer", "forward", oom, 1e6, lambda: 1.0),
+    ]
+    rows = speed.time_group(benches, speed.Timer("cpu"), rounds=5, warmup=1)
+    assert [r["status"] for r in rows] == ["ok", "ok", "OOM"]
+    assert rows[1]["ratio_memory"] == 0.4 and rows[1]["baseline"] == "dense"
+    assert len(calls) == 12  # two benches, six rounds, interleaved
+
+
+def test_other_errors_are_not_swallowed():
+    def broken():
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        speed.time_group(
+            [speed.Bench("x", "layer", "forward", broken, 1, lambda: 1.0)], speed.Timer("cpu"), 1, 0
+        )
+
+
+def test_gate_fails_when_switchhead_is_made_as_slow_as_dense(monkeypatch, tmp_path):
+    """The CI gate's decision on a SwitchHead layer that also does a dense layer's work."""
+    original = SwitchHeadAttention.forward
+    dense_layers = {}
+
+    def slowed(self, x, mem, window):
+        dense = dense_layers.setdefault(
+            id(self), DenseAttention(self.cfg.replace(model="transformer", n_heads=10, d_head=41))
+        )
+        dense(x, mem, window)[0].sum()  # the extra work joins the graph: backward pays too
+        y, aux = original(self, x, mem, window)
+        return y + 0 * dense(x, mem, window)[0], aux
+
+    monkeypatch.setattr(SwitchHeadAttention, "forward", slowed)
+    argv = ["speed", "--quick", "--rounds", "4", "--warmup", "1", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert main(["check", str(tmp_path), "--baseline", str(BASELINE)]) == 1
+
+
+def test_cli_speed_json_and_files(tmp_path, capsys):
+    argv = [
+        "speed",
+        "--device",
+        "cpu",
+        "--groups",
+        "tiny-rope",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    timed = [r for r in out["rows"] if r["scope"] != "count"]
+    assert {(r["scope"], r["what"]) for r in timed} == {("model", "train step"), ("model", "forward"),
+                                                         ("layer", "forward"), ("layer", "forward+backward")}  # fmt: skip
+    assert all(r["status"] == "ok" and r["ms"] > 0 for r in timed)
+    assert out["metadata"]["torch"] == torch.__version__ and Path(out["saved"]).with_suffix(".csv").exists()
+    train = [r for r in timed if r["what"] == "train step"]
+    assert train[0]["ratio_time"] == 1.0 and train[1]["memory_bytes"] > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["speed", "--groups", "nope"], "unknown groups nope"),
+    (["speed", "--presets", "nope"], "unknown presets: nope"),
+    (["speed", "--batch", "0"], "batch must be"),
+    (["check", "/nonexistent", "--baseline", "x.json"], "cannot read run"),
+])  # fmt: skip
+def test_cli_bad_input(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+                    reason="torchrun not installed")  # fmt: skip
+def test_distributed_data_parallel_with_gloo(tmp_path):
+    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
+    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "bench.cli", "speed", "--device", "cpu",
+           "--presets", "tiny-transformer", "tiny-switchhead", "--scopes", "model", "--rounds", "2", "--warmup", "1",
+           "--batch", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout[done.stdout.index("{") :])
+    assert out["metadata"]["processes"] == 2
+    assert all(r["status"] == "ok" for r in out["rows"])
