@@ -138,3 +138,27 @@ def test_distributed_data_parallel_with_gloo(tmp_path):
     out = json.loads(done.stdout[done.stdout.index("{") :])
     assert out["metadata"]["processes"] == 2
     assert all(r["status"] == "ok" for r in out["rows"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_path(tmp_path, capsys):
+    """CUDA events, peak memory, bf16 autocast and the Triton expert matmul, on the tiny groups."""
+    argv = [
+        "speed",
+        "--device",
+        "cuda",
+        "--groups",
+        "tiny",
+        "--batch",
+        "4",
+        "--rounds",
+        "3",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    timed = [r for r in out["rows"] if r["scope"] != "count"]
+    assert all(r["status"] == "ok" for r in timed)
+    assert all(r["memory_bytes"] > 0 for r in timed if r["what"] in ("train step", "forward+backward"))
+    assert out["metadata"]["cuda"] and out["metadata"]["dtype"] == "bf16"
