@@ -86,6 +86,35 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("--write", action="store_true", help="write RUN's ratios as the new baseline instead")
     gate.set_defaults(run=run_check)
 
+    train = commands.add_parser("train", help="train a small model for the routing analysis (CPU by default)")
+    train.add_argument("--task", choices=["listops", "lm"], default="listops")
+    train.add_argument("--model", choices=["dense", "switchhead", "moa", "switchall"], default="switchhead")
+    train.add_argument("--preset", help="default: listops-<model>-h<H> for ListOps, tiny-<model> for LM")
+    train.add_argument("--steps", type=int, default=1000)
+    train.add_argument("--batch", type=int, default=32)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--eval-every", type=int, default=100)
+    train.add_argument("--text", help="LM: a text file instead of the embedded default")
+    train.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
+    train.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
+    train.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    _add_json(train)
+    train.set_defaults(run=run_train)
+
+    analyze = commands.add_parser(
+        "analyze", help="attention maxima, expert selections and routing statistics"
+    )
+    analyze.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
+    source = analyze.add_mutually_exclusive_group()
+    source.add_argument("--input", help="text to analyse (ListOps tokens, or any text for an LM)")
+    source.add_argument(
+        "--example", type=int, help="ListOps: which validation example (default: the longest)"
+    )
+    analyze.add_argument("--out", help="default: results/analysis/<first run>")
+    _add_json(analyze)
+    analyze.set_defaults(run=run_analyze)
+
     everything = commands.add_parser("all", help="the main job on the embedded default")
     everything.add_argument("--out", default="results/tables", help="folder for the tables and the sweep")
     _add_json(everything)
@@ -342,6 +371,36 @@ def run_check(args) -> int:
     print(f"{len(baseline['ratios'])} ratios checked against {args.baseline}: "
           f"{'FAIL' if problems else 'ok'}")  # fmt: skip
     return 1 if problems else 0
+
+
+def run_train(args) -> None:
+    from analysis.train import TrainConfig, default_preset, train
+
+    preset = args.preset or default_preset(args.task, args.model)
+    cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
+                      text=args.text, hf_dataset=args.hf_dataset)  # fmt: skip
+    out = Path(args.out or f"runs/{args.task}-{preset}")
+    result = train(cfg, out, resume=args.resume, progress=not args.json)
+    if args.json:
+        print(json.dumps({"run": str(out), "preset": preset, **result}, indent=2))
+        return
+    summary = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
+    print(f"{preset}: {summary}\ncheckpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}")
+
+
+def run_analyze(args) -> None:
+    from analysis.analyze import analyze
+
+    first = Path(args.checkpoints[0])
+    out = Path(
+        args.out
+        or Path("results/analysis") / (first.parent.name if first.name == "checkpoint.pt" else first.stem)
+    )
+    written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example)
+    if args.json:
+        print(json.dumps({"out": str(out), "written": [str(p) for p in written]}, indent=2))
+        return
+    print(f"wrote {len(written)} files under {out}")
 
 
 def run_kernel_bench(args) -> None:

@@ -101,8 +101,20 @@ _CPU = {
     "tiny-switchhead-rope": _switchhead(dict(_TINY, pos="rope", context_blocks=0), 2, 16, 4, 2, 256),
 }
 
+# The paper's routing analysis, sized for a CPU: ListOps, 6 layers, dense 8 heads against a parameter-matched
+# SwitchHead with 2 heads (131,072 attention + MLP weights per layer each).
+_LISTOPS = dict(d_model=128, n_layers=6, T=64, context_blocks=0, vocab=16, causal=False, pos="rope")
+_ANALYSIS = {
+    "listops-transformer-h8": _dense(_LISTOPS, 8, 16, 256),
+    "listops-switchhead-h2": _switchhead(_LISTOPS, 2, 32, 4, 2, 184),
+    "listops-moa-h4": _moa(_LISTOPS, 4, 32, 8, 256),
+    "listops-switchall-h2": _switchall(
+        _LISTOPS, 2, 32, 4, 2, dict(mlp_experts=8, mlp_expert_size=32, mlp_k=2)
+    ),
+}
+
 PRESETS: dict[str, ModelConfig] = {
-    name: ModelConfig(**kwargs) for name, kwargs in (_PUBLISHED | _MAC_MATCHED | _CPU).items()
+    name: ModelConfig(**kwargs) for name, kwargs in (_PUBLISHED | _MAC_MATCHED | _CPU | _ANALYSIS).items()
 }
 
 

@@ -1,0 +1,196 @@
+"""The routing analysis of trained checkpoints: attention-map maxima, per-head expert selections, usage
+statistics; figures (PNG, SVG) with the numbers behind them (CSV) under one folder."""
+
+import csv
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from bench.results import write_atomic
+from bench.tables import to_csv
+from models.observe import observe
+
+from . import checkpoint, listops, plots, stats, text
+
+SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default
+
+
+def _inputs(
+    run: dict, source: str | None, example: int | None, size: int
+) -> tuple[torch.Tensor, list[str], torch.Tensor]:
+    """(one sequence to plot [1, t], its token labels, a sample for the statistics [B, t])."""
+    cfg, seed = run["cfg"], run["train"].get("seed", 0)
+    if run["task"] == "listops":
+        data_cfg = listops.ListOpsConfig(max_length=cfg.T)
+        sample = listops.generate(size, seed=10**6 + seed, cfg=data_cfg)
+        if source is not None:
+            tokens = listops.tokenize(source)
+            if len(tokens) > cfg.T:
+                raise ValueError(f"the input has {len(tokens)} tokens; this model reads at most {cfg.T}")
+        else:
+            if example is None:  # the longest example shows the most structure
+                example = max(range(size), key=lambda i: len(sample[i][0]))
+            if not 0 <= example < size:
+                raise ValueError(f"--example must be in [0, {size}); got {example}")
+            tokens = sample[example][0]
+        ids, _ = listops.encode([(tokens, 0)], len(tokens))
+        return ids, tokens, listops.encode(sample, cfg.T)[0]
+    data = text.encode(text.load_text())
+    ids = text.encode(source)[-cfg.T :] if source is not None else data[: cfg.T]
+    if ids.numel() == 0:
+        raise ValueError("the input text is empty")
+    sample = data[: size * cfg.T].view(-1, cfg.T)
+    return ids[None], [text.decode_token(int(t)) for t in ids], sample
+
+
+def _observe(run: dict, tokens: torch.Tensor) -> dict[str, dict]:
+    with torch.no_grad(), observe(run["module"]) as records:
+        run["module"](tokens)
+    return records
+
+
+def _attention(records: dict) -> list[dict]:
+    return [records[name] for name in sorted(records, key=_layer) if name.endswith(".attn")]
+
+
+def _layer(name: str) -> int:
+    parts = name.split(".")
+    return int(parts[parts.index("blocks") + 1]) if "blocks" in parts else -1
+
+
+def analyze(
+    paths: list[Path], out: Path, source: str | None = None, example: int | None = None, sample: int = SAMPLE
+) -> list[Path]:
+    """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics."""
+    runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
+    if len({r["task"] for r in runs}) > 1:
+        raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
+    out, written = Path(out), []
+    maxima, rows = {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
+    labels = None
+    for run in runs:
+        ids, labels, tokens = _inputs(run, source, example, sample)
+        attention = _attention(_observe(run, ids))
+        maxima[run["name"]] = [a["maps"][0].amax(0).float().numpy() for a in attention]
+        written += _selections(run, attention, labels, out)
+        written += _statistics(run, _observe(run, tokens), tokens, rows, out)
+    title = "Attention maxima over heads, per layer (post-softmax, first sequence)"
+    written += plots.save(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
+    for name, table in rows.items():
+        if table:
+            written.append(write_atomic(out / f"{name}.csv", to_csv(table)))
+    written += _curves(runs, paths, out)
+    return written
+
+
+def _name(path: Path) -> str:
+    path = Path(path)
+    return path.parent.name if path.name == "checkpoint.pt" else path.stem
+
+
+def _selections(run: dict, attention: list[dict], labels: list[str], out: Path) -> list[Path]:
+    """Per-head expert selections of SwitchHead layers: attention map with the gates as strips."""
+    cfg, written = run["cfg"], []
+    if cfg.attention != "switchhead":
+        return written
+    for layer, record in enumerate(attention):
+        for head in range(cfg.n_heads):
+            dst = _dense_gates(record.get("dst_experts"), record.get("dst_gates"), head, cfg.n_experts)
+            src = _dense_gates(record.get("src_experts"), record.get("src_gates"), head, cfg.n_experts)
+            title = f"{run['name']}: layer {layer}, head {head}"
+            fig = plots.expert_selection(
+                record["maps"][0, head].float().numpy(), dst, src, labels, labels, title
+            )
+            written += plots.save(fig, out / f"{run['name']}-selection-layer{layer}-head{head}")
+    return written
+
+
+def _dense_gates(experts, gates, head: int, n_experts: int) -> np.ndarray:
+    """[L, E]: the top-k gate values of one head, 0 for experts not chosen (an empty side is all zeros)."""
+    if experts is None:
+        return np.zeros((0, n_experts))
+    dense = torch.zeros(experts.shape[1], n_experts)
+    dense.scatter_(1, experts[0, :, head], gates[0, :, head].float())
+    return dense.numpy()
+
+
+def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out: Path) -> list[Path]:
+    cfg, name, panels, written, cooc = run["cfg"], run["name"], [], [], {}
+    tokens = sample.reshape(-1)
+    # ListOps pads its sequences: padding positions say nothing about routing
+    keep = (
+        tokens != listops.TOKEN_ID[listops.PAD]
+        if run["task"] == "listops"
+        else torch.ones_like(tokens, dtype=bool)
+    )
+    tokens = tokens[keep]
+    for module, record in sorted(records.items(), key=lambda item: (_layer(item[0]), item[0])):
+        layer, kind = _layer(module), module.rsplit(".", 1)[-1]
+        sides = {side: record[f"{side}_experts"] for side in ("src", "dst") if f"{side}_experts" in record}
+        if "experts" in record:  # MoA heads or sigma-MoE, one router
+            sides = {"dst": record["experts"][..., None, :]}
+        n_experts = cfg.mlp_experts if kind == "mlp" else cfg.n_experts
+        for side, experts in sides.items():
+            experts = experts[:, -sample.shape[1] :]  # the current tokens (the source side may hold memory)
+            for head in range(experts.shape[2]):
+                chosen = experts[:, :, head].reshape(-1, experts.shape[-1])[keep]
+                counts = stats.usage(chosen, n_experts)
+                where = {"model": name, "layer": layer, "module": kind, "head": head, "side": side}
+                rows["usage"] += [
+                    where | {"expert": e, "count": int(c)} for e, c in enumerate(counts.tolist())
+                ]
+                rows["summary"].append(where | {"entropy": stats.entropy(counts), "perplexity": stats.perplexity(counts),
+                                                "dead_experts": " ".join(map(str, stats.dead_experts(counts)))})  # fmt: skip
+                label = (
+                    "MLP"
+                    if kind == "mlp"
+                    else "MoA"
+                    if cfg.attention == "moa"
+                    else {"src": "V", "dst": "O"}[side]
+                )
+                panels.append((f"layer {layer} {label} head {head}", counts.numpy()))
+                rows["preferences"] += [where | {"expert": e, "token": _label(run, t), "share": s, "count": c}
+                                        for e, t, s, c in stats.token_preferences(chosen, tokens, n_experts)]  # fmt: skip
+        if "src_experts" in record and "dst_experts" in record:
+            for head in range(cfg.n_heads):
+                v = record["src_experts"][:, -sample.shape[1] :, head].reshape(-1, cfg.k)[keep]
+                o = record["dst_experts"][:, :, head].reshape(-1, cfg.k)[keep]
+                counts = stats.cooccurrence(v, o, cfg.n_experts)
+                rows["cooccurrence"] += [
+                    {"model": name, "layer": layer, "head": head, "v_expert": i, "o_expert": j, "count": int(counts[i, j])}
+                    for i in range(cfg.n_experts) for j in range(cfg.n_experts)
+                ]  # fmt: skip
+                cooc[(layer, head)] = counts.numpy()
+    if panels:
+        title = f"{name}: expert usage over {len(sample)} sequences (sorted)"
+        written += plots.save(plots.usage_bars(panels, title), out / f"{name}-usage")
+    if cooc:
+        title = f"{name}: tokens choosing each V expert (source) and O expert (destination)"
+        written += plots.save(plots.cooccurrence_grid(cooc, title), out / f"{name}-cooccurrence")
+    return written
+
+
+def _label(run: dict, token: int) -> str:
+    return listops.VOCAB[token] if run["task"] == "listops" else text.decode_token(token)
+
+
+def _curves(runs: list[dict], paths: list[Path], out: Path) -> list[Path]:
+    logs = {}
+    for run, path in zip(runs, paths, strict=True):
+        log = Path(path).parent / "log.csv"
+        if log.exists():
+            with open(log, newline="") as f:
+                logs[run["name"]] = list(csv.DictReader(f))
+    if not logs:
+        return []
+    metric = "val_accuracy" if runs[0]["task"] == "listops" else "val_bits_per_byte"
+    written = plots.save(plots.training_curves(logs, metric, "Training curves"), out / "training_curves")
+    rows = [{"model": name} | row for name, log in logs.items() for row in log]
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    written.append(
+        write_atomic(out / "training_log.csv", to_csv([{k: r.get(k, "") for k in fields} for r in rows]))
+    )
+    plt.close("all")
+    return written

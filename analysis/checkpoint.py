@@ -1,0 +1,75 @@
+"""Checkpoints: model weights, configuration and training state in one file, written atomically and read with
+``weights_only=True``; a wrong, truncated or mismatched file is a one-line ValueError."""
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+from models.config import ModelConfig
+from models.lm import LanguageModel, SequenceClassifier
+
+FORMAT = "switchbench-checkpoint-1"
+
+
+def build_model(task: str, cfg: ModelConfig, n_classes: int | None = None) -> torch.nn.Module:
+    if task == "listops":
+        return SequenceClassifier(cfg, n_classes)
+    return LanguageModel(cfg)
+
+
+def save(
+    path: Path, *, task: str, cfg: ModelConfig, model, optimizer, step: int, train: dict, n_classes=None
+):
+    """Write to a temporary file beside ``path``, then rename: an interrupted save leaves the old file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "format": FORMAT,
+        "task": task,
+        "config": cfg.to_dict(),
+        "n_classes": n_classes,
+        "step": step,
+        "train": train,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+    }
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load(path: Path) -> dict:
+    """The checkpoint's payload, its model rebuilt and loaded as ``payload['module']``."""
+    path = Path(path)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such checkpoint") from None
+    except Exception as error:  # the unpickler of a damaged file can raise almost anything
+        reason = str(error).split(".")[0][:80] if str(error) else type(error).__name__
+        raise ValueError(
+            f"{path}: not a readable checkpoint (truncated or another format: {reason})"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a switchbench checkpoint")
+    try:
+        cfg = ModelConfig.from_dict(payload["config"])
+        module = build_model(payload["task"], cfg, payload.get("n_classes"))
+        module.load_state_dict(payload["model"])
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{path}: incomplete checkpoint ({error})") from None
+    except ValueError as error:
+        raise ValueError(f"{path}: bad configuration: {error}") from None
+    except RuntimeError as error:
+        raise ValueError(
+            f"{path}: weights do not match the configuration: {str(error).splitlines()[0]}"
+        ) from None
+    return payload | {"cfg": cfg, "module": module.eval()}

@@ -1,0 +1,78 @@
+"""ListOps (Nangia & Bowman 2018): nested prefix expressions over digits, the answer a digit. Generated offline,
+deterministically from a seed.
+
+Operators: MAX, MIN, MED (the lower median: the middle of the sorted arguments, the left one of the two middles
+for an even count) and SM (sum modulo 10). Example: ``[MAX 2 9 [MIN 4 7 ] 0 ]`` -> 9.
+"""
+
+import random
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+OPERATORS = {
+    "[MAX": max,
+    "[MIN": min,
+    "[MED": statistics.median_low,
+    "[SM": lambda args: sum(args) % 10,
+}
+PAD = "<pad>"
+VOCAB = (PAD, *OPERATORS, "]", *map(str, range(10)))
+TOKEN_ID = {token: i for i, token in enumerate(VOCAB)}
+N_CLASSES = 10
+
+
+@dataclass(frozen=True)
+class ListOpsConfig:
+    max_depth: int = 3  # nesting of operators; 1 is a flat expression
+    max_args: int = 4  # arguments per operator, at least 2
+    max_length: int = 64  # tokens; longer draws are rejected
+    nest_probability: float = 0.3  # chance that an argument is itself an expression
+
+    def __post_init__(self):
+        if self.max_depth < 1 or self.max_args < 2 or self.max_length < 4:
+            raise ValueError("listops needs max_depth >= 1, max_args >= 2 and max_length >= 4")
+        if not 0 <= self.nest_probability <= 1:
+            raise ValueError(f"nest_probability must be in [0, 1]; got {self.nest_probability}")
+
+
+def _expression(rng: random.Random, depth: int, cfg: ListOpsConfig) -> tuple[list[str], int]:
+    op = rng.choice(list(OPERATORS))
+    tokens, values = [op], []
+    for _ in range(rng.randint(2, cfg.max_args)):
+        if depth < cfg.max_depth and rng.random() < cfg.nest_probability:
+            sub, value = _expression(rng, depth + 1, cfg)
+        else:
+            value = rng.randint(0, 9)
+            sub = [str(value)]
+        tokens += sub
+        values.append(value)
+    return [*tokens, "]"], OPERATORS[op](values)
+
+
+def generate(n: int, seed: int, cfg: ListOpsConfig = ListOpsConfig()) -> list[tuple[list[str], int]]:
+    """``n`` (tokens, answer) pairs, the same for the same seed and configuration."""
+    rng, out = random.Random(seed), []
+    while len(out) < n:
+        tokens, answer = _expression(rng, 1, cfg)
+        if len(tokens) <= cfg.max_length:
+            out.append((tokens, answer))
+    return out
+
+
+def encode(examples: list[tuple[list[str], int]], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [n, length] padded at the end with PAD, and answers [n]."""
+    ids = torch.full((len(examples), length), TOKEN_ID[PAD], dtype=torch.long)
+    for i, (tokens, _) in enumerate(examples):
+        ids[i, : len(tokens)] = torch.tensor([TOKEN_ID[t] for t in tokens])
+    return ids, torch.tensor([answer for _, answer in examples])
+
+
+def tokenize(text: str) -> list[str]:
+    """'[MAX 2 [MIN 3 4 ] ]' -> its tokens; ValueError on anything outside the vocabulary."""
+    tokens = text.split()
+    unknown = sorted({t for t in tokens if t not in TOKEN_ID or t == PAD})
+    if unknown:
+        raise ValueError(f"not ListOps tokens: {' '.join(unknown)}")
+    return tokens

@@ -1,0 +1,182 @@
+"""Training of small models for the routing analysis: ListOps classification or byte-level language modelling.
+
+Seeded, resumable (a batch depends only on the seed and the step), logged to CSV, checkpointed atomically.
+"""
+
+import csv
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from models.presets import PRESETS
+
+from . import checkpoint, listops, text
+
+FAMILIES = {"dense": "transformer", "switchhead": "switchhead", "moa": "moa", "switchall": "switchall"}
+LISTOPS_HEADS = {"transformer": 8, "switchhead": 2, "moa": 4, "switchall": 2}
+
+
+def default_preset(task: str, model: str) -> str:
+    family = FAMILIES[model]
+    if task == "listops":
+        return f"listops-{family}-h{LISTOPS_HEADS[family]}"
+    return f"tiny-{family}"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    task: str  # listops | lm
+    preset: str
+    steps: int = 1500
+    batch: int = 32
+    lr: float = 1e-3
+    warmup: int = 100
+    clip: float = 1.0
+    seed: int = 0
+    eval_every: int = 100
+    val_size: int = 1000  # ListOps validation examples
+    text: str | None = None  # lm: a text file instead of the embedded default
+    hf_dataset: str | None = None  # lm: a Hugging Face dataset saved on disk
+
+    def __post_init__(self):
+        if self.task not in ("listops", "lm"):
+            raise ValueError(f"task must be one of listops, lm; got {self.task!r}")
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}")
+        if PRESETS[self.preset].causal != (self.task == "lm"):
+            raise ValueError(
+                f"preset {self.preset} is for {'lm' if PRESETS[self.preset].causal else 'listops'}"
+            )
+        for name in ("steps", "batch", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0; got {self.lr}")
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+class ListOpsTask:
+    def __init__(self, cfg: TrainConfig, model_cfg):
+        self.cfg, self.length = cfg, model_cfg.T
+        self.data_cfg = listops.ListOpsConfig(max_length=model_cfg.T)
+        val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
+        self.val = listops.encode(val, self.length)
+
+    def loss(self, model, step: int, state=None):
+        examples = listops.generate(self.cfg.batch, seed=self.cfg.seed * 10**7 + step, cfg=self.data_cfg)
+        tokens, answers = listops.encode(examples, self.length)
+        logits, aux = model(tokens)
+        return (
+            F.cross_entropy(logits, answers) + aux,
+            (logits.argmax(-1) == answers).float().mean().item(),
+            None,
+        )
+
+    @torch.no_grad()
+    def evaluate(self, model) -> dict:
+        tokens, answers = self.val
+        logits = torch.cat([model(tokens[i : i + 250])[0] for i in range(0, len(tokens), 250)])
+        majority = answers.bincount(minlength=listops.N_CLASSES).max().item() / len(answers)
+        return {
+            "val_accuracy": (logits.argmax(-1) == answers).float().mean().item(),
+            "majority_class": majority,
+        }
+
+
+class LMTask:
+    def __init__(self, cfg: TrainConfig, model_cfg):
+        data = text.encode(text.load_text(cfg.text, cfg.hf_dataset))
+        split = int(0.9 * data.numel())
+        self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)
+        self.val = text.streams(data[split:], 4)
+        self.chunks = (self.train.shape[1] - 1) // self.T
+        if self.chunks < 1:
+            raise ValueError(f"the text is too short for batch {cfg.batch} and chunks of {self.T} bytes")
+
+    def loss(self, model, step: int, state=None):
+        i = step % self.chunks
+        if i == 0:
+            state = None  # back at the start of the streams: the memory would be of the end
+        chunk = self.train[:, i * self.T : (i + 1) * self.T + 1]
+        out = model(chunk[:, :-1], state)
+        return out.loss(chunk[:, 1:]), None, out.state
+
+    @torch.no_grad()
+    def evaluate(self, model) -> dict:
+        state, total, count = None, 0.0, 0
+        for i in range(min(20, (self.val.shape[1] - 1) // self.T)):
+            chunk = self.val[:, i * self.T : (i + 1) * self.T + 1]
+            out = model(chunk[:, :-1], state)
+            state = out.state
+            total += F.cross_entropy(out.logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
+            count += chunk[:, 1:].numel()
+        return {"val_bits_per_byte": total / max(count, 1) / math.log(2)}
+
+
+def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = True) -> dict:
+    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last evaluation."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    model_cfg = PRESETS[cfg.preset]
+    torch.manual_seed(cfg.seed)
+    n_classes = listops.N_CLASSES if cfg.task == "listops" else None
+    model = checkpoint.build_model(cfg.task, model_cfg, n_classes)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg)
+    start, log_rows = 0, []
+    if resume and (out / "checkpoint.pt").exists():
+        saved = checkpoint.load(out / "checkpoint.pt")
+        if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
+            raise ValueError(f"{out / 'checkpoint.pt'} holds another model or task; use another --out")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        start = saved["step"]
+        log_rows = _read_log(out / "log.csv")
+    state, result = None, {}
+    model.train()
+    for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
+                     total=cfg.steps):  # fmt: skip
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, cfg)
+        loss, accuracy, state = task.loss(model, step, state)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        optimizer.step()
+        row = {"step": step + 1, "loss": loss.item(), "train_accuracy": accuracy}
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            model.eval()
+            result = task.evaluate(model)
+            model.train()
+            row |= result
+            log_rows.append(row)
+            _write_log(out / "log.csv", log_rows)
+            checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
+                            step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
+    return result or (log_rows[-1] if log_rows else {})
+
+
+def _write_log(path: Path, rows: list[dict]) -> None:
+    from bench.results import write_atomic
+    from bench.tables import to_csv  # the same CSV writer as the tables
+
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    write_atomic(path, to_csv([{k: r.get(k, "") for k in fields} for r in rows]))
+
+
+def _read_log(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -1,0 +1,180 @@
+"""Routing analysis: the ListOps data, the statistics, training with checkpoints, and every figure."""
+
+import math
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+import torch
+
+from analysis import checkpoint, listops, stats
+from analysis.analyze import analyze
+from analysis.train import TrainConfig, train
+from bench.cli import main
+
+
+def evaluate(tokens: list[str]) -> int:
+    """An independent evaluator: a stack machine over the token string."""
+    stack = []
+    for token in tokens:
+        if token.startswith("["):
+            stack.append([token])
+        elif token == "]":
+            op, *args = stack.pop()
+            ordered = sorted(args)
+            value = {"[MAX": ordered[-1], "[MIN": ordered[0], "[MED": ordered[(len(args) - 1) // 2],
+                     "[SM": sum(args) % 10}[op]  # fmt: skip
+            if not stack:
+                return value
+            stack[-1].append(value)
+        else:
+            stack[-1].append(int(token))
+    raise AssertionError("unbalanced expression")
+
+
+def test_listops_answers_are_right():
+    cfg = listops.ListOpsConfig(max_depth=4, max_args=5, max_length=80, nest_probability=0.4)
+    examples = listops.generate(500, seed=7, cfg=cfg)
+    assert all(answer == evaluate(tokens) for tokens, answer in examples)
+    assert all(len(tokens) <= 80 for tokens, _ in examples)
+    assert max(max(_depth(tokens) for tokens, _ in examples), 1) == 4
+
+
+def _depth(tokens):
+    depth = best = 0
+    for t in tokens:
+        depth += t.startswith("[") - (t == "]")
+        best = max(best, depth)
+    return best
+
+
+def test_listops_is_deterministic_and_encodes():
+    assert listops.generate(20, seed=3) == listops.generate(20, seed=3)
+    assert listops.generate(20, seed=3) != listops.generate(20, seed=4)
+    ids, answers = listops.encode([(["[SM", "4", "9", "]"], 3)], 6)
+    assert ids.tolist() == [
+        [listops.TOKEN_ID[t] for t in ["[SM", "4", "9", "]"]] + [0, 0]
+    ] and answers.tolist() == [3]
+    with pytest.raises(ValueError, match="not ListOps tokens: MAX"):
+        listops.tokenize("MAX 1 2 ]")
+
+
+def test_statistics_on_a_hand_made_routing():
+    # 4 tokens, k = 2 of E = 4 experts; expert 3 is never chosen
+    experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])
+    counts = stats.usage(experts, 4)
+    assert counts.tolist() == [4, 3, 1, 0]
+    p = [4 / 8, 3 / 8, 1 / 8]
+    assert stats.entropy(counts) == pytest.approx(-sum(x * math.log(x) for x in p))
+    assert stats.perplexity(torch.tensor([5, 5, 5, 5])) == pytest.approx(4.0)
+    assert stats.entropy(torch.tensor([0, 9, 0])) == 0.0
+    assert stats.dead_experts(counts) == [3]
+    o_experts = torch.tensor([[2], [2], [3], [0]])
+    co = stats.cooccurrence(experts, o_experts, 4)
+    assert (
+        co[0, 2] == 2
+        and co[1, 2] == 1
+        and co[2, 2] == 1
+        and co[0, 3] == 1
+        and co[1, 0] == 1
+        and co.sum() == 8
+    )
+    tokens = torch.tensor([5, 6, 5, 7])
+    prefs = stats.token_preferences(experts, tokens, 4, top=3, min_count=2)
+    assert (0, 5, 1.0, 2) in prefs and (1, 5, 1.0, 2) in prefs  # token 5 rows: [0, 1] twice
+    assert all(token == 5 for _, token, _, _ in prefs)  # tokens 6 and 7 are seen once: too rare to rank
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Tiny runs of every family, trained for a few steps."""
+    root = tmp_path_factory.mktemp("runs")
+    out = {}
+    for preset in (
+        "listops-transformer-h8",
+        "listops-switchhead-h2",
+        "listops-moa-h4",
+        "listops-switchall-h2",
+    ):
+        cfg = TrainConfig("listops", preset, steps=6, batch=8, eval_every=3, warmup=2, val_size=32)
+        train(cfg, root / preset, progress=False)
+        out[preset] = root / preset / "checkpoint.pt"
+    cfg = TrainConfig("lm", "tiny-switchhead", steps=4, batch=4, eval_every=2, warmup=1)
+    train(cfg, root / "lm", progress=False)
+    out["lm"] = root / "lm" / "checkpoint.pt"
+    return out
+
+
+def _non_blank(png: Path) -> bool:
+    image = matplotlib.image.imread(png)
+    return image.ndim == 3 and float(image[..., :3].std()) > 0.01
+
+
+def test_every_figure_and_table(runs, tmp_path):
+    written = analyze([runs["listops-transformer-h8"], runs["listops-switchhead-h2"]], tmp_path, sample=16)
+    names = {p.name for p in written}
+    assert {"attention_maxima.png", "attention_maxima.svg", "training_curves.png", "usage.csv", "summary.csv",
+            "cooccurrence.csv", "preferences.csv", "training_log.csv"} <= names  # fmt: skip
+    for layer in range(6):
+        for head in range(2):
+            assert f"listops-switchhead-h2-selection-layer{layer}-head{head}.png" in names
+    assert {"listops-switchhead-h2-usage.png", "listops-switchhead-h2-cooccurrence.png"} <= names
+    assert all(_non_blank(p) for p in written if p.suffix == ".png")
+    usage = (tmp_path / "usage.csv").read_text().splitlines()
+    # 6 layers x 2 heads x 2 sides x 4 experts, one row each
+    assert len(usage) == 1 + 6 * 2 * 2 * 4
+
+
+def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
+    written = analyze([runs["listops-moa-h4"], runs["listops-switchall-h2"]], tmp_path / "moe", sample=16)
+    names = {p.name for p in written}
+    assert {"listops-moa-h4-usage.png", "listops-switchall-h2-usage.png"} <= names
+    summary = (tmp_path / "moe" / "summary.csv").read_text()
+    assert "listops-moa-h4,0,attn" in summary and "listops-switchall-h2,0,mlp" in summary
+    lm = analyze([runs["lm"]], tmp_path / "lm", source="To be, or not to be", sample=8)
+    assert any(p.name == "lm-selection-layer1-head1.png" for p in lm)
+
+
+def test_resume_continues_where_it_stopped(tmp_path):
+    cfg = TrainConfig(
+        "listops", "listops-switchhead-h2", steps=4, batch=4, eval_every=2, warmup=1, val_size=16
+    )
+    train(cfg, tmp_path / "straight", progress=False)
+    train(TrainConfig(**{**cfg.__dict__, "steps": 2}), tmp_path / "resumed", progress=False)
+    train(cfg, tmp_path / "resumed", resume=True, progress=False)
+    a, b = (checkpoint.load(tmp_path / r / "checkpoint.pt") for r in ("straight", "resumed"))
+    assert a["step"] == b["step"] == 4
+    for name, tensor in a["model"].items():
+        torch.testing.assert_close(b["model"][name], tensor, msg=name)
+    assert len((tmp_path / "resumed" / "log.csv").read_text().splitlines()) == 3
+
+
+class Evil:
+    pass
+
+
+def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
+    good = runs["listops-switchhead-h2"]
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[:2000])
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"format": checkpoint.FORMAT, "payload": Evil()}, pickled)
+    mismatched = tmp_path / "mismatched.pt"
+    payload = torch.load(good, weights_only=True)
+    payload["config"]["d_model"] = 64
+    torch.save(payload, mismatched)
+    cases = {
+        tmp_path / "missing.pt": "no such checkpoint",
+        truncated: "not a readable checkpoint",
+        other: "not a switchbench checkpoint",
+        pickled: "not a readable checkpoint",  # weights_only refuses the object
+        mismatched: "weights do not match the configuration",
+    }
+    for path, message in cases.items():
+        with pytest.raises(ValueError, match=message):
+            checkpoint.load(path)
+        assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
