@@ -39,6 +39,7 @@ def save(
     os.close(fd)
     try:
         torch.save(payload, tmp)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -38,6 +38,7 @@ class TrainConfig:
     seed: int = 0
     eval_every: int = 100
     val_size: int = 1000  # ListOps validation examples
+    device: str = "cpu"
     text: str | None = None  # lm: a text file instead of the embedded default
     hf_dataset: str | None = None  # lm: a Hugging Face dataset saved on disk
 
@@ -74,7 +75,7 @@ class ListOpsTask:
 
     def loss(self, model, step: int, state=None):
         examples = listops.generate(self.cfg.batch, seed=self.cfg.seed * 10**7 + step, cfg=self.data_cfg)
-        tokens, answers = listops.encode(examples, self.length)
+        tokens, answers = (t.to(self.cfg.device) for t in listops.encode(examples, self.length))
         logits, aux = model(tokens)
         return (
             F.cross_entropy(logits, answers) + aux,
@@ -84,7 +85,7 @@ class ListOpsTask:
 
     @torch.no_grad()
     def evaluate(self, model) -> dict:
-        tokens, answers = self.val
+        tokens, answers = (t.to(self.cfg.device) for t in self.val)
         logits = torch.cat([model(tokens[i : i + 250])[0] for i in range(0, len(tokens), 250)])
         majority = answers.bincount(minlength=listops.N_CLASSES).max().item() / len(answers)
         return {
@@ -97,8 +98,8 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, model_cfg):
         data = text.encode(text.load_text(cfg.text, cfg.hf_dataset))
         split = int(0.9 * data.numel())
-        self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)
-        self.val = text.streams(data[split:], 4)
+        self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch).to(cfg.device)
+        self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
         if self.chunks < 1:
             raise ValueError(f"the text is too short for batch {cfg.batch} and chunks of {self.T} bytes")
@@ -131,7 +132,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
     model_cfg = PRESETS[cfg.preset]
     torch.manual_seed(cfg.seed)
     n_classes = listops.N_CLASSES if cfg.task == "listops" else None
-    model = checkpoint.build_model(cfg.task, model_cfg, n_classes)
+    model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg)
     start, log_rows = 0, []

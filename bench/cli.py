@@ -99,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
     train.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
     train.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    train.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     _add_json(train)
     train.set_defaults(run=run_train)
 
@@ -115,8 +116,17 @@ def _parser() -> argparse.ArgumentParser:
     _add_json(analyze)
     analyze.set_defaults(run=run_analyze)
 
-    everything = commands.add_parser("all", help="the main job on the embedded default")
-    everything.add_argument("--out", default="results/tables", help="folder for the tables and the sweep")
+    report = commands.add_parser("report", help="one self-contained HTML report of everything measured")
+    report.add_argument("--results", default="results", help="the results folder to report on")
+    report.add_argument("--out", default="results/report.html")
+    report.set_defaults(run=run_report)
+
+    everything = commands.add_parser(
+        "all", help="the main job: tables, sweep, speed, training, analysis, report"
+    )
+    everything.add_argument("--quick", action="store_true", help="a few minutes on a 2-core CPU")
+    everything.add_argument("--results", default="results", help="where results and the report go")
+    everything.add_argument("--runs", default="runs", help="where the analysis models are trained")
     _add_json(everything)
     everything.set_defaults(run=run_all)
     return parser
@@ -377,8 +387,11 @@ def run_train(args) -> None:
     from analysis.train import TrainConfig, default_preset, train
 
     preset = args.preset or default_preset(args.task, args.model)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
-                      text=args.text, hf_dataset=args.hf_dataset)  # fmt: skip
+                      text=args.text, hf_dataset=args.hf_dataset, device=device)  # fmt: skip
     out = Path(args.out or f"runs/{args.task}-{preset}")
     result = train(cfg, out, resume=args.resume, progress=not args.json)
     if args.json:
@@ -446,27 +459,105 @@ def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
 
 
-def run_all(args) -> None:
-    """The main job so far: the presets, the paper's tables cell by cell, and the cost sweep."""
-    from . import scaling, tables
+def run_report(args) -> None:
+    from reports.report import write_report
 
-    presets = [_preset_row(name, cfg) for name, cfg in PRESETS.items()]
-    written = tables.write_tables(Path(args.out)) + scaling.write_sweep(Path(args.out))
-    rows = [r for t in tables.TABLES for r in tables.table_rows(t)]
-    missed = [r["preset"] for r in rows if r["reproduced"] != "yes"]
-    disagree = [r["preset"] for r in rows if r["measured_agree"] != "yes"]
+    from .environment import environment
+
+    if not Path(args.results).is_dir():
+        raise ValueError(f"no results folder at {args.results}")
+    print(f"wrote {write_report(Path(args.results), Path(args.out), _report_environment(environment))}")
+
+
+def _report_environment(environment) -> dict:
+    import torch
+
+    env = environment("cuda" if torch.cuda.is_available() else "cpu")
+    return {key: value for key, value in env.items() if value is not None}
+
+
+def run_all(args) -> None:
+    """Tables, cost sweep, speed on this device, the analysis pair trained and analysed, and the report."""
+    import torch
+
+    from analysis.analyze import analyze
+    from analysis.train import TrainConfig, train
+    from reports.report import write_report
+
+    from . import scaling, speed, tables
+    from .environment import environment
+    from .results import save_run
+
+    results, runs, log = Path(args.results), Path(args.runs), {}
+    step = _stepper(args.json)
+    with step("tables"):
+        log["tables"] = [str(p) for p in tables.write_tables(results / "tables")]
+    with step("cost sweep"):
+        log["sweep"] = [str(p) for p in scaling.write_sweep(results / "tables")]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with step(f"speed on {device}"):
+        if device == "cuda":
+            groups = (
+                {"47m": speed.GROUPS["47m"]} if args.quick else {g: speed.GROUPS[g] for g in speed.GPU_GROUPS}
+            )
+            rows = speed.run(
+                groups, ("model", "layer"), device, torch.bfloat16, 16 if args.quick else 64, 10, 3
+            )
+            dtype = "bf16"
+        else:
+            rows = speed.run(
+                {"gate": speed.GATE_LAYERS}, ("layer",), device, torch.float32, 4, 10 if args.quick else 20, 2
+            )
+            dtype = "fp32"
+        metadata = environment(device) | {"dtype": dtype, "batch": 4, "processes": 1}
+        metadata["matmul_peak_tflops"] = peak = speed.matmul_peak_tflops(
+            device, getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[dtype])
+        )
+        for row in rows:
+            if "tflops" in row:
+                row["fraction_of_matmul_peak"] = row["tflops"] / peak
+        log["speed"] = str(
+            save_run(results / "speed" / _slug(metadata["device"]), f"{dtype}-all", metadata, rows)
+        )
+    steps = 150 if args.quick else 1000
+    checkpoints = []
+    for model in ("dense", "switchhead"):
+        preset = {"dense": "listops-transformer-h8", "switchhead": "listops-switchhead-h2"}[model]
+        with step(f"training {preset} for {steps} steps"):
+            cfg = TrainConfig(
+                "listops", preset, steps=steps, eval_every=50 if args.quick else 100, device=device
+            )
+            log[preset] = train(cfg, runs / f"listops-{preset}", progress=not args.json)
+            checkpoints.append(runs / f"listops-{preset}" / "checkpoint.pt")
+    with step("routing analysis"):
+        log["analysis"] = len(
+            analyze(checkpoints, results / "analysis" / "listops", sample=64 if args.quick else 256)
+        )
+    with step("report"):
+        report = write_report(results, results / "report.html", _report_environment(environment))
     if args.json:
-        print(json.dumps({"presets": presets, "written": [str(p) for p in written]}, indent=2))
+        print(json.dumps(log | {"report": str(report)}, indent=2))
         return
-    print(format_table(presets))
-    print(f"\nPaper tables: {len(rows) - len(missed)} of {len(rows)} rows reproduce as labelled", end="")
-    print(f" (flagged: {', '.join(missed)})" if missed else "")
-    print(
-        f"Exact count vs fvcore, FlopCounterMode and saved floats: {len(rows) - len(disagree)} of {len(rows)} agree"
-    )
-    print(
-        f"Wrote {len(written)} files under {args.out}: tables 1, 2, 3, 7, MAC-matched, cost_scaling.{{csv,png,svg}}"
-    )
+    for preset in ("listops-transformer-h8", "listops-switchhead-h2"):
+        print(f"{preset}: validation accuracy {log[preset]['val_accuracy']:.1%} "
+              f"(majority class {log[preset]['majority_class']:.1%})")  # fmt: skip
+    print(f"report: {report}")
+
+
+def _stepper(quiet: bool):
+    import contextlib
+    import time
+
+    @contextlib.contextmanager
+    def step(name: str):
+        start = time.perf_counter()
+        if not quiet:
+            print(f"== {name}", flush=True)
+        yield
+        if not quiet:
+            print(f"   done in {time.perf_counter() - start:.0f} s", flush=True)
+
+    return step
 
 
 def _preset_row(name: str, cfg: ModelConfig) -> dict:

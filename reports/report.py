@@ -1,0 +1,123 @@
+"""One self-contained HTML report of everything under results/: images embedded, CSS inline, no request of any
+kind; token strings and file contents are escaped (jinja2 autoescape)."""
+
+import base64
+import csv
+import json
+from pathlib import Path
+
+import jinja2
+
+from bench.results import write_atomic
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
+          "macmatched": "MAC-matched variants"}  # fmt: skip
+
+
+def _csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _image(path: Path) -> str | None:
+    """A PNG as a data URI."""
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
+
+
+def _newest(folder: Path) -> list[dict]:
+    """The newest run JSON of each device folder under ``folder``."""
+    runs = []
+    for device in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.exists() else []:
+        files = sorted(device.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        if files:
+            runs.append(json.loads(files[-1].read_text()) | {"file": str(files[-1])})
+    return runs
+
+
+def _kernel_runs(folder: Path) -> list[dict]:
+    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.exists() else []
+    return [json.loads(files[-1].read_text()) | {"file": str(files[-1])}] if files else []
+
+
+def collect(results: Path) -> dict:
+    """What the report shows; a section is present only when its files exist."""
+    results = Path(results)
+    tables = {title: _csv(results / "tables" / f"{name}.csv") for name, title in TABLES.items()
+              if (results / "tables" / f"{name}.csv").exists()}  # fmt: skip
+    sweep = results / "tables" / "cost_scaling.csv"
+    analyses = []
+    for run in (
+        sorted(p for p in (results / "analysis").glob("*") if p.is_dir())
+        if (results / "analysis").exists()
+        else []
+    ):
+        analyses.append({
+            "name": run.name,
+            "maxima": _image(run / "attention_maxima.png"),
+            "selections": [(p.stem, _image(p)) for p in sorted(run.glob("*-selection-*.png"))],
+            "usage": [(p.stem, _image(p)) for p in sorted(run.glob("*-usage.png"))],
+            "cooccurrence": [(p.stem, _image(p)) for p in sorted(run.glob("*-cooccurrence.png"))],
+            "curves": _image(run / "training_curves.png"),
+            "summary": _csv(run / "summary.csv") if (run / "summary.csv").exists() else [],
+            "preferences": _csv(run / "preferences.csv")[:60] if (run / "preferences.csv").exists() else [],
+            "log": _csv(run / "training_log.csv") if (run / "training_log.csv").exists() else [],
+        })  # fmt: skip
+    published = results / "published" / "published_wallclock.csv"
+    return {
+        "tables": tables,
+        "sweep": {"image": _image(results / "tables" / "cost_scaling.png"), "rows": _crossovers(_csv(sweep))}
+        if sweep.exists()
+        else None,
+        "speed": _newest(results / "speed"),
+        "table5": _csv(published) if published.exists() else [],
+        "kernels": _kernel_runs(results / "kernels"),
+        "analyses": analyses,
+    }
+
+
+def _crossovers(rows: list[dict]) -> list[dict]:
+    seen, out = set(), []
+    for r in rows:
+        if (r["size"], r["model"]) not in seen:
+            seen.add((r["size"], r["model"]))
+            out.append(r)
+    return out
+
+
+def _number(value, digits: int = 3) -> str:
+    """Thousands separators for integers, significant digits for other numbers, text unchanged."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
+        return "" if value is None else str(value)
+    if number != number:
+        return "–"
+    if number.is_integer() and abs(number) >= 1:
+        return f"{int(number):,}"
+    return f"{number:.{digits}g}"
+
+
+def _percent(value) -> str:
+    try:
+        return f"{100 * float(value):.1f}%"
+    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
+        return ""
+
+
+def _mib(value) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
+        return ""
+    return "–" if number != number else f"{number / 2**20:,.1f} MiB"
+
+
+def render(data: dict, environment: dict) -> str:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
+    env.filters.update(number=_number, percent=_percent, mib=_mib)
+    return env.get_template("report.html.j2").render(environment=environment, **data)
+
+
+def write_report(results: Path, out: Path, environment: dict) -> Path:
+    return write_atomic(Path(out), render(collect(results), environment))

@@ -1,0 +1,165 @@
+"""The HTML report: rendered from a fixture folder and from a quick main job, escaped, and checked in a real
+headless Chromium with the network cut off."""
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pytest
+
+from bench.cli import main
+from reports.report import write_report
+
+HOSTILE = "<script>alert(1)</script>"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _csv(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _png(path: Path, title: str) -> None:
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([0, 1, 2], [1, 3, 2], label="series")
+    ax.set(title=title, xlabel="x", ylabel="y")
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@pytest.fixture
+def fixture_results(tmp_path) -> Path:
+    """A small results folder with one file of every kind the report reads."""
+    root = tmp_path / "results"
+    _csv(root / "tables" / "table2.csv", [{
+        "preset": "c4-262m-switchhead-h4", "model": "switchhead", "pos": "xl", "n_heads": 4, "d_head": 112,
+        "n_experts": 4, "k": 2, "macs_published": "2.4G", "macs_paper_printed": "2.4G", "mem_published": "5.6M",
+        "mem_paper_printed": "5.6M", "reproduced": "with C = 2", "macs_vs_dense": 0.4392, "mem_vs_dense": 0.266,
+        "macs_exact": 3313500160, "macs_fvcore": 3313500160, "macs_flop_counter": 3313500160, "mem_exact": 6578176,
+        "mem_saved_floats": 6578176, "macs_exact_vs_dense": 0.561, "mem_exact_vs_dense": 0.433,
+        "measured_agree": "yes", "note": "a flagged row",
+    }])  # fmt: skip
+    _csv(root / "tables" / "cost_scaling.csv", [{"size": "47m", "model": "dense XL", "macs_crossover_T": 549.2,
+                                                 "mem_crossover_T": 267.0}])  # fmt: skip
+    _png(root / "tables" / "cost_scaling.png", "cost against length")
+    run = {"metadata": {"device": "test cpu", "dtype": "fp32", "batch": 4, "processes": 1, "commit": "abc",
+                        "torch": "2.13"},
+           "rows": [{"group": "gate", "preset": "dense", "scope": "layer", "what": "forward+backward", "status": "ok",
+                     "ms": 130.5, "ms_iqr": 3.2, "ratio_time": 1.0, "memory_bytes": 41943040, "ratio_memory": 1.0,
+                     "tflops": 0.09, "fraction_of_matmul_peak": 0.45},
+                    {"group": "gate", "preset": "big", "scope": "model", "what": "train step", "status": "OOM"}]}  # fmt: skip
+    (root / "speed" / "test-cpu").mkdir(parents=True)
+    (root / "speed" / "test-cpu" / "fp32-b4.json").write_text(json.dumps(run))
+    analysis = root / "analysis" / "listops"
+    for name in (
+        "attention_maxima",
+        "training_curves",
+        "m-selection-layer0-head0",
+        "m-usage",
+        "m-cooccurrence",
+    ):
+        _png(analysis / f"{name}.png", name)
+    _csv(analysis / "summary.csv", [{"model": "m", "layer": 0, "module": "attn", "head": 0, "side": "src",
+                                     "entropy": 1.2, "perplexity": 3.3, "dead_experts": "2"}])  # fmt: skip
+    _csv(analysis / "preferences.csv", [{"model": "m", "layer": 0, "module": "attn", "head": 0, "side": "dst",
+                                         "expert": 1, "token": HOSTILE, "share": 0.9, "count": 12}])  # fmt: skip
+    return root
+
+
+def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
+    page = write_report(fixture_results, tmp_path / "report.html", {"device": "test <b>cpu</b>"}).read_text()
+    for section in ("Compute and memory", "Cost against context length", "Wall-clock and peak memory",
+                    "What the experts learn", "Methods", "switchbench tables"):  # fmt: skip
+        assert section in page
+    assert "Expert-matmul throughput" not in page  # no kernel results: no section
+    assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "test &lt;b&gt;cpu&lt;/b&gt;" in page
+    assert "3,313,500,160" in page and "43.9%" in page and "40.0 MiB" in page and "OOM" in page
+    assert page.count("data:image/png;base64,") == 6
+    assert "http://" not in page and "https://" not in page
+
+
+def test_cli_report_on_a_missing_folder(capsys, tmp_path):
+    assert main(["report", "--results", str(tmp_path / "nothing"), "--out", str(tmp_path / "r.html")]) == 2
+    assert "no results folder" in capsys.readouterr().err
+
+
+def _browse(report: Path, screenshot: Path) -> dict:
+    """Open the report from a file URL in headless Chromium with every network request refused."""
+    from playwright.sync_api import sync_playwright
+
+    errors, external, failed = [], [], []
+    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
+        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("requestfailed", lambda r: failed.append(r.url))
+
+        def guard(route):
+            if route.request.url.startswith(("file:", "data:")):
+                route.continue_()
+            else:
+                external.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", guard)
+        page.goto(report.resolve().as_uri())
+        images = page.evaluate(
+            "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)"
+        )
+        page.screenshot(path=str(screenshot), full_page=False)
+        browser.close()
+    return {"errors": errors, "external": external, "failed": failed, "images": images}
+
+
+def _non_blank(png: Path) -> bool:
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(png)
+    return float(pixels[..., :3].std()) > 0.02
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package chromium)")
+def test_report_in_a_real_browser(fixture_results, tmp_path):
+    pytest.importorskip("playwright")
+    report = write_report(fixture_results, tmp_path / "report.html", {"device": "cpu"})
+    seen = _browse(report, tmp_path / "screen.png")
+    assert seen["errors"] == [] and seen["external"] == [] and seen["failed"] == []
+    assert len(seen["images"]) == 6 and all(seen["images"])
+    assert _non_blank(tmp_path / "screen.png")
+
+
+def test_report_from_a_quick_main_job(tmp_path):
+    """switchbench all --quick end to end into a temporary folder, then the report in the browser if present."""
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "published", results / "published")
+    assert (
+        main(["all", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"), "--json"]) == 0
+    )
+    report = results / "report.html"
+    page = report.read_text()
+    for section in (
+        "Compute and memory",
+        "Cost against context length",
+        "Wall-clock",
+        "What the experts learn",
+    ):
+        assert section in page
+    assert (tmp_path / "runs" / "listops-listops-switchhead-h2" / "checkpoint.pt").exists()
+    if CHROMIUM is not None:
+        pytest.importorskip("playwright")
+        seen = _browse(report, tmp_path / "screen.png")
+        assert seen["errors"] == [] and seen["external"] == [] and all(seen["images"])
