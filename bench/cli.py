@@ -276,7 +276,6 @@ def run_speed(args) -> None:
     import torch
 
     from . import speed
-    from .environment import environment
     from .results import save_run
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -313,14 +312,9 @@ def run_speed(args) -> None:
         torch.distributed.destroy_process_group()
     if rank != 0:
         return
-    peak = speed.matmul_peak_tflops(device, dtype)
-    for row in rows:
-        if "tflops" in row:
-            row["fraction_of_matmul_peak"] = row["tflops"] / peak
-    metadata = environment(device) | {
-        "dtype": dtype_name, "batch": batch, "processes": world, "rounds": args.rounds, "warmup": args.warmup,
-        "matmul_peak_tflops": peak, "groups": {g: list(p) for g, p in groups.items()},
-    }  # fmt: skip
+    metadata = speed.describe(rows, device, dtype_name, batch=batch, processes=world, rounds=args.rounds,
+                              warmup=args.warmup, groups={g: list(p) for g, p in groups.items()})  # fmt: skip
+    peak = metadata["matmul_peak_tflops"]
     folder = Path(args.out) / _slug(metadata["device"])
     path = save_run(folder, f"{dtype_name}-b{batch}" + ("-quick" if args.quick else ""), metadata, rows)
     if args.json:
@@ -462,15 +456,15 @@ def _slug(text: str) -> str:
 def run_report(args) -> None:
     from reports.report import write_report
 
-    from .environment import environment
-
     if not Path(args.results).is_dir():
         raise ValueError(f"no results folder at {args.results}")
-    print(f"wrote {write_report(Path(args.results), Path(args.out), _report_environment(environment))}")
+    print(f"wrote {write_report(Path(args.results), Path(args.out), _report_environment())}")
 
 
-def _report_environment(environment) -> dict:
+def _report_environment() -> dict:
     import torch
+
+    from .environment import environment
 
     env = environment("cuda" if torch.cuda.is_available() else "cpu")
     return {key: value for key, value in env.items() if value is not None}
@@ -485,7 +479,6 @@ def run_all(args) -> None:
     from reports.report import write_report
 
     from . import scaling, speed, tables
-    from .environment import environment
     from .results import save_run
 
     results, runs, log = Path(args.results), Path(args.runs), {}
@@ -500,22 +493,12 @@ def run_all(args) -> None:
             groups = (
                 {"47m": speed.GROUPS["47m"]} if args.quick else {g: speed.GROUPS[g] for g in speed.GPU_GROUPS}
             )
-            rows = speed.run(
-                groups, ("model", "layer"), device, torch.bfloat16, 16 if args.quick else 64, 10, 3
-            )
-            dtype = "bf16"
+            scopes, dtype, batch = ("model", "layer"), "bf16", 16 if args.quick else 64
         else:
-            rows = speed.run(
-                {"gate": speed.GATE_LAYERS}, ("layer",), device, torch.float32, 4, 10 if args.quick else 20, 2
-            )
-            dtype = "fp32"
-        metadata = environment(device) | {"dtype": dtype, "batch": 4, "processes": 1}
-        metadata["matmul_peak_tflops"] = peak = speed.matmul_peak_tflops(
-            device, getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[dtype])
-        )
-        for row in rows:
-            if "tflops" in row:
-                row["fraction_of_matmul_peak"] = row["tflops"] / peak
+            groups, scopes, dtype, batch = {"gate": speed.GATE_LAYERS}, ("layer",), "fp32", 4
+        rounds = 10 if args.quick else 20
+        rows = speed.run(groups, scopes, device, speed.DTYPES[dtype], batch, rounds, 2)
+        metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2)
         log["speed"] = str(
             save_run(results / "speed" / _slug(metadata["device"]), f"{dtype}-all", metadata, rows)
         )
@@ -534,7 +517,7 @@ def run_all(args) -> None:
             analyze(checkpoints, results / "analysis" / "listops", sample=64 if args.quick else 256)
         )
     with step("report"):
-        report = write_report(results, results / "report.html", _report_environment(environment))
+        report = write_report(results, results / "report.html", _report_environment())
     if args.json:
         print(json.dumps(log | {"report": str(report)}, indent=2))
         return

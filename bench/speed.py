@@ -253,6 +253,17 @@ def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
     return 2 * n**3 / ms / 1e9
 
 
+def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict:
+    """The run's metadata; each timed row gains its fraction of this device's matmul peak, measured now."""
+    from .environment import environment
+
+    peak = matmul_peak_tflops(device, DTYPES[dtype_name])
+    for row in rows:
+        if "tflops" in row:
+            row["fraction_of_matmul_peak"] = row["tflops"] / peak
+    return environment(device) | {"dtype": dtype_name, "matmul_peak_tflops": peak, **settings}
+
+
 def count_ratios() -> list[dict]:
     """Exact MAC and memory ratios of one attention layer against its group's dense baseline (no timing)."""
     rows = []
