@@ -37,11 +37,12 @@ def _inputs(
             tokens = sample[example][0]
         ids, _ = listops.encode([(tokens, 0)], len(tokens))
         return ids, tokens, listops.encode(sample, cfg.T)[0]
-    data = text.encode(text.load_text())
+    data = text.encode(text.load_text(run["train"].get("text"), run["train"].get("hf_dataset")))
     ids = text.encode(source)[-cfg.T :] if source is not None else data[: cfg.T]
-    if ids.numel() == 0:
-        raise ValueError("the input text is empty")
-    sample = data[: size * cfg.T].view(-1, cfg.T)
+    rows = min(size, data.numel() // cfg.T)
+    if ids.numel() == 0 or rows == 0:
+        raise ValueError(f"the text is too short: the model reads chunks of {cfg.T} bytes")
+    sample = data[: rows * cfg.T].view(rows, cfg.T)
     return ids[None], [text.decode_token(int(t)) for t in ids], sample
 
 

@@ -143,7 +143,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         start = saved["step"]
-        log_rows = _read_log(out / "log.csv")
+        log_rows = [r for r in _read_log(out / "log.csv") if int(r["step"]) <= start]
     state, result = None, {}
     model.train()
     for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
@@ -162,9 +162,10 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             model.train()
             row |= result
             log_rows.append(row)
-            _write_log(out / "log.csv", log_rows)
+            # The checkpoint first: a run stopped between the two writes resumes without a duplicate log row.
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
                             step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
+            _write_log(out / "log.csv", log_rows)
     return result or (log_rows[-1] if log_rows else {})
 
 

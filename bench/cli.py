@@ -337,7 +337,7 @@ def _speed_row(r: dict) -> dict:
         "what": r["what"],
         "ms": f"{r['ms']:.2f}" if "ms" in r else r["status"],
         "rel. time": f"{r['ratio_time']:.2f}" if "ratio_time" in r else "",
-        "memory": "" if memory is None or memory != memory else f"{memory / 2**20:,.1f} MiB",
+        "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
         "rel. memory": f"{r['ratio_memory']:.2f}" if "ratio_memory" in r else "",
         "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
         "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
@@ -365,10 +365,7 @@ def run_check(args) -> int:
     if args.write:
         print(f"wrote {gate.write_baseline(run, Path(args.baseline))}")
         return 0
-    try:
-        baseline = json.loads(Path(args.baseline).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read baseline {args.baseline}: {error}") from None
+    baseline = gate.load_baseline(Path(args.baseline))
     problems = gate.check(run, baseline)
     for line in problems:
         print(f"REGRESSION {line}")

@@ -33,6 +33,18 @@ def load_run(path: Path) -> dict:
     return run
 
 
+def load_baseline(path: Path) -> dict:
+    try:
+        baseline = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"cannot read baseline {path}: {error}") from None
+    if not isinstance(baseline, dict) or not all(
+        isinstance(baseline.get(k), dict) for k in ("ratios", "tolerances")
+    ):
+        raise ValueError(f"{path} is not a switchbench baseline (needs 'ratios' and 'tolerances')")
+    return baseline
+
+
 def baseline_from(run: dict, tolerances: dict[str, float] = TOLERANCES) -> dict:
     ratios = {
         _key(r): {k: r[k] for k in RATIOS if k in r}
@@ -48,6 +60,9 @@ def write_baseline(run: dict, path: Path) -> Path:
 
 def check(run: dict, baseline: dict) -> list[str]:
     """Every baseline ratio that the run misses or exceeds by more than its tolerance, as a line each."""
+    ran_on, expected_on = run.get("metadata", {}).get("device"), baseline.get("metadata", {}).get("device")
+    if ran_on and expected_on and ran_on != expected_on:
+        raise ValueError(f"the run is from {ran_on!r} and the baseline from {expected_on!r}: not comparable")
     rows = {_key(r): r for r in run["rows"]}
     problems = []
     for key, expected in baseline["ratios"].items():

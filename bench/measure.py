@@ -66,8 +66,7 @@ def fvcore_macs(cfg: ModelConfig) -> int:
         from fvcore.nn.jit_handles import get_shape
 
     layer, x, mem, window = layer_and_inputs(cfg)
-    inputs = (x, mem) if mem is not None else (x, None)
-    analysis = FlopCountAnalysis(_Traceable(layer, window), inputs)
+    analysis = FlopCountAnalysis(_Traceable(layer, window), (x, mem))
     analysis.set_op_handle(
         "switchbench::expert_matmul",
         lambda ins, outs: _expert_matmul_macs(*(get_shape(ins[i]) for i in (0, 1, 3))),

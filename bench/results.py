@@ -43,4 +43,5 @@ def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path
         writer.writeheader()
         writer.writerows(rows)
     write_atomic(stem.with_suffix(".csv"), buffer.getvalue())
-    return write_atomic(stem.with_suffix(".json"), json.dumps({"metadata": metadata, "rows": rows}, indent=2))
+    payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
+    return write_atomic(stem.with_suffix(".json"), payload)

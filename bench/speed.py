@@ -55,7 +55,9 @@ class Bench:
     what: str  # "train step", "forward", "forward+backward"
     run: Callable[[], object]
     flops: float
-    memory: Callable[[], float]  # bytes: peak allocated (GPU) or kept for backward (CPU)
+    memory: Callable[
+        [], float | None
+    ]  # bytes: peak allocated (GPU) or kept for backward (CPU); None: not measured
 
 
 def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False) -> list[Bench]:
@@ -91,7 +93,7 @@ def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp:
     macs = batch * model_macs(cfg)
     return [
         Bench(preset, "model", "train step", train_step, 6 * macs, memory),
-        Bench(preset, "model", "forward", forward, 2 * macs, lambda: float("nan")),
+        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None),
     ]
 
 
@@ -121,7 +123,7 @@ def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> l
 
     macs = batch * exact_cost(cfg).macs
     return [
-        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: float("nan")),
+        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None),
         Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory),
     ]
 
@@ -185,9 +187,17 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 times[i].append(t)
         if progress is not None:
             progress.update(1)
-    rows = []
+    rows, baseline = [], benches[0].preset if benches else None
     for i, bench in enumerate(benches):
-        base = next(j for j, b in enumerate(benches) if (b.scope, b.what) == (bench.scope, bench.what))
+        # The group's baseline is its first preset; if it failed, nothing gets a ratio.
+        base = next(
+            (
+                j
+                for j, b in enumerate(benches)
+                if (b.preset, b.scope, b.what) == (baseline, bench.scope, bench.what)
+            ),
+            None,
+        )
         row = {
             "preset": bench.preset,
             "scope": bench.scope,
@@ -195,27 +205,28 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
             "status": failed.get(i, "ok"),
         }
         if i not in failed:
-            memory = _memory(bench)
             row |= {
                 "ms": statistics.median(times[i]),
                 "ms_iqr": _iqr(times[i]),
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
-                "memory_bytes": memory,
+                "memory_bytes": _memory(bench),
             }
-            if base not in failed:
+            if base is not None and base not in failed:
                 row["ratio_time"] = statistics.median(
                     a / b for a, b in zip(times[i], times[base], strict=True)
                 )
-                row["baseline"] = benches[base].preset
+                row["baseline"] = baseline
         rows.append(row)
     for row in rows:  # memory ratios need every row's memory first
-        base = next((r for r in rows if (r["scope"], r["what"]) == (row["scope"], row["what"])), None)
-        if (
-            "memory_bytes" in row
-            and base
-            and base.get("memory_bytes")
-            and row["memory_bytes"] == row["memory_bytes"]
-        ):
+        base = next(
+            (
+                r
+                for r in rows
+                if (r["preset"], r["scope"], r["what"]) == (baseline, row["scope"], row["what"])
+            ),
+            None,
+        )
+        if row.get("memory_bytes") and base and base.get("memory_bytes"):
             row["ratio_memory"] = row["memory_bytes"] / base["memory_bytes"]
     return rows
 
@@ -227,14 +238,14 @@ def _iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-def _memory(bench: Bench) -> float:
+def _memory(bench: Bench) -> float | None:
     try:
         return bench.memory()
     except RuntimeError as error:
         if not is_oom(error):
             raise
         _release()
-        return float("nan")
+        return None
 
 
 def _release() -> None:

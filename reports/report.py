@@ -63,7 +63,9 @@ def collect(results: Path) -> dict:
             "preferences": _csv(run / "preferences.csv")[:60] if (run / "preferences.csv").exists() else [],
             "log": _csv(run / "training_log.csv") if (run / "training_log.csv").exists() else [],
         })  # fmt: skip
-    published = results / "published" / "published_wallclock.csv"
+    from bench.tables import ROOT
+
+    published = ROOT / "results" / "published" / "published_wallclock.csv"
     return {
         "tables": tables,
         "sweep": {"image": _image(results / "tables" / "cost_scaling.png"), "rows": _crossovers(_csv(sweep))}
