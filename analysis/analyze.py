@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from bench.results import write_atomic
+from bench.results import save_figure, write_atomic
 from bench.tables import to_csv
 from models.observe import observe
 
@@ -78,7 +78,7 @@ def analyze(
         written += _selections(run, attention, labels, out)
         written += _statistics(run, _observe(run, tokens), tokens, rows, out)
     title = "Attention maxima over heads, per layer (post-softmax, first sequence)"
-    written += plots.save(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
+    written += save_figure(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
     for name, table in rows.items():
         if table:
             written.append(write_atomic(out / f"{name}.csv", to_csv(table)))
@@ -104,7 +104,7 @@ def _selections(run: dict, attention: list[dict], labels: list[str], out: Path) 
             fig = plots.expert_selection(
                 record["maps"][0, head].float().numpy(), dst, src, labels, labels, title
             )
-            written += plots.save(fig, out / f"{run['name']}-selection-layer{layer}-head{head}")
+            written += save_figure(fig, out / f"{run['name']}-selection-layer{layer}-head{head}")
     return written
 
 
@@ -166,10 +166,10 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
                 cooc[(layer, head)] = counts.numpy()
     if panels:
         title = f"{name}: expert usage over {len(sample)} sequences (sorted)"
-        written += plots.save(plots.usage_bars(panels, title), out / f"{name}-usage")
+        written += save_figure(plots.usage_bars(panels, title), out / f"{name}-usage")
     if cooc:
         title = f"{name}: tokens choosing each V expert (source) and O expert (destination)"
-        written += plots.save(plots.cooccurrence_grid(cooc, title), out / f"{name}-cooccurrence")
+        written += save_figure(plots.cooccurrence_grid(cooc, title), out / f"{name}-cooccurrence")
     return written
 
 
@@ -187,7 +187,7 @@ def _curves(runs: list[dict], paths: list[Path], out: Path) -> list[Path]:
     if not logs:
         return []
     metric = "val_accuracy" if runs[0]["task"] == "listops" else "val_bits_per_byte"
-    written = plots.save(plots.training_curves(logs, metric, "Training curves"), out / "training_curves")
+    written = save_figure(plots.training_curves(logs, metric, "Training curves"), out / "training_curves")
     rows = [{"model": name} | row for name, log in logs.items() for row in log]
     fields = list(dict.fromkeys(k for r in rows for k in r))
     written.append(

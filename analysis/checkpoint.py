@@ -1,12 +1,11 @@
 """Checkpoints: model weights, configuration and training state in one file, written atomically and read with
 ``weights_only=True``; a wrong, truncated or mismatched file is a one-line ValueError."""
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from bench.results import replace_atomically
 from models.config import ModelConfig
 from models.lm import LanguageModel, SequenceClassifier
 
@@ -23,8 +22,6 @@ def save(
     path: Path, *, task: str, cfg: ModelConfig, model, optimizer, step: int, train: dict, n_classes=None
 ):
     """Write to a temporary file beside ``path``, then rename: an interrupted save leaves the old file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,
         "task": task,
@@ -35,16 +32,7 @@ def save(
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(payload, tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
 def load(path: Path) -> dict:

@@ -1,6 +1,5 @@
-"""Figures of the routing analysis; each is saved as PNG and SVG, written atomically."""
+"""Figures of the routing analysis (saved with bench.results.save_figure as PNG and SVG)."""
 
-from pathlib import Path
 
 import matplotlib
 
@@ -9,19 +8,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 LAST = 128  # positions shown of long inputs
-
-
-def save(fig, path: Path) -> list[Path]:
-    written = []
-    for suffix in (".png", ".svg"):
-        target = Path(path).with_suffix(suffix)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp{suffix}")
-        fig.savefig(tmp, dpi=100, bbox_inches="tight")
-        tmp.replace(target)
-        written.append(target)
-    plt.close(fig)
-    return written
 
 
 def _labelled(ax, labels_y, labels_x):

@@ -5,23 +5,44 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to a temporary file beside ``path``, then rename it into place."""
+def replace_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+    """Have ``write`` fill a temporary file beside ``path``, then rename it into place: a reader sees the old
+    file or the new one, never half of one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        write(Path(tmp))
         os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    return replace_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
+    """A matplotlib figure as STEM.png and STEM.svg, each written atomically; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    written = [
+        replace_atomically(
+            Path(stem).with_suffix(f".{fmt}"),
+            lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches="tight"),
+        )
+        for fmt in ("png", "svg")
+    ]
+    plt.close(fig)
+    return written
 
 
 def new_run_stem(folder: Path, label: str) -> Path:

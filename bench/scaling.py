@@ -11,7 +11,7 @@ from models.config import ModelConfig
 from models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
-from .results import write_atomic
+from .results import save_figure, write_atomic
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 SERIES = {
@@ -100,15 +100,7 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
         "One attention layer, one sequence, forward pass (exact count); XL keeps C = 2 chunks, RoPE C = 1"
     )
     fig.tight_layout()
-    written = []
-    for suffix in (".png", ".svg"):
-        target = path.with_suffix(suffix)
-        tmp = target.with_name(f".{target.name}.tmp{suffix}")
-        fig.savefig(tmp, dpi=110)
-        tmp.replace(target)
-        written.append(target)
-    plt.close(fig)
-    return written
+    return save_figure(fig, path, dpi=110)
 
 
 def write_sweep(folder: Path) -> list[Path]:
