@@ -2,6 +2,7 @@
 statistics; figures (PNG, SVG) with the numbers behind them (CSV) under one folder."""
 
 import csv
+import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -83,6 +84,18 @@ def analyze(
         if table:
             written.append(write_atomic(out / f"{name}.csv", to_csv(table)))
     written += _curves(runs, paths, out)
+    from bench.environment import environment
+
+    metadata = environment("cpu") | {
+        "command": "switchbench analyze",
+        "checkpoints": [
+            {"path": str(p), "step": r["step"], "train": r["train"]} for p, r in zip(paths, runs, strict=True)
+        ],
+        "input": source,
+        "example": example,
+        "sample": sample,
+    }
+    written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))
     return written
 
 

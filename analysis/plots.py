@@ -1,6 +1,5 @@
 """Figures of the routing analysis (saved with bench.results.save_figure as PNG and SVG)."""
 
-
 import matplotlib
 
 matplotlib.use("Agg")

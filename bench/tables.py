@@ -183,8 +183,16 @@ def _describe(cfg: ModelConfig, preset: str) -> dict:
 
 
 def write_tables(folder: Path) -> list[Path]:
-    """CSV, Markdown and LaTeX of Tables 1, 2, 3, 7 and the MAC-matched variants."""
-    written = []
+    """CSV, Markdown and LaTeX of Tables 1, 2, 3, 7 and the MAC-matched variants, and how they were made."""
+    import json
+
+    from .environment import environment
+
+    metadata = environment("cpu") | {
+        "command": "switchbench tables",
+        "published": str(PUBLISHED.relative_to(ROOT)),
+    }
+    written = [write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
     for name, rows in [(f"table{t}", table_rows(t)) for t in TABLES] + [("macmatched", mac_matched_rows())]:
         written += [
             write_atomic(folder / f"{name}.csv", to_csv(rows)),

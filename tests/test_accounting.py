@@ -91,11 +91,12 @@ def test_paper_format_round_trips(cell):
 
 def test_tables_files(tmp_path):
     written = tables.write_tables(tmp_path)
-    assert sorted(p.name for p in written) == sorted(
-        f"{name}.{ext}"
-        for name in ("table1", "table2", "table3", "table7", "macmatched")
+    names = [
+        f"{n}.{ext}"
+        for n in ("table1", "table2", "table3", "table7", "macmatched")
         for ext in ("csv", "md", "tex")
-    )
+    ]
+    assert sorted(p.name for p in written) == sorted(["metadata.json", *names])
     md = (tmp_path / "table2.md").read_text()
     assert "| c4-262m-switchhead-h4 |" in md and "43.9%" in md
     assert (tmp_path / "table7.tex").read_text().count(r"\\") > 10
