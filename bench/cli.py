@@ -84,6 +84,7 @@ def _parser() -> argparse.ArgumentParser:
     gate.add_argument("run_file", metavar="RUN", help="a speed run's JSON, or a folder (its newest run)")
     gate.add_argument("--baseline", required=True, help="e.g. results/baselines/cpu.json")
     gate.add_argument("--write", action="store_true", help="write RUN's ratios as the new baseline instead")
+    _add_json(gate)
     gate.set_defaults(run=run_check)
 
     train = commands.add_parser("train", help="train a small model for the routing analysis (CPU by default)")
@@ -367,6 +368,14 @@ def run_check(args) -> int:
         return 0
     baseline = gate.load_baseline(Path(args.baseline))
     problems = gate.check(run, baseline)
+    if args.json:
+        print(
+            json.dumps(
+                {"baseline": args.baseline, "checked": len(baseline["ratios"]), "problems": problems},
+                indent=2,
+            )
+        )
+        return 1 if problems else 0
     for line in problems:
         print(f"REGRESSION {line}")
     print(f"{len(baseline['ratios'])} ratios checked against {args.baseline}: "
