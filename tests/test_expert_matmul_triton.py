@@ -205,3 +205,19 @@ def test_switchhead_layer_on_the_triton_path(monkeypatch):
         results[impl] = [y.detach(), *(p.grad.clone() for p in layer.parameters())]
     for a, b in zip(results["triton"], results["torch"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_autocast_runs_the_op_in_the_autocast_dtype():
+    """Under autocast the op computes in bf16; fp32 leaves still get fp32 gradients of the right value."""
+    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    leaves = [t.float().requires_grad_() for t in (x, weight, scores)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = expert_matmul(leaves[0], leaves[1], route(indices, weight.shape[0]), leaves[2], 1, impl="torch")
+    assert y.dtype == torch.bfloat16
+    y.backward(grad_out.to(y.dtype))
+    exact = run("torch", x, weight, indices, scores, 1, grad_out)
+    for got, ref in zip([y.detach(), *(leaf.grad for leaf in leaves)], exact, strict=True):
+        assert got.dtype in (torch.bfloat16, torch.float32)
+        scale = ref.abs().max()
+        torch.testing.assert_close(got.double() / scale, ref / scale, rtol=0, atol=3e-2)
+    assert all(leaf.grad.dtype == torch.float32 for leaf in leaves)
