@@ -5,12 +5,10 @@ import csv
 import json
 from pathlib import Path
 
-import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from bench.results import save_figure, write_atomic
-from bench.tables import to_csv
+from bench.results import save_figure, to_csv, write_atomic
 from models.observe import observe
 
 from . import checkpoint, listops, plots, stats, text
@@ -202,9 +200,5 @@ def _curves(runs: list[dict], paths: list[Path], out: Path) -> list[Path]:
     metric = "val_accuracy" if runs[0]["task"] == "listops" else "val_bits_per_byte"
     written = save_figure(plots.training_curves(logs, metric, "Training curves"), out / "training_curves")
     rows = [{"model": name} | row for name, log in logs.items() for row in log]
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    written.append(
-        write_atomic(out / "training_log.csv", to_csv([{k: r.get(k, "") for k in fields} for r in rows]))
-    )
-    plt.close("all")
+    written.append(write_atomic(out / "training_log.csv", to_csv(rows)))
     return written

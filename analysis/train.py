@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.results import to_csv, write_atomic
 from models.presets import PRESETS
 
 from . import checkpoint, listops, text
@@ -165,16 +166,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             # The checkpoint first: a run stopped between the two writes resumes without a duplicate log row.
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
                             step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
-            _write_log(out / "log.csv", log_rows)
+            write_atomic(out / "log.csv", to_csv(log_rows))
     return result or (log_rows[-1] if log_rows else {})
-
-
-def _write_log(path: Path, rows: list[dict]) -> None:
-    from bench.results import write_atomic
-    from bench.tables import to_csv  # the same CSV writer as the tables
-
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    write_atomic(path, to_csv([{k: r.get(k, "") for k in fields} for r in rows]))
 
 
 def _read_log(path: Path) -> list[dict]:

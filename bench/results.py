@@ -54,15 +54,20 @@ def new_run_stem(folder: Path, label: str) -> Path:
     return stem
 
 
+def to_csv(rows: list[dict]) -> str:
+    """CSV text with a column for every key of any row, in order of appearance; missing cells empty."""
+    buffer = io.StringIO()
+    if rows:
+        fields = list(dict.fromkeys(key for row in rows for key in row))
+        writer = csv.DictWriter(buffer, fieldnames=fields, restval="", lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    return buffer.getvalue()
+
+
 def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path:
     """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``; returns the JSON path."""
     stem = new_run_stem(folder, label)
-    buffer = io.StringIO()
-    if rows:
-        fields = list(dict.fromkeys(key for row in rows for key in row))  # every key, in order of appearance
-        writer = csv.DictWriter(buffer, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    write_atomic(stem.with_suffix(".csv"), buffer.getvalue())
+    write_atomic(stem.with_suffix(".csv"), to_csv(rows))
     payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
     return write_atomic(stem.with_suffix(".json"), payload)

@@ -11,7 +11,7 @@ from models.config import ModelConfig
 from models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
-from .results import save_figure, write_atomic
+from .results import save_figure, to_csv, write_atomic
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 SERIES = {
@@ -104,7 +104,5 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
 
 
 def write_sweep(folder: Path) -> list[Path]:
-    from .tables import to_csv
-
     rows = sweep()
     return [write_atomic(folder / "cost_scaling.csv", to_csv(rows)), *plot(rows, folder / "cost_scaling")]

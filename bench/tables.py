@@ -9,7 +9,7 @@ from models.presets import PRESETS
 
 from .accounting import Cost, format_paper, paper_cost, parse_paper
 from .measure import cost_views
-from .results import write_atomic
+from .results import to_csv, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 PUBLISHED = ROOT / "results" / "published" / "published_tables.csv"
@@ -206,16 +206,6 @@ def _title(name: str) -> str:
     if name == "macmatched":
         return "MAC-matched SwitchHead variants (paper section 3.5): one attention layer, one sequence"
     return f"Paper Table {name[5:]}: MACs and memory of one attention layer, one sequence, forward"
-
-
-def to_csv(rows: list[dict]) -> str:
-    from io import StringIO
-
-    buffer = StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
 
 
 def _cell(value) -> str:
