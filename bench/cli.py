@@ -222,10 +222,11 @@ def _count(value) -> str:
 def run_tables(args) -> None:
     from . import tables
 
-    written = tables.write_tables(Path(args.out))
+    built = tables.all_tables()
+    written = tables.write_tables(Path(args.out), built)
     summary = []
     for t in tables.TABLES:
-        rows = tables.table_rows(t)
+        rows = built[f"table{t}"]
         summary += [
             {
                 "table": t,
@@ -250,8 +251,8 @@ def run_tables(args) -> None:
 def run_sweep(args) -> None:
     from . import scaling
 
-    written = scaling.write_sweep(Path(args.out))
     rows = scaling.sweep()
+    written = scaling.write_sweep(Path(args.out), rows)
     if args.json:
         print(json.dumps({"rows": rows, "written": [str(p) for p in written]}, indent=2))
         return
@@ -481,7 +482,7 @@ def run_all(args) -> None:
     import torch
 
     from analysis.analyze import analyze
-    from analysis.train import TrainConfig, train
+    from analysis.train import TrainConfig, default_preset, train
     from reports.report import write_report
 
     from . import scaling, speed, tables
@@ -490,9 +491,9 @@ def run_all(args) -> None:
     results, runs, log = Path(args.results), Path(args.runs), {}
     step = _stepper(args.json)
     with step("tables"):
-        log["tables"] = [str(p) for p in tables.write_tables(results / "tables")]
+        log["tables"] = [str(p) for p in tables.write_tables(results / "tables", tables.all_tables())]
     with step("cost sweep"):
-        log["sweep"] = [str(p) for p in scaling.write_sweep(results / "tables")]
+        log["sweep"] = [str(p) for p in scaling.write_sweep(results / "tables", scaling.sweep())]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with step(f"speed on {device}"):
         if device == "cuda":
@@ -509,9 +510,9 @@ def run_all(args) -> None:
             save_run(results / "speed" / _slug(metadata["device"]), f"{dtype}-all", metadata, rows)
         )
     steps = 150 if args.quick else 1000
+    presets = [default_preset("listops", model) for model in ("dense", "switchhead")]
     checkpoints = []
-    for model in ("dense", "switchhead"):
-        preset = {"dense": "listops-transformer-h8", "switchhead": "listops-switchhead-h2"}[model]
+    for preset in presets:
         with step(f"training {preset} for {steps} steps"):
             cfg = TrainConfig(
                 "listops", preset, steps=steps, eval_every=50 if args.quick else 100, device=device
@@ -527,7 +528,7 @@ def run_all(args) -> None:
     if args.json:
         print(json.dumps(log | {"report": str(report)}, indent=2))
         return
-    for preset in ("listops-transformer-h8", "listops-switchhead-h2"):
+    for preset in presets:
         print(f"{preset}: validation accuracy {log[preset]['val_accuracy']:.1%} "
               f"(majority class {log[preset]['majority_class']:.1%})")  # fmt: skip
     print(f"report: {report}")

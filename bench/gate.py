@@ -3,7 +3,7 @@
 import json
 from pathlib import Path
 
-from .results import write_atomic
+from .results import newest, write_atomic
 
 RATIOS = ("ratio_time", "ratio_memory", "ratio_macs")
 # Relative slack above the baseline before a ratio counts as a regression; counts are exact.
@@ -20,10 +20,9 @@ def load_run(path: Path) -> dict:
     """A speed run's JSON; a folder means the newest run under it."""
     path = Path(path)
     if path.is_dir():
-        runs = sorted(path.rglob("*.json"), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            raise ValueError(f"no run (*.json) in {path}")
-        path = runs[-1]
+        folder, path = path, newest(path, "**/*.json")
+        if path is None:
+            raise ValueError(f"no run (*.json) in {folder}")
     try:
         run = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as error:

@@ -65,6 +65,12 @@ def to_csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def newest(folder: Path, pattern: str = "*.json") -> Path | None:
+    """The most recently written file matching ``pattern`` under ``folder``, or None."""
+    files = sorted(Path(folder).glob(pattern), key=lambda p: p.stat().st_mtime)
+    return files[-1] if files else None
+
+
 def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path:
     """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``; returns the JSON path."""
     stem = new_run_stem(folder, label)

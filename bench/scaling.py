@@ -103,6 +103,6 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
     return save_figure(fig, path, dpi=110)
 
 
-def write_sweep(folder: Path) -> list[Path]:
-    rows = sweep()
+def write_sweep(folder: Path, rows: list[dict]) -> list[Path]:
+    """The sweep's rows as CSV and their plot as PNG and SVG."""
     return [write_atomic(folder / "cost_scaling.csv", to_csv(rows)), *plot(rows, folder / "cost_scaling")]

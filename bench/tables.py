@@ -182,8 +182,13 @@ def _describe(cfg: ModelConfig, preset: str) -> dict:
     }
 
 
-def write_tables(folder: Path) -> list[Path]:
-    """CSV, Markdown and LaTeX of Tables 1, 2, 3, 7 and the MAC-matched variants, and how they were made."""
+def all_tables() -> dict[str, list[dict]]:
+    """Rows of Tables 1, 2, 3, 7 (as ``table1`` ...) and of the MAC-matched variants (``macmatched``)."""
+    return {f"table{t}": table_rows(t) for t in TABLES} | {"macmatched": mac_matched_rows()}
+
+
+def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
+    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`, and how they were made."""
     import json
 
     from .environment import environment
@@ -193,7 +198,7 @@ def write_tables(folder: Path) -> list[Path]:
         "published": str(PUBLISHED.relative_to(ROOT)),
     }
     written = [write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
-    for name, rows in [(f"table{t}", table_rows(t)) for t in TABLES] + [("macmatched", mac_matched_rows())]:
+    for name, rows in built.items():
         written += [
             write_atomic(folder / f"{name}.csv", to_csv(rows)),
             write_atomic(folder / f"{name}.md", to_markdown(rows, _title(name))),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from bench.results import write_atomic
+from bench.results import newest, write_atomic
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
@@ -25,19 +25,13 @@ def _image(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
-def _newest(folder: Path) -> list[dict]:
+def _runs(files: list[Path | None]) -> list[dict]:
+    return [json.loads(f.read_text()) | {"file": str(f)} for f in files if f is not None]
+
+
+def _newest_per_device(folder: Path) -> list[dict]:
     """The newest run JSON of each device folder under ``folder``."""
-    runs = []
-    for device in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.exists() else []:
-        files = sorted(device.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        if files:
-            runs.append(json.loads(files[-1].read_text()) | {"file": str(files[-1])})
-    return runs
-
-
-def _kernel_runs(folder: Path) -> list[dict]:
-    files = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime) if folder.exists() else []
-    return [json.loads(files[-1].read_text()) | {"file": str(files[-1])}] if files else []
+    return _runs([newest(device) for device in sorted(p for p in folder.glob("*") if p.is_dir())])
 
 
 def collect(results: Path) -> dict:
@@ -71,9 +65,9 @@ def collect(results: Path) -> dict:
         "sweep": {"image": _image(results / "tables" / "cost_scaling.png"), "rows": _crossovers(_csv(sweep))}
         if sweep.exists()
         else None,
-        "speed": _newest(results / "speed"),
+        "speed": _newest_per_device(results / "speed"),
         "table5": _csv(published) if published.exists() else [],
-        "kernels": _kernel_runs(results / "kernels"),
+        "kernels": _runs([newest(results / "kernels")]),
         "analyses": analyses,
     }
 

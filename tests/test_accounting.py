@@ -90,7 +90,7 @@ def test_paper_format_round_trips(cell):
 
 
 def test_tables_files(tmp_path):
-    written = tables.write_tables(tmp_path)
+    written = tables.write_tables(tmp_path, tables.all_tables())
     names = [
         f"{n}.{ext}"
         for n in ("table1", "table2", "table3", "table7", "macmatched")

@@ -30,7 +30,7 @@ def test_quadratic_terms_are_half_at_the_crossover():
 
 
 def test_sweep_files(tmp_path):
-    written = scaling.write_sweep(tmp_path)
+    written = scaling.write_sweep(tmp_path, scaling.sweep())
     assert sorted(p.name for p in written) == ["cost_scaling.csv", "cost_scaling.png", "cost_scaling.svg"]
     with open(tmp_path / "cost_scaling.csv") as f:
         rows = list(csv.DictReader(f))
