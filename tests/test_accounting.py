@@ -2,8 +2,8 @@
 
 import pytest
 
-from bench import accounting, tables
-from models.presets import PRESETS
+from switchbench.bench import accounting, tables
+from switchbench.models.presets import PRESETS
 
 ROWS = tables.published_rows()
 
@@ -72,7 +72,7 @@ def test_published_rows_map_to_their_presets(row):
     """Each published row's named preset has the row's hyperparameters."""
     import csv
 
-    with open(tables.PUBLISHED, newline="") as f:
+    with tables.PUBLISHED.open(newline="") as f:
         raw = [r for r in csv.DictReader(f) if (r["table"], r["dataset"], r["params"], r["model"], r["n_heads"])
                == (row.table, row.dataset, row.params, row.model, str(row.n_heads))]  # fmt: skip
     cfg = PRESETS[row.preset]

@@ -7,10 +7,10 @@ import matplotlib.image
 import pytest
 import torch
 
-from analysis import checkpoint, listops, stats
-from analysis.analyze import analyze
-from analysis.train import TrainConfig, train
-from bench.cli import main
+from switchbench.analysis import checkpoint, listops, stats
+from switchbench.analysis.analyze import analyze
+from switchbench.analysis.train import TrainConfig, train
+from switchbench.cli import main
 
 
 def evaluate(tokens: list[str]) -> int:

@@ -5,9 +5,9 @@ import re
 
 import pytest
 
-from bench.cli import main
-from models.config import ModelConfig
-from models.presets import PRESETS, from_name
+from switchbench.cli import main
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS, from_name
 
 BAD = [
     (dict(model="switchhead", n_experts=4, k=5), "k must be in [1, 4]"),

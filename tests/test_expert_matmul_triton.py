@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from models.expert_matmul import expert_matmul, route
+from switchbench.models.expert_matmul import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
 NAMES = ("out", "grad_x", "grad_w", "grad_scores")
@@ -174,9 +174,9 @@ def test_custom_op_registration():
 
 
 def test_torch_compile_traces_a_switchhead_layer():
-    from models.config import ModelConfig
-    from models.switchhead import SwitchHeadAttention
-    from models.window import make_window
+    from switchbench.models.config import ModelConfig
+    from switchbench.models.switchhead import SwitchHeadAttention
+    from switchbench.models.window import make_window
 
     cfg = ModelConfig(model="switchhead", d_model=32, n_layers=2, n_heads=2, d_head=8, n_experts=4, k=2, T=8)
     layer = SwitchHeadAttention(cfg)
@@ -188,9 +188,9 @@ def test_torch_compile_traces_a_switchhead_layer():
 
 def test_switchhead_layer_on_the_triton_path(monkeypatch):
     """A whole SwitchHead layer, forward and backward, gives the same result through either implementation."""
-    from models.config import ModelConfig
-    from models.switchhead import SwitchHeadAttention
-    from models.window import make_window
+    from switchbench.models.config import ModelConfig
+    from switchbench.models.switchhead import SwitchHeadAttention
+    from switchbench.models.window import make_window
 
     cfg = ModelConfig(model="switchhead", d_model=24, n_layers=2, n_heads=2, d_head=8, n_experts=3, k=2, T=6)
     layer = SwitchHeadAttention(cfg)

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import kernels
-from bench.cli import main
+from switchbench.bench import kernels
+from switchbench.cli import main
 
 pytest.importorskip("triton")
 

@@ -6,11 +6,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench import measure
-from bench.accounting import exact_cost, paper_cost
-from bench.cli import main
-from models.config import ModelConfig
-from models.presets import PRESETS
+from switchbench.bench import measure
+from switchbench.bench.accounting import exact_cost, paper_cost
+from switchbench.cli import main
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS
 
 
 @st.composite

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from bench.params import parameter_counts
-from models.config import ModelConfig
-from models.presets import PRESETS
+from switchbench.bench.params import parameter_counts
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS
 
 # Per-layer attention + MLP weights, from the paper's parameter-matching statement.
 PUBLISHED_LAYER_PARAMS = {

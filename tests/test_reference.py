@@ -12,17 +12,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models import switchhead as switchhead_module
-from models.attention_dense import DenseAttention
-from models.attention_xl import sinusoids
-from models.config import ModelConfig
-from models.expert_matmul import expert_matmul, route
-from models.moa import MoAAttention, moa_losses
-from models.observe import observe
-from models.router import entropy_regularizer, sigmoid_topk
-from models.sigma_moe import SigmaMoE
-from models.switchhead import SwitchHeadAttention
-from models.window import make_window
+from switchbench.models import switchhead as switchhead_module
+from switchbench.models.attention_dense import DenseAttention
+from switchbench.models.attention_xl import sinusoids
+from switchbench.models.config import ModelConfig
+from switchbench.models.expert_matmul import expert_matmul, route
+from switchbench.models.moa import MoAAttention, moa_losses
+from switchbench.models.observe import observe
+from switchbench.models.router import entropy_regularizer, sigmoid_topk
+from switchbench.models.sigma_moe import SigmaMoE
+from switchbench.models.switchhead import SwitchHeadAttention
+from switchbench.models.window import make_window
 
 F64 = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-11)

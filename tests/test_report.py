@@ -12,8 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
 
-from bench.cli import main
-from reports.report import write_report
+from switchbench.cli import main
+from switchbench.reports.report import write_report
 
 HOSTILE = "<script>alert(1)</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -145,7 +145,6 @@ def test_report_in_a_real_browser(fixture_results, tmp_path):
 def test_report_from_a_quick_main_job(tmp_path):
     """switchbench all --quick end to end into a temporary folder, then the report in the browser if present."""
     results = tmp_path / "results"
-    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "published", results / "published")
     assert (
         main(["all", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"), "--json"]) == 0
     )

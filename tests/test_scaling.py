@@ -4,9 +4,9 @@ import csv
 
 import pytest
 
-from bench import scaling
-from bench.accounting import exact_cost
-from models.presets import PRESETS
+from switchbench.bench import scaling
+from switchbench.bench.accounting import exact_cost
+from switchbench.models.presets import PRESETS
 
 
 @pytest.mark.parametrize("preset", [p for series in scaling.SERIES.values() for p in series.values()])

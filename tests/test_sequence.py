@@ -9,14 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.config import ModelConfig
-from models.lm import LanguageModel, SequenceClassifier
-from models.moa import MoAAttention
-from models.observe import Observable, observe
-from models.presets import PRESETS
-from models.sigma_moe import SigmaMoE
-from models.switchhead import SwitchHeadAttention
-from models.window import make_window
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import LanguageModel, SequenceClassifier
+from switchbench.models.moa import MoAAttention
+from switchbench.models.observe import Observable, observe
+from switchbench.models.presets import PRESETS
+from switchbench.models.sigma_moe import SigmaMoE
+from switchbench.models.switchhead import SwitchHeadAttention
+from switchbench.models.window import make_window
 
 FAMILIES = ("transformer", "switchhead", "moa", "switchall")
 POSITIONS = ("xl", "rope")

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import gate, speed
-from bench.cli import main
-from models.attention_dense import DenseAttention
-from models.switchhead import SwitchHeadAttention
+from switchbench.bench import gate, speed
+from switchbench.cli import main
+from switchbench.models.attention_dense import DenseAttention
+from switchbench.models.switchhead import SwitchHeadAttention
 
 BASELINE = Path(__file__).resolve().parent.parent / "results" / "baselines" / "cpu.json"
 
@@ -129,7 +129,7 @@ def test_cli_bad_input(capsys, argv, message):
                     reason="torchrun not installed")  # fmt: skip
 def test_distributed_data_parallel_with_gloo(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "bench.cli", "speed", "--device", "cpu",
+    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "switchbench", "speed", "--device", "cpu",
            "--presets", "tiny-transformer", "tiny-switchhead", "--scopes", "model", "--rounds", "2", "--warmup", "1",
            "--batch", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.results import to_csv, write_atomic
-from models.presets import PRESETS
+from switchbench.bench.results import to_csv, write_atomic
+from switchbench.models.presets import PRESETS
 
 from . import checkpoint, listops, text
 

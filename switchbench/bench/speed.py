@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from models.lm import ATTENTIONS, LanguageModel
-from models.presets import PRESETS
-from models.window import make_window
+from switchbench.models.lm import ATTENTIONS, LanguageModel
+from switchbench.models.presets import PRESETS
+from switchbench.models.window import make_window
 
 from .accounting import exact_cost, model_macs
 from .measure import count_saved_floats

@@ -11,7 +11,7 @@ the one that reproduces the published cells.
 
 from dataclasses import dataclass
 
-from models.config import ModelConfig
+from switchbench.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

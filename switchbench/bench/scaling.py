@@ -7,8 +7,8 @@ evaluates it from 128 to 16384 tokens; the cross-over length b / a is where the 
 
 from pathlib import Path
 
-from models.config import ModelConfig
-from models.presets import PRESETS
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
 from .results import save_figure, to_csv, write_atomic

@@ -4,8 +4,8 @@ from functools import cache
 
 import torch
 
-from models.config import ModelConfig
-from models.lm import LanguageModel, count_parameters
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import LanguageModel, count_parameters
 
 
 @cache

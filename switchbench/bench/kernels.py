@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from models.expert_matmul import expert_matmul, route
-from models.presets import PRESETS
+from switchbench.models.expert_matmul import expert_matmul, route
+from switchbench.models.presets import PRESETS
 
 SIZES = {
     "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),

@@ -1,11 +1,12 @@
 """Language-model text as bytes: the embedded default (Shakespeare's The Tempest, public domain), any text file,
 or a Hugging Face dataset saved on this machine."""
 
+from importlib.resources import files
 from pathlib import Path
 
 import torch
 
-DEFAULT_TEXT = Path(__file__).resolve().parent / "data" / "tempest.txt"
+DEFAULT_TEXT = files("switchbench.analysis") / "data" / "tempest.txt"
 VOCAB = 256  # bytes
 
 

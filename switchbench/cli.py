@@ -6,11 +6,11 @@ import json
 import sys
 from pathlib import Path
 
-from models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
-from models.presets import PRESETS, from_name
+from switchbench.models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
+from switchbench.models.presets import PRESETS, from_name
 
-from .kernels import SIZES
-from .params import parameter_counts
+from .bench.kernels import SIZES
+from .bench.params import parameter_counts
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -187,8 +187,8 @@ def run_params(args) -> None:
 
 
 def run_count(args) -> None:
-    from . import tables
-    from .measure import cost_views
+    from .bench import tables
+    from .bench.measure import cost_views
 
     cfg = config_from_args(args)
     views = cost_views(cfg)
@@ -220,7 +220,7 @@ def _count(value) -> str:
 
 
 def run_tables(args) -> None:
-    from . import tables
+    from .bench import tables
 
     built = tables.all_tables()
     written = tables.write_tables(Path(args.out), built)
@@ -249,7 +249,7 @@ def run_tables(args) -> None:
 
 
 def run_sweep(args) -> None:
-    from . import scaling
+    from .bench import scaling
 
     rows = scaling.sweep()
     written = scaling.write_sweep(Path(args.out), rows)
@@ -277,8 +277,8 @@ def run_speed(args) -> None:
 
     import torch
 
-    from . import speed
-    from .results import save_run
+    from .bench import speed
+    from .bench.results import save_run
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -349,9 +349,9 @@ def _speed_row(r: dict) -> dict:
 def _published_wallclock() -> list[dict]:
     import csv
 
-    from .tables import ROOT
+    from .bench.published import WALLCLOCK
 
-    with open(ROOT / "results" / "published" / "published_wallclock.csv", newline="") as f:
+    with WALLCLOCK.open(newline="") as f:
         return [
             {"size": r["size"], "model": r["model"], "heads": r["n_heads_active"], "ms/iter": r["ms_per_iter"],
              "rel. time": r["rel_time"], "GPU memory": f"{r['gpu_mem_gb']}G", "rel. memory": r["rel_mem"],
@@ -361,7 +361,7 @@ def _published_wallclock() -> list[dict]:
 
 
 def run_check(args) -> int:
-    from . import gate
+    from .bench import gate
 
     run = gate.load_run(Path(args.run_file))
     if args.write:
@@ -385,7 +385,7 @@ def run_check(args) -> int:
 
 
 def run_train(args) -> None:
-    from analysis.train import TrainConfig, default_preset, train
+    from switchbench.analysis.train import TrainConfig, default_preset, train
 
     preset = args.preset or default_preset(args.task, args.model)
     import torch
@@ -403,7 +403,7 @@ def run_train(args) -> None:
 
 
 def run_analyze(args) -> None:
-    from analysis.analyze import analyze
+    from switchbench.analysis.analyze import analyze
 
     first = Path(args.checkpoints[0])
     out = Path(
@@ -420,9 +420,9 @@ def run_analyze(args) -> None:
 def run_kernel_bench(args) -> None:
     import torch
 
-    from . import kernels
-    from .environment import environment
-    from .results import save_run
+    from .bench import kernels
+    from .bench.environment import environment
+    from .bench.results import save_run
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -461,7 +461,7 @@ def _slug(text: str) -> str:
 
 
 def run_report(args) -> None:
-    from reports.report import write_report
+    from switchbench.reports.report import write_report
 
     if not Path(args.results).is_dir():
         raise ValueError(f"no results folder at {args.results}")
@@ -471,7 +471,7 @@ def run_report(args) -> None:
 def _report_environment() -> dict:
     import torch
 
-    from .environment import environment
+    from .bench.environment import environment
 
     env = environment("cuda" if torch.cuda.is_available() else "cpu")
     return {key: value for key, value in env.items() if value is not None}
@@ -481,12 +481,12 @@ def run_all(args) -> None:
     """Tables, cost sweep, speed on this device, the analysis pair trained and analysed, and the report."""
     import torch
 
-    from analysis.analyze import analyze
-    from analysis.train import TrainConfig, default_preset, train
-    from reports.report import write_report
+    from switchbench.analysis.analyze import analyze
+    from switchbench.analysis.train import TrainConfig, default_preset, train
+    from switchbench.reports.report import write_report
 
-    from . import scaling, speed, tables
-    from .results import save_run
+    from .bench import scaling, speed, tables
+    from .bench.results import save_run
 
     results, runs, log = Path(args.results), Path(args.runs), {}
     step = _stepper(args.json)

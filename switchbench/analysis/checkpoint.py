@@ -5,9 +5,9 @@ from pathlib import Path
 
 import torch
 
-from bench.results import replace_atomically
-from models.config import ModelConfig
-from models.lm import LanguageModel, SequenceClassifier
+from switchbench.bench.results import replace_atomically
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import LanguageModel, SequenceClassifier
 
 FORMAT = "switchbench-checkpoint-1"
 

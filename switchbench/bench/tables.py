@@ -4,15 +4,14 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from models.config import ModelConfig
-from models.presets import PRESETS
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, format_paper, paper_cost, parse_paper
 from .measure import cost_views
+from .published import TABLES as PUBLISHED
 from .results import to_csv, write_atomic
 
-ROOT = Path(__file__).resolve().parent.parent
-PUBLISHED = ROOT / "results" / "published" / "published_tables.csv"
 TABLES = ("1", "2", "3", "7")
 MAC_MATCHED = (
     "macmatched-63m-switchhead-h3",
@@ -46,8 +45,8 @@ class PublishedRow:
         return f"{self.dataset}-{self.params.lower()}-{self.model}-h{self.n_heads}"
 
 
-def published_rows(path: Path = PUBLISHED) -> list[PublishedRow]:
-    with open(path, newline="") as f:
+def published_rows(path=PUBLISHED) -> list[PublishedRow]:
+    with path.open(newline="") as f:
         return [
             PublishedRow(
                 r["table"], r["dataset"], r["params"], r["model"], int(r["n_heads"]),
@@ -195,7 +194,7 @@ def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
 
     metadata = environment("cpu") | {
         "command": "switchbench tables",
-        "published": str(PUBLISHED.relative_to(ROOT)),
+        "published": "switchbench/bench/data/published_tables.csv",
     }
     written = [write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
     for name, rows in built.items():

@@ -38,7 +38,7 @@ def _version(package: str) -> str | None:
 
 
 def _commit() -> str | None:
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         dirty = subprocess.run(

@@ -12,9 +12,9 @@ from functools import cache
 import torch
 from torch import nn
 
-from models.config import ModelConfig
-from models.lm import ATTENTIONS
-from models.window import make_window
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import ATTENTIONS
+from switchbench.models.window import make_window
 
 from . import accounting
 

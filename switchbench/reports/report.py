@@ -8,15 +8,15 @@ from pathlib import Path
 
 import jinja2
 
-from bench.results import newest, write_atomic
+from switchbench.bench.published import WALLCLOCK
+from switchbench.bench.results import newest, write_atomic
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
           "macmatched": "MAC-matched variants"}  # fmt: skip
 
 
-def _csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
+def _csv(path) -> list[dict]:
+    with path.open(newline="") as f:
         return list(csv.DictReader(f))
 
 
@@ -57,16 +57,13 @@ def collect(results: Path) -> dict:
             "preferences": _csv(run / "preferences.csv")[:60] if (run / "preferences.csv").exists() else [],
             "log": _csv(run / "training_log.csv") if (run / "training_log.csv").exists() else [],
         })  # fmt: skip
-    from bench.tables import ROOT
-
-    published = ROOT / "results" / "published" / "published_wallclock.csv"
     return {
         "tables": tables,
         "sweep": {"image": _image(results / "tables" / "cost_scaling.png"), "rows": _crossovers(_csv(sweep))}
         if sweep.exists()
         else None,
         "speed": _newest_per_device(results / "speed"),
-        "table5": _csv(published) if published.exists() else [],
+        "table5": _csv(WALLCLOCK),
         "kernels": _runs([newest(results / "kernels")]),
         "analyses": analyses,
     }
@@ -110,7 +107,7 @@ def _mib(value) -> str:
 
 
 def render(data: dict, environment: dict) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
     env.filters.update(number=_number, percent=_percent, mib=_mib)
     return env.get_template("report.html.j2").render(environment=environment, **data)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.results import save_figure, to_csv, write_atomic
-from models.observe import observe
+from switchbench.bench.results import save_figure, to_csv, write_atomic
+from switchbench.models.observe import observe
 
 from . import checkpoint, listops, plots, stats, text
 
@@ -82,7 +82,7 @@ def analyze(
         if table:
             written.append(write_atomic(out / f"{name}.csv", to_csv(table)))
     written += _curves(runs, paths, out)
-    from bench.environment import environment
+    from switchbench.bench.environment import environment
 
     metadata = environment("cpu") | {
         "command": "switchbench analyze",

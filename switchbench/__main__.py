@@ -1,0 +1,5 @@
+import sys
+
+from switchbench.cli import main
+
+sys.exit(main())
