@@ -1,5 +1,8 @@
 """The paper-convention cost functions reproduce every published MAC and memory cell of Tables 1, 2, 3 and 7."""
 
+import json
+
+import pandas as pd
 import pytest
 
 from switchbench.bench import accounting, tables
@@ -97,6 +100,13 @@ def test_tables_files(tmp_path):
         for ext in ("csv", "md", "tex")
     ]
     assert sorted(p.name for p in written) == sorted(["metadata.json", *names])
-    md = (tmp_path / "table2.md").read_text()
-    assert "| c4-262m-switchhead-h4 |" in md and "43.9%" in md
-    assert (tmp_path / "table7.tex").read_text().count(r"\\") > 10
+    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "table2.md").read_text().splitlines()
+            if line.startswith("| ")}  # fmt: skip
+    assert "| 43.9% " in rows["c4-262m-switchhead-h4"]  # the headline MAC ratio
+    tex = (tmp_path / "table7.tex").read_text()
+    assert tex.count(r"\\") == 1 + len(tables.table_rows("7")) and r"65.4\%" in tex
+    assert pd.read_csv(tmp_path / "table2.csv")["preset"].tolist() == [
+        r["preset"] for r in tables.table_rows("2")
+    ]
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert sorted(metadata["files"]) == sorted(names)

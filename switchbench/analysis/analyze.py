@@ -1,14 +1,16 @@
 """The routing analysis of trained checkpoints: attention-map maxima, per-head expert selections, usage
 statistics; figures (PNG, SVG) with the numbers behind them (CSV) under one folder."""
 
-import csv
 import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from switchbench.bench.results import save_figure, to_csv, write_atomic
+from switchbench.bench.command import add_json, emit
+from switchbench.bench.environment import environment
+from switchbench.bench.results import read_csv, save_figure, write_atomic, write_csv
 from switchbench.models.observe import observe
 
 from . import checkpoint, listops, plots, stats, text
@@ -80,9 +82,8 @@ def analyze(
     written += save_figure(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
     for name, table in rows.items():
         if table:
-            written.append(write_atomic(out / f"{name}.csv", to_csv(table)))
+            written.append(write_csv(out / f"{name}.csv", table))
     written += _curves(runs, paths, out)
-    from switchbench.bench.environment import environment
 
     metadata = environment("cpu") | {
         "command": "switchbench analyze",
@@ -189,16 +190,37 @@ def _label(run: dict, token: int) -> str:
 
 
 def _curves(runs: list[dict], paths: list[Path], out: Path) -> list[Path]:
-    logs = {}
-    for run, path in zip(runs, paths, strict=True):
-        log = Path(path).parent / "log.csv"
-        if log.exists():
-            with open(log, newline="") as f:
-                logs[run["name"]] = list(csv.DictReader(f))
+    logs = [
+        read_csv(Path(path).parent / "log.csv").assign(model=run["name"])
+        for run, path in zip(runs, paths, strict=True)
+        if (Path(path).parent / "log.csv").exists()
+    ]
     if not logs:
         return []
+    rows = pd.concat(logs, ignore_index=True)
+    rows = rows[["model", *(c for c in rows.columns if c != "model")]]
     metric = "val_accuracy" if runs[0]["task"] == "listops" else "val_bits_per_byte"
-    written = save_figure(plots.training_curves(logs, metric, "Training curves"), out / "training_curves")
-    rows = [{"model": name} | row for name, log in logs.items() for row in log]
-    written.append(write_atomic(out / "training_log.csv", to_csv(rows)))
-    return written
+    written = save_figure(plots.training_curves(rows, metric, "Training curves"), out / "training_curves")
+    return [*written, write_csv(out / "training_log.csv", rows)]
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("analyze", help="attention maxima, expert selections and routing statistics")
+    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input", help="text to analyse (ListOps tokens, or any text for an LM)")
+    source.add_argument(
+        "--example", type=int, help="ListOps: which validation example (default: the longest)"
+    )
+    parser.add_argument("--out", help="default: results/analysis/<first run>")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    out = Path(args.out or Path("results/analysis") / _name(args.checkpoints[0]))
+    written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example)
+    if args.json:
+        emit({"out": str(out), "written": [str(p) for p in written]}, True)
+        return
+    print(f"wrote {len(written)} files under {out}")

@@ -3,15 +3,17 @@
 Seeded, resumable (a batch depends only on the seed and the step), logged to CSV, checkpointed atomically.
 """
 
-import csv
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
 
-from switchbench.bench.results import to_csv, write_atomic
+from switchbench.bench.command import add_json, device_from_args, emit
+from switchbench.bench.results import read_csv, write_csv
 from switchbench.models.presets import PRESETS
 
 from . import checkpoint, listops, text
@@ -127,7 +129,6 @@ class LMTask:
 
 def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = True) -> dict:
     """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last evaluation."""
-    from tqdm import tqdm
 
     out = Path(out)
     model_cfg = PRESETS[cfg.preset]
@@ -144,7 +145,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         start = saved["step"]
-        log_rows = [r for r in _read_log(out / "log.csv") if int(r["step"]) <= start]
+        log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
     state, result = None, {}
     model.train()
     for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
@@ -166,12 +167,46 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             # The checkpoint first: a run stopped between the two writes resumes without a duplicate log row.
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
                             step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
-            write_atomic(out / "log.csv", to_csv(log_rows))
+            write_csv(out / "log.csv", log_rows)
     return result or (log_rows[-1] if log_rows else {})
 
 
 def _read_log(path: Path) -> list[dict]:
+    """The rows of a run's log, missing cells left out."""
     if not path.exists():
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    return [{k: v for k, v in row.items() if pd.notna(v)} for row in read_csv(path).to_dict("records")]
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "train", help="train a small model for the routing analysis (CPU by default)"
+    )
+    parser.add_argument("--task", choices=["listops", "lm"], default="listops")
+    parser.add_argument("--model", choices=list(FAMILIES), default="switchhead")
+    parser.add_argument("--preset", help="default: listops-<model>-h<H> for ListOps, tiny-<model> for LM")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--text", help="LM: a text file instead of the embedded default")
+    parser.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
+    parser.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    preset = args.preset or default_preset(args.task, args.model)
+    cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
+                      text=args.text, hf_dataset=args.hf_dataset, device=device_from_args(args.device))  # fmt: skip
+    out = Path(args.out or f"runs/{args.task}-{preset}")
+    result = train(cfg, out, resume=args.resume, progress=not args.json)
+    if args.json:
+        emit({"run": str(out), "preset": preset, **result}, True)
+        return
+    summary = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
+    print(f"{preset}: {summary}\ncheckpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}")

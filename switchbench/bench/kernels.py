@@ -9,11 +9,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
 from switchbench.models.expert_matmul import expert_matmul, route
 from switchbench.models.presets import PRESETS
+
+from .command import DTYPES, add_json, device_from_args, emit, slug
+from .environment import environment
+from .results import save_run
 
 SIZES = {
     "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
@@ -105,7 +110,7 @@ IMPLEMENTATIONS = {"triton": _expert("triton"), "torch": _expert("torch"), "dens
 def timer(device: str) -> Callable[[Callable], float]:
     """Median milliseconds of fn(): triton's do_bench (L2 flushed, warm-up excluded) on a GPU."""
     if device == "cuda":
-        import triton
+        import triton  # optional, and only installed where there is a GPU
 
         return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
@@ -159,3 +164,36 @@ def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: li
     for r in rows:
         r["vs_dense"] = dense[(r["case"], r["pass"])] / r["ms"] if (r["case"], r["pass"]) in dense else None
     return rows
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("kernel-bench", help="expert-matmul throughput against one dense matmul")
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--batch", type=int, help="sequences (default: 64 on a GPU, 1 on the CPU)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    device = device_from_args(args.device)
+    batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1; got {batch}")
+    # Off a GPU, Triton runs in its interpreter: correct but not worth timing.
+    impls = ["triton", "torch", "dense"] if device == "cuda" else ["torch", "dense"]
+    rows = run(args.sizes, batch, device, DTYPES[args.dtype], impls)
+    metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
+    path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
+    table = [
+        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}",
+         "TFLOP/s": f"{r['tflops']:.3g}", "vs dense": f"{100 * r['vs_dense']:.0f}%"}
+        for r in rows
+    ]  # fmt: skip
+    if not args.json:
+        print(f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time")
+    emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
+    if not args.json:
+        print(f"saved {path} and its .csv")

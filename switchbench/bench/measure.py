@@ -11,6 +11,7 @@ from functools import cache
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import ATTENTIONS
@@ -60,6 +61,7 @@ def _sdpa_macs(q_shape, k_shape) -> int:
 
 
 def fvcore_macs(cfg: ModelConfig) -> int:
+    # Imported here: fvcore is not on every GPU machine, and the speed harness imports this module.
     with warnings.catch_warnings():  # fvcore's import touches the deprecated torch.jit.script
         warnings.simplefilter("ignore", DeprecationWarning)
         from fvcore.nn import FlopCountAnalysis
@@ -97,8 +99,6 @@ def _flop_formulas() -> dict:
 
 
 def flop_counter_macs(cfg: ModelConfig) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
-
     layer, x, mem, window = layer_and_inputs(cfg)
     with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
         layer(x, mem, window)

@@ -6,6 +6,9 @@ import torch
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
+from switchbench.models.presets import PRESETS
+
+from .command import add_config_args, add_json, config_from_args, describe, emit, format_table
 
 
 @cache
@@ -27,3 +30,64 @@ def parameter_counts(cfg: ModelConfig) -> dict:
             "layer_norms": count_parameters(block.ln_attn) + count_parameters(block.ln_mlp),
         },
     }
+
+
+def register(commands) -> None:
+    presets = commands.add_parser("presets", help="the named configurations and their key hyperparameters")
+    add_json(presets)
+    presets.set_defaults(run=_run_presets)
+    params = commands.add_parser("params", help="parameter counts of a preset or of any configuration")
+    add_config_args(params)
+    add_json(params)
+    params.set_defaults(run=_run_params)
+
+
+def _run_presets(args) -> None:
+    emit([_preset_row(name, cfg) for name, cfg in PRESETS.items()], args.json)
+
+
+def _run_params(args) -> None:
+    cfg = config_from_args(args)
+    counts = parameter_counts(cfg)
+    if args.json:
+        emit({"preset": args.preset, "config": cfg.to_dict(), **counts}, True)
+        return
+    per_layer = counts["per_layer"]
+    rows = [
+        {"what": "total", "parameters": counts["total"]},
+        {"what": "embedding", "parameters": counts["embedding"]},
+        {"what": "output head", "parameters": counts["head"]},
+        {"what": f"per layer (x{counts['layers']}): attention", "parameters": per_layer["attention"]},
+        {"what": "per layer: MLP", "parameters": per_layer["mlp"]},
+        {"what": "per layer: attention + MLP", "parameters": per_layer["attention_plus_mlp"]},
+        {"what": "per layer: LayerNorms", "parameters": per_layer["layer_norms"]},
+    ]
+    print(f"{args.preset or 'custom'}: {describe(cfg)}")
+    print(format_table(rows))
+
+
+def _preset_row(name: str, cfg: ModelConfig) -> dict:
+    counts = parameter_counts(cfg)
+    mlp = f"{cfg.mlp_experts}x{cfg.mlp_expert_size} K{cfg.mlp_k}" if cfg.mlp == "sigma_moe" else cfg.d_ff
+    return {
+        "preset": name,
+        "model": cfg.model,
+        "pos": cfg.pos,
+        "d_model": cfg.d_model,
+        "layers": cfg.n_layers,
+        "heads": f"{cfg.n_heads}x{cfg.d_head}",
+        "experts": _experts(cfg),
+        "mlp": mlp,
+        "T": cfg.T,
+        "C": 1 + cfg.context_blocks,
+        "params": counts["total"],
+        "layer_params": counts["per_layer"]["attention_plus_mlp"],
+    }
+
+
+def _experts(cfg: ModelConfig) -> str:
+    if cfg.attention == "switchhead":
+        return f"E{cfg.n_experts} k{cfg.k} {cfg.experts}" + (" shared" if cfg.shared_selection else "")
+    if cfg.attention == "moa":
+        return f"E{cfg.n_experts} {cfg.moa_gating}"
+    return "-"

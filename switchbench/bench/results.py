@@ -1,12 +1,13 @@
 """Result files: written whole or not at all, never over an earlier run."""
 
-import csv
-import io
 import json
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
 
 
 def replace_atomically(path: Path, write: Callable[[Path], object]) -> Path:
@@ -31,9 +32,7 @@ def write_atomic(path: Path, text: str) -> Path:
 
 
 def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
-    """A matplotlib figure as STEM.png and STEM.svg, each written atomically; the figure is closed."""
-    import matplotlib.pyplot as plt
-
+    """A matplotlib figure as STEM.png and STEM.svg, each written atomically; a pyplot figure is closed."""
     written = [
         replace_atomically(
             Path(stem).with_suffix(f".{fmt}"),
@@ -41,7 +40,7 @@ def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
         )
         for fmt in ("png", "svg")
     ]
-    plt.close(fig)
+    plt.close(fig)  # a no-op for figures made without pyplot
     return written
 
 
@@ -54,15 +53,28 @@ def new_run_stem(folder: Path, label: str) -> Path:
     return stem
 
 
-def to_csv(rows: list[dict]) -> str:
-    """CSV text with a column for every key of any row, in order of appearance; missing cells empty."""
-    buffer = io.StringIO()
-    if rows:
-        fields = list(dict.fromkeys(key for row in rows for key in row))
-        writer = csv.DictWriter(buffer, fieldnames=fields, restval="", lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    return buffer.getvalue()
+def frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """Rows as a table with a column for every key of any row; integer columns stay integers where cells are
+    missing (pandas would make them floats)."""
+    if isinstance(rows, pd.DataFrame):
+        return rows
+    table = pd.DataFrame(rows)
+    for name in table.columns:
+        values = [row[name] for row in rows if row.get(name) is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            table[name] = table[name].astype("Int64")
+    return table
+
+
+def write_csv(path: Path, rows: list[dict] | pd.DataFrame) -> Path:
+    """Rows as CSV, full precision, missing cells empty; written atomically."""
+    return replace_atomically(path, lambda tmp: frame(rows).to_csv(tmp, index=False))
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    """A CSV written by :func:`write_csv`, or shipped as package data; empty cells become missing values."""
+    with path.open(newline="") as f:
+        return pd.read_csv(f)
 
 
 def newest(folder: Path, pattern: str = "*.json") -> Path | None:
@@ -74,6 +86,6 @@ def newest(folder: Path, pattern: str = "*.json") -> Path | None:
 def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path:
     """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``; returns the JSON path."""
     stem = new_run_stem(folder, label)
-    write_atomic(stem.with_suffix(".csv"), to_csv(rows))
+    write_csv(stem.with_suffix(".csv"), rows)
     payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
     return write_atomic(stem.with_suffix(".json"), payload)

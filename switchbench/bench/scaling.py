@@ -7,11 +7,14 @@ evaluates it from 128 to 16384 tokens; the cross-over length b / a is where the 
 
 from pathlib import Path
 
+from matplotlib.figure import Figure
+
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
-from .results import save_figure, to_csv, write_atomic
+from .command import add_json, emit
+from .results import save_figure, write_csv
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 SERIES = {
@@ -72,13 +75,9 @@ def sweep() -> list[dict]:
 
 def plot(rows: list[dict], path: Path) -> list[Path]:
     """MACs and memory against T, log-log, one panel per size and quantity; crossovers marked. PNG and SVG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     sizes = list(SERIES)
-    fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
+    fig = Figure(figsize=(6 * len(sizes), 8))
+    axes = fig.subplots(2, len(sizes), squeeze=False)
     for col, size in enumerate(sizes):
         for row, (key, name, unit) in enumerate(
             (("macs", "compute", "MACs"), ("mem", "memory", "floats kept for backward"))
@@ -105,4 +104,31 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
 
 def write_sweep(folder: Path, rows: list[dict]) -> list[Path]:
     """The sweep's rows as CSV and their plot as PNG and SVG."""
-    return [write_atomic(folder / "cost_scaling.csv", to_csv(rows)), *plot(rows, folder / "cost_scaling")]
+    return [write_csv(folder / "cost_scaling.csv", rows), *plot(rows, folder / "cost_scaling")]
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("sweep", help="MACs and memory against context length, 128 to 16384 tokens")
+    parser.add_argument("--out", default="results/tables", help="folder for the CSV and the plot")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    rows = sweep()
+    written = write_sweep(Path(args.out), rows)
+    summary = [
+        {
+            "size": r["size"],
+            "model": r["model"],
+            "T where T² MACs = half": f"{r['macs_crossover_T']:,.0f}",
+            "T where T² memory = half": f"{r['mem_crossover_T']:,.0f}",
+            "MACs at 16384": f"{r['macs']:.3g}",
+            "memory at 16384": f"{r['mem']:.3g}",
+        }
+        for r in rows
+        if r["T"] == LENGTHS[-1]
+    ]
+    emit({"rows": rows, "written": [str(p) for p in written]}, args.json, summary)
+    if not args.json:
+        print(f"wrote {', '.join(str(p) for p in written)}")

@@ -1,16 +1,20 @@
 """The paper's compute/memory tables regenerated cell by cell, beside the published cells."""
 
-import csv
+import json
 from dataclasses import dataclass
 from pathlib import Path
+
+import pandas as pd
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, format_paper, paper_cost, parse_paper
+from .command import add_config_args, add_json, config_from_args, describe, emit, format_table
+from .environment import environment
 from .measure import cost_views
 from .published import TABLES as PUBLISHED
-from .results import to_csv, write_atomic
+from .results import frame, read_csv, write_atomic, write_csv
 
 TABLES = ("1", "2", "3", "7")
 MAC_MATCHED = (
@@ -46,14 +50,13 @@ class PublishedRow:
 
 
 def published_rows(path=PUBLISHED) -> list[PublishedRow]:
-    with path.open(newline="") as f:
-        return [
-            PublishedRow(
-                r["table"], r["dataset"], r["params"], r["model"], int(r["n_heads"]),
-                r["macs_published"], r["mem_published"], r["note"],
-            )
-            for r in csv.DictReader(f)
-        ]  # fmt: skip
+    table = read_csv(path).astype({"table": str}).fillna({"note": ""})
+    return [
+        PublishedRow(
+            r.table, r.dataset, r.params, r.model, int(r.n_heads), r.macs_published, r.mem_published, r.note
+        )
+        for r in table.itertuples()
+    ]
 
 
 def as_printed(value: int, cell: str, table: str) -> str:
@@ -187,23 +190,23 @@ def all_tables() -> dict[str, list[dict]]:
 
 
 def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
-    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`, and how they were made."""
-    import json
-
-    from .environment import environment
-
+    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`; metadata.json last, naming them."""
+    written = []
+    for name, rows in built.items():
+        table, shown = frame(rows), _printable(frame(rows))
+        written += [
+            write_csv(folder / f"{name}.csv", table),
+            write_atomic(folder / f"{name}.md", f"# {_title(name)}\n\n{shown.to_markdown(index=False)}\n"),
+            write_atomic(
+                folder / f"{name}.tex", f"% {_title(name)}\n{shown.to_latex(index=False, escape=True)}"
+            ),
+        ]
     metadata = environment("cpu") | {
         "command": "switchbench tables",
         "published": "switchbench/bench/data/published_tables.csv",
+        "files": [p.name for p in written],
     }
-    written = [write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
-    for name, rows in built.items():
-        written += [
-            write_atomic(folder / f"{name}.csv", to_csv(rows)),
-            write_atomic(folder / f"{name}.md", to_markdown(rows, _title(name))),
-            write_atomic(folder / f"{name}.tex", to_latex(rows, _title(name))),
-        ]
-    return written
+    return [*written, write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
 
 
 def _title(name: str) -> str:
@@ -212,31 +215,85 @@ def _title(name: str) -> str:
     return f"Paper Table {name[5:]}: MACs and memory of one attention layer, one sequence, forward"
 
 
-def _cell(value) -> str:
-    if isinstance(value, float):
-        return f"{100 * value:.1f}%"
-    if isinstance(value, int):
-        return f"{value:,}"
-    return str(value)
+def _printable(table: pd.DataFrame) -> pd.DataFrame:
+    """Ratios as percentages and counts with thousands separators, as text for Markdown and LaTeX."""
+
+    def cell(value) -> str:
+        if pd.isna(value):
+            return ""
+        if isinstance(value, float):
+            return f"{100 * value:.1f}%"
+        return f"{value:,}" if isinstance(value, int) else str(value)
+
+    return table.astype(object).map(cell)
 
 
-def to_markdown(rows: list[dict], title: str) -> str:
-    header = list(rows[0])
-    lines = [f"# {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(r[h]).replace("|", "\\|") for h in header) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
+def register(commands) -> None:
+    tables = commands.add_parser("tables", help="regenerate the paper's Tables 1, 2, 3 and 7 cell by cell")
+    tables.add_argument("--out", default="results/tables", help="folder for CSV, Markdown and LaTeX")
+    add_json(tables)
+    tables.set_defaults(run=_run_tables)
+    count = commands.add_parser("count", help="MACs and memory of one attention layer, every view")
+    add_config_args(count)
+    add_json(count)
+    count.set_defaults(run=_run_count)
 
 
-def to_latex(rows: list[dict], title: str) -> str:
-    def tex(text: str) -> str:
-        for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#")):
-            text = text.replace(a, b)
-        return text
+def _run_tables(args) -> None:
+    built = all_tables()
+    written = write_tables(Path(args.out), built)
+    summary = [
+        {
+            "table": t,
+            "preset": r["preset"],
+            "MACs published": r["macs_published"],
+            "MACs paper": r["macs_paper_printed"],
+            "mem published": r["mem_published"],
+            "mem paper": r["mem_paper_printed"],
+            "MACs vs dense": f"{100 * r['macs_vs_dense']:.1f}%",
+            "mem vs dense": f"{100 * r['mem_vs_dense']:.1f}%",
+            "reproduced": r["reproduced"],
+        }
+        for t in TABLES
+        for r in built[f"table{t}"]
+    ]
+    emit({"rows": summary, "written": [str(p) for p in written]}, args.json, summary)
+    if not args.json:
+        print(f"wrote {len(written)} files under {args.out}")
 
-    header = list(rows[0])
-    lines = [f"% {title}", r"\begin{tabular}{" + "l" * len(header) + "}", r"\toprule"]
-    lines.append(" & ".join(tex(h) for h in header) + r" \\")
-    lines.append(r"\midrule")
-    lines += [" & ".join(tex(_cell(r[h])) for h in header) + r" \\" for r in rows]
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    return "\n".join(lines) + "\n"
+
+_VIEWS = {
+    "paper": "paper's convention (its table script)",
+    "printed_eq": "paper's printed equations",
+    "exact": "exact, this implementation",
+    "fvcore": "measured: fvcore",
+    "flop_counter": "measured: FlopCounterMode / 2",
+    "saved_floats": "measured: saved-tensor hooks",
+}
+
+
+def _run_count(args) -> None:
+    cfg = config_from_args(args)
+    views = cost_views(cfg)
+    published = [r for r in published_rows() if PRESETS.get(r.preset) == cfg]
+    if args.json:
+        rows = [{"table": r.table, "preset": r.preset, "macs": r.macs, "mem": r.mem} for r in published]
+        emit({"config": cfg.to_dict(), "published": rows, **views}, True)
+        return
+    rows = [{"view": f"published, Table {r.table} ({r.preset})", "MACs": r.macs, "memory (floats)": r.mem}
+            for r in published]  # fmt: skip
+    rows += [
+        {
+            "view": label,
+            "MACs": _or_dash(views.get(f"macs_{key}")),
+            "memory (floats)": _or_dash(views.get(f"mem_{key}")),
+        }
+        for key, label in _VIEWS.items()
+    ]
+    print(f"{args.preset or 'custom'}: {describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
+          f"C = {1 + cfg.context_blocks}, forward")  # fmt: skip
+    print(format_table(rows))
+
+
+def _or_dash(value):
+    return "-" if value is None else value

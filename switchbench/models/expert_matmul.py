@@ -155,7 +155,7 @@ _expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _implementation(impl: str):
     if impl == "triton":
-        from . import expert_matmul_triton
+        from . import expert_matmul_triton  # triton is optional: imported only when its kernels are asked for
 
         return expert_matmul_triton
     return TorchExpertMatmul

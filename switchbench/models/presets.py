@@ -1,6 +1,8 @@
 """Named configurations: every model row of the SwitchHead paper's Tables 1, 2, 3 and 7 (named
 ``{dataset}-{params}-{model}-h{heads}``), the MAC-matched variants of its section 3.5, and tiny CPU models."""
 
+import difflib
+
 from .config import ModelConfig
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
@@ -122,8 +124,6 @@ def from_name(name: str) -> ModelConfig:
     """The preset called ``name``; ValueError naming the closest ones if there is none."""
     if name in PRESETS:
         return PRESETS[name]
-    import difflib
-
     close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else "; `switchbench presets` lists them"
     raise ValueError(f"unknown preset {name!r}{hint}")

@@ -2,22 +2,23 @@
 kind; token strings and file contents are escaped (jinja2 autoescape)."""
 
 import base64
-import csv
 import json
 from pathlib import Path
 
 import jinja2
 
+from switchbench.bench.command import device_from_args
+from switchbench.bench.environment import environment
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.results import newest, write_atomic
+from switchbench.bench.results import newest, read_csv, write_atomic
 
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
           "macmatched": "MAC-matched variants"}  # fmt: skip
 
 
 def _csv(path) -> list[dict]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    """A results CSV as rows; an empty cell is shown empty."""
+    return read_csv(path).astype(object).fillna("").to_dict("records")
 
 
 def _image(path: Path) -> str | None:
@@ -114,3 +115,22 @@ def render(data: dict, environment: dict) -> str:
 
 def write_report(results: Path, out: Path, environment: dict) -> Path:
     return write_atomic(Path(out), render(collect(results), environment))
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("report", help="one self-contained HTML report of everything measured")
+    parser.add_argument("--results", default="results", help="the results folder to report on")
+    parser.add_argument("--out", default="results/report.html")
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    if not Path(args.results).is_dir():
+        raise ValueError(f"no results folder at {args.results}")
+    print(f"wrote {write_report(Path(args.results), Path(args.out), report_environment())}")
+
+
+def report_environment() -> dict:
+    """Where the report was made, without the fields this machine does not have."""
+    env = environment(device_from_args(None))
+    return {key: value for key, value in env.items() if value is not None}

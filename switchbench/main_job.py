@@ -1,0 +1,117 @@
+"""``switchbench all``: the main job, a declared sequence of steps over the embedded default.
+
+Tables and the cost sweep, speed on this device, the ListOps analysis pair trained and analysed, the report.
+"""
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from switchbench.analysis.analyze import analyze
+from switchbench.analysis.train import TrainConfig, default_preset, train
+from switchbench.bench import scaling, speed, tables
+from switchbench.bench.command import add_json, device_from_args, slug
+from switchbench.bench.results import save_run
+from switchbench.reports.report import report_environment, write_report
+
+PAIR = ("dense", "switchhead")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    run: Callable[
+        [argparse.Namespace, Path, Path], object
+    ]  # (args, results, runs) -> what the JSON log keeps
+
+
+def _tables(args, results: Path, runs: Path) -> list[str]:
+    return [str(p) for p in tables.write_tables(results / "tables", tables.all_tables())]
+
+
+def _sweep(args, results: Path, runs: Path) -> list[str]:
+    return [str(p) for p in scaling.write_sweep(results / "tables", scaling.sweep())]
+
+
+def _speed(args, results: Path, runs: Path) -> str:
+    device = device_from_args(None)
+    if device == "cuda":
+        groups = (
+            {"47m": speed.GROUPS["47m"]} if args.quick else {g: speed.GROUPS[g] for g in speed.GPU_GROUPS}
+        )
+        scopes, dtype, batch = ("model", "layer"), "bf16", 16 if args.quick else 64
+    else:
+        groups, scopes, dtype, batch = {"gate": speed.GATE_LAYERS}, ("layer",), "fp32", 4
+    rounds = 10 if args.quick else 20
+    rows = speed.run(groups, scopes, device, speed.DTYPES[dtype], batch, rounds, 2)
+    metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2)
+    return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
+
+
+def _trainer(model: str) -> Callable:
+    def step(args, results: Path, runs: Path) -> dict:
+        preset = default_preset("listops", model)
+        cfg = TrainConfig("listops", preset, steps=_steps(args), eval_every=50 if args.quick else 100,
+                          device=device_from_args(None))  # fmt: skip
+        return train(cfg, runs / f"listops-{preset}", progress=not args.json)
+
+    return step
+
+
+def _checkpoints(runs: Path) -> list[Path]:
+    return [runs / f"listops-{default_preset('listops', model)}" / "checkpoint.pt" for model in PAIR]
+
+
+def _analysis(args, results: Path, runs: Path) -> int:
+    sample = 64 if args.quick else 256
+    return len(analyze(_checkpoints(runs), results / "analysis" / "listops", sample=sample))
+
+
+def _report(args, results: Path, runs: Path) -> str:
+    return str(write_report(results, results / "report.html", report_environment()))
+
+
+def _steps(args) -> int:
+    return 150 if args.quick else 1000
+
+
+STEPS = (
+    Step("tables", _tables),
+    Step("cost sweep", _sweep),
+    Step("speed", _speed),
+    *(Step(f"training {default_preset('listops', model)}", _trainer(model)) for model in PAIR),
+    Step("routing analysis", _analysis),
+    Step("report", _report),
+)
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("all", help="the main job: tables, sweep, speed, training, analysis, report")
+    parser.add_argument("--quick", action="store_true", help="a few minutes on a 2-core CPU")
+    parser.add_argument("--results", default="results", help="where results and the report go")
+    parser.add_argument("--runs", default="runs", help="where the analysis models are trained")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> None:
+    results, runs, log = Path(args.results), Path(args.runs), {}
+    for step in STEPS:
+        start = time.perf_counter()
+        if not args.json:
+            print(f"== {step.name}", flush=True)
+        log[step.name] = step.run(args, results, runs)
+        if not args.json:
+            print(f"   done in {time.perf_counter() - start:.0f} s", flush=True)
+    if args.json:
+        print(json.dumps(log, indent=2))
+        return
+    for model in PAIR:
+        preset = default_preset("listops", model)
+        result = log[f"training {preset}"]
+        print(f"{preset}: validation accuracy {result['val_accuracy']:.1%} "
+              f"(majority class {result['majority_class']:.1%})")  # fmt: skip
+    print(f"report: {log['report']}")

@@ -1,0 +1,60 @@
+"""The built wheel adds one import name and runs from any folder, its data read as package data."""
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)]
+    subprocess.run(build, check=True, capture_output=True)
+    (path,) = dist.glob("switchbench-*.whl")
+    return path
+
+
+@pytest.mark.slow
+def test_wheel_holds_one_top_level_name_and_its_data(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"switchbench"}
+    for data in (
+        "bench/data/published_tables.csv",
+        "analysis/data/tempest.txt",
+        "reports/templates/report.html.j2",
+    ):
+        assert f"switchbench/{data}" in names
+
+
+@pytest.mark.slow
+def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    # The dependencies come from this environment (no download); a path listed in a .pth file is not itself
+    # scanned for .pth files, so this environment's editable switchbench stays invisible there.
+    Path(site, "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    pip = [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)]
+    subprocess.run(pip, check=True, capture_output=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    where = subprocess.run([python, "-c", "import switchbench; print(switchbench.__file__)"], cwd=elsewhere,
+                           check=True, capture_output=True, text=True, env=env).stdout  # fmt: skip
+    assert where.startswith(site)
+    tables = subprocess.run([venv / "bin" / "switchbench", "tables", "--out", "out", "--json"], cwd=elsewhere,
+                            capture_output=True, text=True, env=env)  # fmt: skip
+    assert tables.returncode == 0, tables.stderr
+    rows = json.loads(tables.stdout)["rows"]
+    assert len(rows) == 55 and {r["reproduced"] for r in rows} == {"yes", "with C = 2"}
+    assert (elsewhere / "out" / "table2.csv").exists()
