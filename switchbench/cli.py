@@ -9,6 +9,7 @@ from pathlib import Path
 from switchbench.models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
 from switchbench.models.presets import PRESETS, from_name
 
+from .bench import kernel_check
 from .bench.kernels import SIZES
 from .bench.params import parameter_counts
 
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     kernels.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
     _add_json(kernels)
     kernels.set_defaults(run=run_kernel_bench)
+
+    kernel_check.register(commands)
 
     count = commands.add_parser("count", help="MACs and memory of one attention layer, every view")
     add_config_args(count)

@@ -10,6 +10,7 @@ Autotuning is keyed on the token-slot count rounded up to a power of two, so a n
 reuses the tuning of its bucket.
 """
 
+import contextlib
 import os
 
 import torch
@@ -167,9 +168,26 @@ _scatter_matmul_tuned = triton.autotune(_CONFIGS, key=_KEY)(_scatter_matmul_kern
 _grouped_outer_tuned = triton.autotune(_CONFIGS, key=_KEY)(_grouped_outer_kernel)
 
 
+_recorded: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (kernel, autotuner, args, constexprs) of each launch instead of running it: kernel-check
+    compiles the launches of meta tensors ahead of time."""
+    global _recorded
+    _recorded = []
+    try:
+        yield _recorded
+    finally:
+        _recorded = None
+
+
 def _launch(kernel, tuned, grid, *args, **constants):
     """The autotuned kernel on a GPU; one fixed small configuration in the (slow) interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if _recorded is not None:
+        _recorded.append((kernel, tuned, args, constants))
+    elif os.environ.get("TRITON_INTERPRET") == "1":
         kernel[grid(_INTERPRETER_CONFIG)](*args, **constants, **_INTERPRETER_CONFIG)
     else:
         tuned[grid](*args, **constants)
