@@ -434,9 +434,7 @@ def run_kernel_bench(args) -> None:
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
     dtype = getattr(torch, DTYPES[args.dtype])
-    # Off a GPU, Triton runs in its interpreter: correct but not worth timing.
-    impls = ["triton", "torch", "dense"] if device == "cuda" else ["torch", "dense"]
-    rows = kernels.run(args.sizes, batch, device, dtype, impls)
+    rows = kernels.run(args.sizes, batch, device, dtype, kernels.default_impls(device))
     metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
     label = f"{_slug(metadata['device'])}-{args.dtype}-b{batch}"
     path = save_run(Path(args.out), label, metadata, rows)

@@ -2,9 +2,9 @@
 
 Each pass (a kernel or an eager PyTorch op of the current implementation) moves bytes between DRAM and the chip
 and does MACs; its time is at least max(bytes / bandwidth, 2 * MACs / peak). Convention: every operand is read
-once and every result written once, except a gathered operand of the scatter kernel, which is read again for
-each tile of the other dimension when the grid walks the M tiles fastest and it is larger than the L2 (50 MB,
-H100/H200). Index and routing arrays are counted; launch overheads and L2 hits on re-read rows are not.
+once and every result written once (the kernels walk N tiles fastest, so the CTAs sharing a gathered tile run
+together); a gathered operand costs one row per slot. Feature widths count padded to ALIGN. Index and routing
+arrays are counted; launch overheads, L2 hits on rows gathered twice and the gate scatter ([N, E]) are not.
 """
 
 import math
@@ -17,40 +17,45 @@ GPUS = {
     "H200": (4.8e12, {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
     "A100 SXM": (2.039e12, {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
 }
-L2_BYTES = 50e6
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-ROW_TILE = 128  # the BLOCK_N the re-read count assumes
+ALIGN, NARROWEST_N = 16, 64  # expert_matmul_triton's padding and its smallest BLOCK_N
 
 
 def passes(case: Case, b: int) -> list[tuple[str, float, float]]:
     """(pass, bytes, MACs) of the expert matmul's forward and backward, as implemented."""
-    n, s, s_in, s_out, d_in, d_out = (
-        case.tokens,
-        case.slots,
-        case.in_groups,
-        case.out_groups,
-        case.d_in,
-        case.d_out,
-    )
+    n, s, s_in, s_out = case.tokens, case.slots, case.in_groups, case.out_groups
+    d_in, d_out = _padded(case.d_in), _padded(case.d_out)
     m, e = n * s, case.groups * case.experts_per_group
     macs = m * d_in * d_out
     weight, index = e * d_in * d_out * b, m * 8 + (m * b if case.gated else 0)
-    out = [
-        ("forward matmul", _gathered(m * d_in * b, d_out) + weight + m * d_out * b + index, macs),
-        ("forward slot sum", m * d_out * b + n * s_out * d_out * b, 0),
-        ("grad_x matmul", _gathered(m * d_out * b, d_in) + weight + m * d_in * b + m * 8, macs),
-        ("grad_w matmul", m * (d_in + d_out) * b + weight + index, macs),
-    ]
-    unique_x = n * s_in * d_in
-    if case.gated:  # the eager gate-gradient tail: fp32 copies, product, row sums, gated copy
-        out += [
-            ("gate grad: fp32 copies", m * d_in * (b + 4) + unique_x * (b + 4), 0),
-            ("gate grad: product", m * d_in * 8 + unique_x * 4, 0),
-            ("gate grad: row sums", m * d_in * 4 + m * 4, 0),
-            ("grad_x gating", 2 * m * d_in * b + m * b, 0),
-        ]
-    out.append(("grad_x slot sum", m * d_in * b + unique_x * b, 0))
-    return out
+    out = _pad(case.d_in, n * s_in, b, "forward: pad x")
+    out += [("forward matmul", m * d_in * b + weight + m * d_out * b + index, macs)]
+    out += _slot_sum(case.d_out, m, n * s_out, b, "forward slot sum")
+    out += _pad(case.d_in, n * s_in, b, "backward: pad x") + _pad(
+        case.d_out, n * s_out, b, "backward: pad grad"
+    )
+    grad_x = m * d_out * b + weight + m * d_in * b + index
+    if (
+        case.gated
+    ):  # the gate-gradient epilogue: x rows gathered, fp32 partials per N tile zeroed, written, summed
+        grad_x += m * d_in * b + 3 * math.ceil(d_in / NARROWEST_N) * m * 4
+    out += [("grad_x matmul", grad_x, macs), ("grad_w matmul", m * (d_in + d_out) * b + weight + index, macs)]
+    return out + _slot_sum(case.d_in, m, n * s_in, b, "grad_x slot sum")
+
+
+def _padded(width: int) -> int:
+    return math.ceil(width / ALIGN) * ALIGN
+
+
+def _pad(width: int, rows: int, b: int, name: str) -> list:
+    return [] if width % ALIGN == 0 else [(name, rows * (width + _padded(width)) * b, 0)]
+
+
+def _slot_sum(width: int, slots: int, rows: int, b: int, name: str) -> list:
+    """Summing slots into rows reads every slot row; one slot per row is a view, or a copy when padded."""
+    if slots == rows and width % ALIGN == 0:
+        return []
+    return [(name, (slots * _padded(width) + rows * width) * b, 0)]
 
 
 def dense_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
@@ -67,10 +72,6 @@ def dense_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         ("dense grad_x", y + w + a, macs),
         ("dense grad_w", a + y + w, macs),
     ]
-
-
-def _gathered(nbytes: float, other: int) -> float:
-    return nbytes * (math.ceil(other / ROW_TILE) if nbytes > L2_BYTES else 1)
 
 
 def milliseconds(nbytes: float, macs: float, gpu: str, dtype: str) -> float:
