@@ -10,14 +10,14 @@ import torch
 
 from switchbench import main_job
 from switchbench.analysis import analyze, train
-from switchbench.bench import gate, kernels, params, scaling, speed, tables
+from switchbench.bench import gate, kernel_check, kernels, params, scaling, speed, tables
 from switchbench.bench.command import DTYPES, format_table, slug
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.results import read_csv, save_run
 from switchbench.models.presets import PRESETS
 from switchbench.reports import report
 
-COMMANDS = (params, tables, scaling, kernels, train, analyze, report, main_job)
+COMMANDS = (params, tables, scaling, kernels, kernel_check, train, analyze, report, main_job)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,3 +52,52 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     assert {r["impl"] for r in saved["rows"]} == {"torch", "dense"}
     assert len(list(tmp_path.glob("*.csv"))) == 2
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("impl", ["grouped_mm", "loop"])
+def test_peers_match_the_torch_path_in_output_and_every_gradient(impl):
+    # 16-byte rows in bf16 for grouped_mm; an expert without tokens (3 experts, k=2 of them per token)
+    case = kernels.Case("tiny", tokens=9, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2,
+                        d_in=24, d_out=16, gated=True)  # fmt: skip
+    dtype = torch.bfloat16 if impl == "grouped_mm" else torch.float32
+    assert kernels.unsupported(impl, case, dtype) is None
+    inputs = kernels.make_inputs(case, "cpu", dtype)
+    got, ref = kernels.outputs(case, inputs, impl), kernels.outputs(case, inputs, "torch")
+    assert set(got) == {"out", "grad_x", "grad_weight", "grad_scores"}
+    for name in got:
+        scale = ref[name].abs().max()
+        tol = 3e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(got[name] / scale, ref[name] / scale, rtol=0, atol=tol)
+    rows = kernels.measure(case, impl, "cpu", dtype)
+    assert [r["pass"] for r in rows] == ["forward", "forward+backward"]
+    assert all(r["ms_min"] <= r["ms"] <= r["ms_max"] and r["repeats"] == 5 for r in rows)
+
+
+def test_grouped_mm_is_skipped_with_its_reason():
+    case = kernels.Case("odd", 8, 1, 2, 1, 3, 1, 146, 32, True)
+    rows = kernels.measure(case, "grouped_mm", "cpu", torch.bfloat16)
+    assert all("16-byte rows" in r["skipped"] for r in rows)
+    assert "bf16" in kernels.unsupported("grouped_mm", case, torch.float32)
+
+
+def test_a_kernel_wrong_only_in_its_gradients_is_not_timed(monkeypatch):
+    def wrong_backward(case, inputs):
+        y = kernels.IMPLEMENTATIONS["torch"](case, inputs)
+        return y + 0.01 * (y - y.detach())  # the same output, gradients 1% too large
+
+    case = kernels.Case("tiny", 8, 1, 2, 1, 3, 1, 16, 16, True)
+    monkeypatch.setattr(kernels, "IMPLEMENTATIONS", dict(kernels.IMPLEMENTATIONS, loop=wrong_backward))
+    with pytest.raises(AssertionError, match="grad_x relative error"):
+        kernels.measure(case, "loop", "cpu", torch.float32)
+
+
+def test_gradients_are_reset_before_every_timed_call():
+    leaf = torch.ones(3, requires_grad=True)
+    seen = []
+
+    def step():
+        seen.append(leaf.grad is None)
+        leaf.sum().backward()
+
+    times = kernels.timer("cpu")(step, grad_to_none=[leaf])
+    assert len(times) == 5 and seen == [True] * 6  # the warm-up call, then each timed one

@@ -1,10 +1,13 @@
-"""Expert-matmul throughput: Triton and PyTorch paths against one dense matmul doing the same useful MACs.
+"""Expert-matmul throughput: the Triton and PyTorch paths and the peers a kernel engineer would reach for
+(``torch.nn.functional.grouped_mm`` on expert-sorted rows, a loop of one matmul per expert), against one dense
+matmul doing the same useful MACs.
 
 Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA
 Q and O) and one expert-sized matmul as the paper measured its kernel. Every implementation is checked against
-the PyTorch path before it is timed.
+the PyTorch path in its output and in every gradient before it is timed.
 """
 
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -104,54 +107,149 @@ def _dense(case: Case, inputs: dict):
     return inputs["rows"] @ inputs["dense"]
 
 
-IMPLEMENTATIONS = {"triton": _expert("triton"), "torch": _expert("torch"), "dense": _dense}
+def _sorted_rows(case: Case, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input row of every slot in expert order [M, d_in], and each sorted slot's token."""
+    routing = inputs["routing"]
+    token, s = routing.order // case.slots, routing.order % case.slots
+    return inputs["x"][token, s // (case.slots // case.in_groups)], token
 
 
-def timer(device: str) -> Callable[[Callable], float]:
-    """Median milliseconds of fn(): triton's do_bench (L2 flushed, warm-up excluded) on a GPU."""
+def _unsorted(case: Case, inputs: dict, y_sorted: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Gate the expert-ordered rows, put them back in slot order and sum each output group."""
+    routing = inputs["routing"]
+    if inputs["scores"] is not None:
+        y_sorted = y_sorted * inputs["scores"][token, routing.experts][:, None]
+    y = torch.empty_like(y_sorted).index_copy(0, routing.order, y_sorted)  # [N * S, d_out]
+    return y.view(case.tokens, case.out_groups, -1, case.d_out).sum(2)
+
+
+def _grouped_mm(case: Case, inputs: dict):
+    """torch's grouped GEMM over the expert-sorted rows."""
+    rows, token = _sorted_rows(case, inputs)
+    ends = inputs["routing"].offsets[1:].to(torch.int32)
+    return _unsorted(case, inputs, torch.nn.functional.grouped_mm(rows, inputs["weight"], offs=ends), token)
+
+
+def _loop(case: Case, inputs: dict):
+    """One matmul (cuBLAS on a GPU) per expert over its sorted rows."""
+    rows, token = _sorted_rows(case, inputs)
+    ends = inputs["routing"].offsets.tolist()
+    y = torch.cat([rows[a:b] @ w for a, b, w in zip(ends[:-1], ends[1:], inputs["weight"], strict=True)])
+    return _unsorted(case, inputs, y, token)
+
+
+def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
+    """Why ``impl`` cannot run ``case`` here, or None."""
+    if impl != "grouped_mm":
+        return None
+    if not hasattr(torch.nn.functional, "grouped_mm"):
+        return f"torch {torch.__version__} has no torch.nn.functional.grouped_mm"
+    if dtype != torch.bfloat16:
+        return "grouped_mm takes bf16 only"
+    if (case.d_in * 2) % 16 or (case.d_out * 2) % 16:
+        return f"grouped_mm needs 16-byte rows; d_in {case.d_in}, d_out {case.d_out}"
+    return None
+
+
+IMPLEMENTATIONS = {
+    "triton": _expert("triton"),
+    "torch": _expert("torch"),
+    "grouped_mm": _grouped_mm,
+    "loop": _loop,
+    "dense": _dense,
+}
+EXPERT_IMPLS = ("triton", "torch", "grouped_mm", "loop")  # the ones that compute the expert matmul itself
+PASSES = ("forward", "forward+backward")
+
+
+def timer(device: str) -> Callable[..., list[float]]:
+    """Milliseconds of each timed fn() call, with every tensor in ``grad_to_none`` reset before each call (not
+    timed): triton's do_bench (L2 flushed, warm-up excluded) on a GPU."""
     if device == "cuda":
         import triton  # optional, and only installed where there is a GPU
 
-        return lambda fn: triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+        def gpu(fn, grad_to_none=()):
+            return triton.testing.do_bench(fn, 25, 100, grad_to_none=list(grad_to_none), return_mode="all")
 
-    def cpu(fn, repeats=5):
+        return gpu
+
+    def cpu(fn, grad_to_none=(), repeats=5):
         fn()
         times = []
         for _ in range(repeats):
+            for t in grad_to_none:
+                t.grad = None
             start = time.perf_counter()
             fn()
             times.append(1e3 * (time.perf_counter() - start))
-        return statistics.median(times)
+        return times
 
     return cpu
 
 
+def _leaves(inputs: dict) -> list[torch.Tensor]:
+    return [inputs[name] for name in ("x", "weight", "scores", "rows", "dense") if inputs[name] is not None]
+
+
+def outputs(case: Case, inputs: dict, impl: str, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Output of ``impl`` and the gradients of x, weight and scores for a seeded output gradient."""
+    for leaf in _leaves(inputs):
+        leaf.grad = None
+    out = IMPLEMENTATIONS[impl](case, inputs)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
+    out.backward(grad)
+    names = [name for name in ("x", "weight", "scores") if inputs[name] is not None]
+    result = {"out": out.detach().float()} | {f"grad_{n}": inputs[n].grad.float() for n in names}
+    for leaf in _leaves(inputs):
+        leaf.grad = None
+    return result
+
+
 def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype) -> float:
-    """Largest error of ``impl`` against the PyTorch path, relative to the output's largest value."""
-    reference = IMPLEMENTATIONS["torch"](case, inputs).float()
-    got = IMPLEMENTATIONS[impl](case, inputs).float()
-    error = ((got - reference).abs().max() / reference.abs().max().clamp(min=1e-30)).item()
+    """Largest error of ``impl`` against the PyTorch path over the output and every gradient, each relative
+    to its reference's largest value."""
+    reference, got = outputs(case, inputs, "torch"), outputs(case, inputs, impl)
     tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
-    if not error <= tolerance:
-        raise AssertionError(f"{impl} on {case.name}: relative error {error:.2e} above {tolerance:.0e}")
-    return error
+    worst = 0.0
+    for name, ref in reference.items():
+        error = ((got[name] - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
+        if not error <= tolerance:
+            raise AssertionError(
+                f"{impl} on {case.name}: {name} relative error {error:.2e} above {tolerance:.0e}"
+            )
+        worst = max(worst, error)
+    return worst
 
 
 def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict]:
-    """Forward and forward+backward timings of one implementation on one case."""
+    """Forward and forward+backward timings (median and spread) of one implementation on one case."""
+    shape = {f"shape_{k}": v for k, v in asdict(case).items()}
+    reason = unsupported(impl, case, dtype)
+    if reason:
+        return [
+            {"case": case.name, "impl": impl, "pass": p, "ms": math.nan, "skipped": reason} | shape
+            for p in PASSES
+        ]
     inputs = make_inputs(case, device, dtype)
     fn = IMPLEMENTATIONS[impl]
-    error = 0.0 if impl in ("torch", "dense") else check(case, inputs, impl, dtype)
+    error = check(case, inputs, impl, dtype) if impl in EXPERT_IMPLS and impl != "torch" else 0.0
     out = fn(case, inputs)
     grad = torch.randn_like(out)
     ms = timer(device)
     forward = ms(lambda: fn(case, inputs))
-    both = ms(lambda: fn(case, inputs).backward(grad))
+    both = ms(lambda: fn(case, inputs).backward(grad), grad_to_none=_leaves(inputs))
     rows = []
-    for what, t, macs in (("forward", forward, case.macs), ("forward+backward", both, 3 * case.macs)):
+    for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
+        t = statistics.median(times)
         row = {"case": case.name, "impl": impl, "pass": what, "ms": t, "tflops": 2 * macs / t / 1e9}
-        rows.append(row | {"max_rel_error": error, **{f"shape_{k}": v for k, v in asdict(case).items()}})
+        spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
+        rows.append(row | spread | {"max_rel_error": error, **shape})
     return rows
+
+
+def default_impls(device: str) -> list[str]:
+    """Every implementation on a GPU; off one, Triton runs in its interpreter: correct but not worth timing."""
+    return list(IMPLEMENTATIONS) if device == "cuda" else ["torch", "dense"]
 
 
 def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
@@ -182,9 +280,7 @@ def _run(args) -> None:
     batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
-    # Off a GPU, Triton runs in its interpreter: correct but not worth timing.
-    impls = ["triton", "torch", "dense"] if device == "cuda" else ["torch", "dense"]
-    rows = run(args.sizes, batch, device, DTYPES[args.dtype], impls)
+    rows = run(args.sizes, batch, device, DTYPES[args.dtype], default_impls(device))
     metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
     table = [

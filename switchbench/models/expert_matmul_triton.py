@@ -2,17 +2,25 @@
 
 ``scatter_matmul``: tiles of BLOCK_M slots, laid out expert by expert over the sorted slots, gather
 their input rows, multiply them by their expert's weight with fp32 accumulation, scale by the gate and write
-one row per slot; the rows are then summed per output group. ``grouped_outer`` accumulates the weight
-gradient x^T g over each expert's slots. No capacity, no dropped token; an expert with no slot gets a zero
-gradient.
+one row per slot; the rows are then summed per output group (a view when a group has one slot). In the
+backward the same kernel gives the input gradient and, as an epilogue, the gate gradient: the row-dot of each
+ungated slot gradient with its input row, one partial per N tile, summed afterwards (deterministic, no
+atomics). ``grouped_outer`` accumulates the weight gradient x^T g over each expert's slots. No capacity, no
+dropped token; an expert with no slot gets a zero gradient.
 
-Autotuning is keyed on the token-slot count rounded up to a power of two, so a new batch size or length
-reuses the tuning of its bucket.
+Feature widths that are not a multiple of 16 elements are zero-padded before a kernel sees them, so every row
+is 16-byte aligned: the loads vectorise and pipeline (cp.async) and the masks stay uniform.
+
+Tiles run N-fastest, so the CTAs that share a gathered A tile run together and it is read from DRAM once.
+Autotuning is keyed on the token-slot count rounded up to a power of two (capped: every large batch shares
+one tuning) and cached on disk; SWITCHBENCH_TRITON_CONFIG pins a configuration instead (see ``pinned``).
 """
 
+import contextlib
 import os
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -43,30 +51,42 @@ def _scatter_matmul_kernel(
     scores_ptr,
     order_ptr,
     offsets_ptr,
+    dot_ptr,  # rows whose dot with each ungated output row is the gate gradient (GATE_GRAD)
+    partial_ptr,  # [N tiles, slots in all] fp32 partial gate gradients (GATE_GRAD)
     n_experts,
     d_in,
     d_out,
     slots,
     in_groups,
+    dot_groups,
+    m_total,
     m_bucket,  # autotuning key only
     stride_xm,
     stride_xk,
     stride_we,
     stride_wk,
     stride_wn,
+    stride_sn,
+    stride_se,
+    stride_dm,
     HAS_GATES: tl.constexpr,
+    GATE_GRAD: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e, start, end = _tile(offsets_ptr, tl.program_id(0), n_experts, BLOCK_M, BLOCK_E)
+    n_tiles = tl.cdiv(d_out, BLOCK_N)
+    pid_m, pid_n = tl.program_id(0) // n_tiles, tl.program_id(0) % n_tiles
+    e, start, end = _tile(offsets_ptr, pid_m, n_experts, BLOCK_M, BLOCK_E)
     i = start + tl.arange(0, BLOCK_M)
     row_ok = i < end
     slot = tl.load(order_ptr + i, mask=row_ok, other=0).to(tl.int64)
-    in_row = (slot // slots) * in_groups + (slot % slots) // (slots // in_groups)
-    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    token, s = slot // slots, slot % slots
+    in_row = token * in_groups + s // (slots // in_groups)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_tile = w_ptr + e.to(tl.int64) * stride_we
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_end = tl.where(start < end, d_in, 0)  # an empty tile skips the loop
     for k0 in range(0, k_end, BLOCK_K):
@@ -77,19 +97,20 @@ def _scatter_matmul_kernel(
             other=0.0,
         )
         b = tl.load(
-            w_ptr + e * stride_we + k[:, None] * stride_wk + n[None, :] * stride_wn,
+            w_tile + k[:, None] * stride_wk + n[None, :] * stride_wn,
             mask=(k[:, None] < d_in) & (n[None, :] < d_out),
             other=0.0,
         )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out_ok = row_ok[:, None] & (n[None, :] < d_out)
+    if GATE_GRAD:
+        dot_row = token * dot_groups + s // (slots // dot_groups)
+        v = tl.load(dot_ptr + dot_row[:, None] * stride_dm + n[None, :], mask=out_ok, other=0.0)
+        tl.store(partial_ptr + pid_n * m_total + slot, tl.sum(acc * v.to(tl.float32), 1), mask=row_ok)
     if HAS_GATES:
-        gate = tl.load(scores_ptr + (slot // slots) * n_experts + e, mask=row_ok, other=0.0)
+        gate = tl.load(scores_ptr + token * stride_sn + e * stride_se, mask=row_ok, other=0.0)
         acc = acc * gate.to(tl.float32)[:, None]
-    tl.store(
-        y_ptr + slot[:, None] * d_out + n[None, :],
-        acc.to(y_ptr.dtype.element_ty),
-        mask=row_ok[:, None] & (n[None, :] < d_out),
-    )
+    tl.store(y_ptr + slot[:, None] * d_out + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=out_ok)
 
 
 @triton.jit
@@ -111,15 +132,20 @@ def _grouped_outer_kernel(
     stride_xk,
     stride_gm,
     stride_gn,
+    stride_sn,
+    stride_se,
     HAS_GATES: tl.constexpr,
     PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    e = tl.program_id(0)
-    k = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # One expert's tiles are adjacent (N fastest, expert slowest): they share its rows in L2.
+    k_tiles, n_tiles = tl.cdiv(d_in, BLOCK_K), tl.cdiv(d_out, BLOCK_N)
+    pid = tl.program_id(0)
+    e = pid // (k_tiles * n_tiles)
+    k = (pid // n_tiles) % k_tiles * BLOCK_K + tl.arange(0, BLOCK_K)
+    n = pid % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
     start = tl.load(offsets_ptr + e)
     end = tl.load(offsets_ptr + e + 1)
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
@@ -141,60 +167,180 @@ def _grouped_outer_kernel(
             other=0.0,
         )
         if HAS_GATES:
-            gate = tl.load(scores_ptr + token * n_experts + e, mask=row_ok, other=0.0).to(tl.float32)
-            b = (b.to(tl.float32) * gate[:, None]).to(a.dtype)
+            gate = tl.load(scores_ptr + token * stride_sn + e * stride_se, mask=row_ok, other=0.0)
+            b = (b.to(tl.float32) * gate.to(tl.float32)[:, None]).to(a.dtype)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
     dw = dw_ptr + e.to(tl.int64) * d_in * d_out + k[:, None] * d_out + n[None, :]
     tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(k[:, None] < d_in) & (n[None, :] < d_out))
 
 
-_CONFIGS = [
-    triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-    for m, n, k, w, s in [
-        (64, 64, 32, 4, 4),
-        (64, 128, 32, 4, 4),
-        (128, 64, 32, 4, 4),
-        (128, 128, 32, 8, 3),
-        (128, 128, 64, 8, 3),
-        (64, 64, 64, 4, 3),
-        (128, 64, 64, 4, 3),
-        (64, 128, 64, 4, 3),
+def _configs(shapes) -> list:
+    return [
+        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
+        for m, n, k, w, s in shapes
     ]
-]
-_KEY = ["m_bucket", "d_in", "d_out"]
-_INTERPRETER_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}
-_scatter_matmul_tuned = triton.autotune(_CONFIGS, key=_KEY)(_scatter_matmul_kernel)
-_grouped_outer_tuned = triton.autotune(_CONFIGS, key=_KEY)(_grouped_outer_kernel)
 
 
-def _launch(kernel, tuned, grid, *args, **constants):
-    """The autotuned kernel on a GPU; one fixed small configuration in the (slow) interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        kernel[grid(_INTERPRETER_CONFIG)](*args, **constants, **_INTERPRETER_CONFIG)
-    else:
-        tuned[grid](*args, **constants)
+# Each list holds only configurations that kernel-check compiles to wgmma without a spill on sm_90 at the
+# presets' shapes. grouped_outer's MMA rows are BLOCK_K, and wgmma needs 64 of them.
+CONFIGS = {
+    "scatter_matmul": _configs(
+        [
+            (64, 64, 64, 4, 4),
+            (128, 64, 64, 4, 4),
+            (64, 128, 64, 4, 4),
+            (128, 128, 64, 8, 3),
+            (128, 256, 64, 8, 3),
+            (256, 128, 64, 8, 3),
+        ]
+    ),
+    "grouped_outer": _configs(
+        [
+            (64, 64, 64, 4, 3),
+            (64, 128, 64, 4, 3),
+            (128, 64, 64, 4, 3),
+            (64, 128, 128, 8, 3),
+            (64, 256, 128, 8, 3),
+        ]
+    ),
+}
+_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+ENV_CONFIG = "SWITCHBENCH_TRITON_CONFIG"
+ALIGN = 16  # feature widths are padded to this many elements
+_BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" and shares one tuning
+
+
+def config_label(config) -> str:
+    """``M128 N128 K64 w8 s3``: how kernel-check prints a configuration and SWITCHBENCH_TRITON_CONFIG names it."""
+    tiles = " ".join(f"{name[6:]}{value}" for name, value in config.kwargs.items())
+    return f"{tiles} w{config.num_warps} s{config.num_stages}"
+
+
+def pinned(kernel: str):
+    """The configuration SWITCHBENCH_TRITON_CONFIG pins for ``kernel``, or None (autotune).
+
+    Format: ``scatter_matmul=M128 N128 K64 w8 s3;grouped_outer=M64 N128 K128 w8 s3``, each one of CONFIGS.
+    """
+    for entry in os.environ.get(ENV_CONFIG, "").split(";"):
+        name, _, label = entry.partition("=")
+        if name.strip() == kernel:
+            for config in CONFIGS[kernel]:
+                if config_label(config) == label.strip():
+                    return config
+            choices = ", ".join(config_label(c) for c in CONFIGS[kernel])
+            raise ValueError(f"{ENV_CONFIG}: {label.strip()!r} is not a {kernel} config; one of: {choices}")
+    return None
+
+
+def prune(configs, named_args, **constexprs) -> list:
+    """Drop N tiles wider than the output needs (past 64): they would compute mostly padding; and, with the
+    gate-gradient epilogue (its input tile lives beside the accumulator), tiles past 128 x 128: they spill."""
+    args = named_args | constexprs
+    widest = max(64, triton.next_power_of_2(args["d_out"]))
+    largest = 128 * 128 if args.get("GATE_GRAD") else None
+    return [
+        c
+        for c in configs
+        if c.kwargs["BLOCK_N"] <= widest
+        and (largest is None or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= largest)
+    ]
+
+
+def _tuned(kernel, name):
+    key = ["m_bucket", "d_in", "d_out"]
+    return triton.autotune(
+        CONFIGS[name], key=key, prune_configs_by={"early_config_prune": prune}, cache_results=True
+    )(kernel)
+
+
+_scatter_matmul_tuned = _tuned(_scatter_matmul_kernel, "scatter_matmul")
+_grouped_outer_tuned = _tuned(_grouped_outer_kernel, "grouped_outer")
+_recorded: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (kernel, autotuner, args, constexprs) of each launch instead of running it: kernel-check
+    compiles the launches of meta tensors ahead of time."""
+    global _recorded
+    _recorded = []
+    try:
+        yield _recorded
+    finally:
+        _recorded = None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _launch(kernel, tuned, name, grid, *args, **constants):
+    """The autotuned (or pinned) kernel on the tensors' GPU; one small configuration in the interpreter."""
+    if _recorded is not None:
+        _recorded.append((kernel, tuned, args, constants))
+        return
+    config = _INTERPRETER_CONFIG if _interpreting() else pinned(name)
+    with torch.cuda.device_of(args[0]):
+        if config is None:
+            tuned[grid](*args, **constants)
+        else:
+            options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+            kernel[grid(config.kwargs)](*args, **constants, **config.kwargs, **options)
+
+
+def _narrowest_n(name: str) -> int:
+    """The smallest BLOCK_N a launch of ``name`` may use: it sizes the per-N-tile partials."""
+    if _interpreting():
+        return _INTERPRETER_CONFIG.kwargs["BLOCK_N"]
+    config = pinned(name)
+    return min(c.kwargs["BLOCK_N"] for c in ([config] if config else CONFIGS[name]))
 
 
 def _precision(dtype: torch.dtype) -> str:
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
-    return "tf32" if tf32 and os.environ.get("TRITON_INTERPRET") != "1" else "ieee"
+    return "tf32" if tf32 and not _interpreting() else "ieee"
 
 
-def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets) -> Tensor:
-    """rows [N * in_groups, d_in], weight [E, d_in, d_out] (any strides), scores [N, E] or None
-    -> one row per slot [N * slots, d_out]."""
+def _bucket(m: int) -> int:
+    return min(triton.next_power_of_2(max(m, 1)), _BUCKET_CAP)
+
+
+def _aligned(t: Tensor) -> Tensor:
+    """t with its last two dims (one for rows) zero-padded to multiples of ALIGN; t itself when they are."""
+    pad = [0 if d % ALIGN == 0 else ALIGN - d % ALIGN for d in reversed(t.shape[-2 if t.dim() > 2 else -1 :])]
+    if not any(pad):
+        return t
+    return F.pad(t, [p for width in pad for p in (0, width)])
+
+
+def _scores_strides(scores: Tensor | None) -> tuple[int, int]:
+    return (0, 0) if scores is None else scores.stride()
+
+
+def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets, dot=None):
+    """rows [N * in_groups, d_in], weight [E, d_in, d_out] (any strides; widths multiples of ALIGN), scores
+    [N, E] or None -> (one row per slot [N * slots, d_out], gate gradients [N * slots] fp32 or None).
+
+    ``dot`` = (rows [N * groups, d_out], groups): gate gradients are each ungated slot row's dot with its row.
+    """
     n_experts, d_in, d_out = weight.shape
     m = order.numel()
     y = rows.new_empty(m, d_out)
+    partial = None
+    if dot is not None:
+        tiles = triton.cdiv(d_out, _narrowest_n("scatter_matmul"))
+        partial = torch.zeros(tiles, m, dtype=torch.float32, device=rows.device)
     if m == 0:
-        return y
+        return y, None if partial is None else partial.sum(0)
+    dot_rows, dot_groups = dot if dot is not None else (None, 1)
 
     def grid(meta):
-        return (triton.cdiv(m, meta["BLOCK_M"]) + n_experts, triton.cdiv(d_out, meta["BLOCK_N"]))
+        return ((triton.cdiv(m, meta["BLOCK_M"]) + n_experts) * triton.cdiv(d_out, meta["BLOCK_N"]),)
 
     _launch(
         _scatter_matmul_kernel,
         _scatter_matmul_tuned,
+        "scatter_matmul",
         grid,
         rows,
         weight,
@@ -202,20 +348,26 @@ def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets) -> Te
         scores,
         order,
         offsets,
+        dot_rows,
+        partial,
         n_experts,
         d_in,
         d_out,
         slots,
         in_groups,
-        triton.next_power_of_2(m),
-        rows.stride(0),
-        rows.stride(1),
+        dot_groups,
+        m,
+        _bucket(m),
+        *rows.stride(),
         *weight.stride(),
+        *_scores_strides(scores),
+        0 if dot_rows is None else dot_rows.stride(0),
         HAS_GATES=scores is not None,
+        GATE_GRAD=dot is not None,
         PRECISION=_precision(rows.dtype),
         BLOCK_E=triton.next_power_of_2(n_experts),
     )
-    return y
+    return y, None if partial is None else partial.sum(0)
 
 
 def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order, offsets, n_experts):
@@ -225,11 +377,12 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
     dw = x_rows.new_empty(n_experts, d_in, d_out)
 
     def grid(meta):
-        return (n_experts, triton.cdiv(d_in, meta["BLOCK_K"]), triton.cdiv(d_out, meta["BLOCK_N"]))
+        return (n_experts * triton.cdiv(d_in, meta["BLOCK_K"]) * triton.cdiv(d_out, meta["BLOCK_N"]),)
 
     _launch(
         _grouped_outer_kernel,
         _grouped_outer_tuned,
+        "grouped_outer",
         grid,
         x_rows,
         grad_rows,
@@ -243,15 +396,20 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
         slots,
         in_groups,
         out_groups,
-        triton.next_power_of_2(max(m, 1)),
-        x_rows.stride(0),
-        x_rows.stride(1),
-        grad_rows.stride(0),
-        grad_rows.stride(1),
+        _bucket(m),
+        *x_rows.stride(),
+        *grad_rows.stride(),
+        *_scores_strides(scores),
         HAS_GATES=scores is not None,
         PRECISION=_precision(x_rows.dtype),
     )
     return dw
+
+
+def _group_sum(rows: Tensor, n: int, groups: int, width: int) -> Tensor:
+    """[N * S, padded width] -> [N, groups, width]: the sum over each group's slots (a view for one slot)."""
+    rows = rows.view(n, groups, -1, rows.shape[1])[..., :width]
+    return rows[:, :, 0].contiguous() if rows.shape[2] == 1 else rows.sum(2)
 
 
 # The interface of models.expert_matmul's implementations.
@@ -267,27 +425,24 @@ def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         )
     n, s_in, d_in = x.shape
     slots = indices.shape[1]
-    y = scatter_matmul(
-        x.reshape(n * s_in, d_in), s_in, weight, scores, slots, order, offsets
-    )  # [N * S, d_out]
-    return y.view(n, s_out, -1, weight.shape[2]).sum(2)
+    x_rows = _aligned(x.reshape(n * s_in, d_in))
+    y, _ = scatter_matmul(x_rows, s_in, _aligned(weight), scores, slots, order, offsets)  # [N * S, d_out]
+    return _group_sum(y, n, s_out, weight.shape[2])
 
 
 def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     n, s_in, d_in = x.shape
     s_out, d_out = grad_out.shape[1:]
     slots = indices.shape[1]
-    x_rows, grad_rows = x.reshape(n * s_in, d_in), grad_out.reshape(n * s_out, d_out)
-    weight_t = weight.transpose(1, 2)  # a strided view: the kernel reads W^T in place
-    # Ungated input gradients per slot; the gate gradients are their row-dot with x, no forward recomputed.
-    grad_slots = scatter_matmul(grad_rows, s_out, weight_t, None, slots, order, offsets)  # [N * S, d_in]
+    x_rows = _aligned(x.reshape(n * s_in, d_in))
+    grad_rows = _aligned(grad_out.reshape(n * s_out, d_out))
+    weight_t = _aligned(weight).transpose(1, 2)  # a strided view: the kernel reads W^T in place
+    # Gated input gradients per slot; the gate gradients are the ungated ones' row-dot with x (an epilogue).
+    dot = None if scores is None else (x_rows, s_in)
+    grad_slots, grad_gates = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets, dot)
     grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
     grad_s = x.new_empty(0)
-    grad_slots = grad_slots.view(n, s_in, slots // s_in, d_in)
     if scores is not None:
-        gates = scores.gather(1, indices).view(n, s_in, slots // s_in, 1)
-        grad_gates = (grad_slots.float() * x[:, :, None].float()).sum(-1).view(n, slots)
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
-        grad_s = grad_s.scatter_add_(1, indices, grad_gates).to(scores.dtype)
-        grad_slots = grad_slots * gates
-    return grad_slots.sum(2), grad_w, grad_s
+        grad_s = grad_s.scatter_add_(1, indices, grad_gates.view(n, slots)).to(scores.dtype)
+    return _group_sum(grad_slots, n, s_in, d_in), grad_w[:, :d_in, :d_out].contiguous(), grad_s

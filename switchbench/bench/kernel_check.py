@@ -1,0 +1,226 @@
+"""Ahead-of-time compilation of the expert-matmul kernels for a named GPU, without one.
+
+Each kernel launch of the op's forward and backward is recorded on meta tensors of a preset's shapes, then
+compiled with ``triton.compile`` for ``GPUTarget("cuda", cc, 32)`` once per autotune configuration the
+launcher offers, with the ptxas that ships in the triton wheel. The arguments are specialised the way the JIT
+specialises them (an integer 1 becomes a constant, multiples of 16 and tensor pointers are marked 16-divisible).
+From the result: registers and stack frame (spills: these kernels have no local arrays) from
+``cuobjdump --dump-resource-usage``, shared memory from the metadata, and from the PTX whether the matmul uses
+``wgmma`` (Hopper), ``mma.sync`` (Ampere) or plain FMA and whether loads are pipelined (``cp.async``/TMA).
+
+Compilation runs in a subprocess with ``TRITON_INTERPRET`` unset: under the interpreter ``triton.jit`` builds
+no compilable functions.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from switchbench.bench import roofline
+from switchbench.bench.kernels import SIZES, Case, cases
+
+ARCHS = {"sm_90": 90, "sm_80": 80}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
+COLUMNS = [
+    "kernel",
+    "case",
+    "dtype",
+    "arch",
+    "config",
+    "compiled",
+    "registers",
+    "spill_bytes",
+    "shared_bytes",
+]
+COLUMNS += ["mma", "pipelined"]
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "kernel-check", help="compile the expert-matmul kernels for a GPU, no GPU needed"
+    )
+    parser.add_argument("--arch", nargs="+", choices=list(ARCHS), default=["sm_90"])
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"])
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["262m"])
+    parser.add_argument("--batch", type=int, default=64, help="sequences, for the roofline (default 64)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    if args.batch < 1:
+        raise ValueError(f"batch must be >= 1; got {args.batch}")
+    rows = pd.DataFrame(check(args.arch, args.dtype, args.sizes), columns=COLUMNS)
+    estimate = pd.DataFrame(roofline.table(args.sizes, args.batch, args.dtype))
+    failed = rows[failing(rows)]
+    if args.json:
+        out = {"rows": rows.to_dict("records"), "roofline": estimate.to_dict("records")}
+        print(json.dumps(out | {"failed": len(failed)}, indent=2, default=str))
+    else:
+        print(rows.to_markdown(index=False))
+        print(f"\nroofline at batch {args.batch} (ms; bytes and MACs per pass, fwd+bwd):")
+        print(estimate.to_markdown(index=False, floatfmt=".4g"))
+        print(f"\n{len(rows)} cases, {len(failed)} failing (compile error, spill or no tensor-core MMA)")
+    return 0
+
+
+def failing(rows: pd.DataFrame) -> pd.Series:
+    """A compile error, a spill, or no tensor-core MMA of the arch (wgmma on sm_90, mma.sync before)."""
+    expected = rows.arch.map(lambda arch: "wgmma" if ARCHS[arch] >= 90 else "mma.sync")
+    return ~rows.compiled.astype(bool) | (rows.spill_bytes.fillna(0) > 0) | (rows.mma != expected)
+
+
+def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:
+    """One row per kernel x case x dtype x arch x config, compiled in a clean subprocess."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences triton 3.9's warning; the default it keeps
+    request = json.dumps({"archs": archs, "dtypes": dtypes, "sizes": sizes})
+    done = subprocess.run(
+        [sys.executable, "-m", __name__], input=request, capture_output=True, text=True, env=env
+    )
+    if done.returncode:
+        raise RuntimeError(f"kernel-check worker failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)
+
+
+def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, tuple, dict]]:
+    """(pass, kernel, autotuner, args, constexprs) of every kernel launch of the op at ``case``'s shapes."""
+    from switchbench.models import expert_matmul_triton as kernels
+
+    n, e = case.tokens, case.groups * case.experts_per_group
+    meta = {"device": "meta"}
+    x = torch.empty(n, case.in_groups, case.d_in, dtype=dtype, **meta)
+    weight = torch.empty(e, case.d_in, case.d_out, dtype=dtype, **meta)
+    scores = torch.empty(n, e, dtype=dtype, **meta) if case.gated else None
+    indices = torch.empty(n, case.slots, dtype=torch.long, **meta)
+    order = experts = torch.empty(n * case.slots, dtype=torch.long, **meta)
+    offsets = torch.empty(e + 1, dtype=torch.long, **meta)
+    grad_out = torch.empty(n, case.out_groups, case.d_out, dtype=dtype, **meta)
+    routing = (indices, order, experts, offsets)
+    with kernels.recording() as forward:
+        kernels.forward(x, weight, scores, *routing, case.out_groups)
+    with kernels.recording() as backward:
+        kernels.backward(grad_out, x, weight, scores, *routing)
+    return [("forward", *launch) for launch in forward] + [("backward", *launch) for launch in backward]
+
+
+def _specialise(fn, args: tuple, constants: dict) -> tuple[dict, dict, dict]:
+    """signature, constexprs and 16-divisible arguments as the JIT would derive them from these arguments."""
+    values = dict(zip(fn.arg_names, args, strict=False)) | constants
+    signature, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        value = values[name]
+        if name in constants or value is None or (type(value) is int and value == 1):
+            signature[name], constexprs[(i,)] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name], attrs[(i,)] = _POINTER[value.dtype], 16
+        else:
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            if value % 16 == 0:
+                attrs[(i,)] = 16
+    return signature, constexprs, attrs
+
+
+def _jobs(archs, dtypes, sizes) -> list[tuple[dict, tuple]]:
+    """(row, compile job) for every case; equal jobs compile once."""
+    out = []
+    for size in sizes:
+        for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
+            for dtype_name in dtypes:
+                for phase, fn, tuned, args, constants in launches(case, DTYPES[dtype_name]):
+                    for config in _configs(tuned, fn, args, constants):
+                        signature, constexprs, attrs = _specialise(fn, args, constants | config.kwargs)
+                        label = " ".join(f"{k[6:]}{v}" for k, v in config.kwargs.items())
+                        label += f" w{config.num_warps} s{config.num_stages}"
+                        for arch in archs:
+                            row = {"kernel": f"{fn.__name__.strip('_').removesuffix('_kernel')} ({phase})"}
+                            row |= {"case": case.name, "dtype": dtype_name, "arch": arch, "config": label}
+                            job = (
+                                fn.__name__,
+                                tuple(signature.items()),
+                                tuple(constexprs.items()),
+                                tuple(attrs),
+                            )
+                            out.append((row, (*job, config.num_warps, config.num_stages, ARCHS[arch])))
+    return out
+
+
+def _configs(tuned, fn, args, constants) -> list:
+    """The configurations the autotuner may pick for these arguments (after its pruning, if any)."""
+    prune = getattr(tuned, "early_config_prune", None)
+    if prune is None:
+        return list(tuned.configs)
+    return list(prune(tuned.configs, dict(zip(fn.arg_names, args, strict=False)) | constants))
+
+
+def _compile(job: tuple) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from switchbench.models import expert_matmul_triton as kernels
+
+    name, signature, constexprs, divisible, num_warps, num_stages, capability = job
+    target = GPUTarget("cuda", capability, 32)
+    options = triton.compiler.make_backend(target).parse_options(
+        {"num_warps": num_warps, "num_stages": num_stages}
+    )
+    attrs = {index: [["tt.divisibility", 16]] for index in divisible}
+    source = ASTSource(getattr(kernels, name), dict(signature), dict(constexprs), attrs)
+    try:
+        compiled = triton.compile(source, target=target, options=options.__dict__)
+    except Exception as error:  # a failed compile is a result of the check, reported in its row
+        return {
+            "compiled": False,
+            "error": str(error).splitlines()[0] if str(error) else type(error).__name__,
+        }
+    ptx = compiled.asm["ptx"]
+    mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
+    return {
+        "compiled": True,
+        **_resources(compiled.asm["cubin"]),
+        "shared_bytes": compiled.metadata.shared,
+        "mma": mma,
+        "pipelined": "cp.async" in ptx,  # cp.async.bulk (TMA) included
+    }
+
+
+def _resources(cubin: bytes) -> dict:
+    """Registers per thread and stack frame bytes of a cubin, from the wheel's cuobjdump."""
+    import tempfile
+
+    import triton.backends.nvidia
+
+    tool = Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        usage = subprocess.run(
+            [tool, "--dump-resource-usage", file.name], capture_output=True, text=True
+        ).stdout
+    match = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    return {"registers": int(match[1]), "spill_bytes": int(match[2])}
+
+
+def _worker() -> None:
+    import multiprocessing
+
+    request = json.loads(sys.stdin.read())
+    jobs = _jobs(request["archs"], request["dtypes"], request["sizes"])
+    unique = list(dict.fromkeys(job for _, job in jobs))
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
+        results = dict(zip(unique, pool.map(_compile, unique), strict=True))
+    print(json.dumps([row | results[job] for row, job in jobs]))
+
+
+if __name__ == "__main__":
+    _worker()

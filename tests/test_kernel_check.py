@@ -1,0 +1,96 @@
+"""kernel-check: the JIT's specialisation, the recorded launches, the roofline's counts, and (slow) that every
+kernel compiles for sm_90 to wgmma without a spill at the 262M shapes."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from switchbench.bench import kernel_check, roofline
+from switchbench.bench.kernels import Case, cases
+from switchbench.cli import main
+from switchbench.models import expert_matmul_triton as kernels
+
+
+def test_integers_are_specialised_as_the_jit_does():
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    values = (1, 2, 16, 17, 112, 146, 2**31 + 16)
+    signature, constexprs, divisible = kernel_check._specialise(
+        type("F", (), {"arg_names": [f"a{i}" for i in range(len(values))]}), values, {}
+    )
+    for i, value in enumerate(values):
+        kind, hint = native_specialize_impl(BaseBackend, value, False, True, True)
+        assert signature[f"a{i}"] == kind
+        assert ((i,) in constexprs) == (kind == "constexpr")
+        assert ((i,) in divisible) == (hint == "D")
+
+
+def test_launches_cover_forward_and_every_gradient_at_padded_widths():
+    moa_o = next(c for c in cases("262m", batch=1) if c.name.endswith("moa-o"))  # d_in = d_head 146
+    recorded = kernel_check.launches(moa_o, torch.bfloat16)
+    names = [(phase, fn.__name__) for phase, fn, *_ in recorded]
+    assert names == [
+        ("forward", "_scatter_matmul_kernel"),
+        ("backward", "_scatter_matmul_kernel"),
+        ("backward", "_grouped_outer_kernel"),
+    ]
+    for _, fn, _, args, constants in recorded:
+        values = dict(zip(fn.arg_names, args, strict=False)) | constants
+        assert values["d_in"] % 16 == 0 and values["d_out"] % 16 == 0
+        assert 146 in (moa_o.d_in, moa_o.d_out) and 160 in (values["d_in"], values["d_out"])
+    assert dict(zip(recorded[1][1].arg_names, recorded[1][3], strict=False))["dot_ptr"] is not None
+
+
+def test_autotuner_configs_are_pruned_to_the_output_width():
+    fn, tuned = kernels._scatter_matmul_kernel, kernels._scatter_matmul_tuned
+    narrow = kernel_check._configs(tuned, fn, (), {"d_out": 112})
+    assert {c.kwargs["BLOCK_N"] for c in narrow} == {64, 128}
+    assert len(kernel_check._configs(tuned, fn, (), {"d_out": 1024})) == len(
+        kernels.CONFIGS["scatter_matmul"]
+    )
+
+
+def test_pinned_config(monkeypatch):
+    monkeypatch.setenv(
+        kernels.ENV_CONFIG, "grouped_outer=M64 N128 K128 w8 s3; scatter_matmul=M64 N64 K64 w4 s4"
+    )
+    got = kernels.pinned("grouped_outer")
+    assert (got.kwargs, got.num_warps, got.num_stages) == (
+        {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
+        8,
+        3,
+    )
+    assert kernels.pinned("scatter_matmul").kwargs["BLOCK_N"] == 64
+    monkeypatch.setenv(kernels.ENV_CONFIG, "scatter_matmul=M16 N16 K16 w1 s1")
+    with pytest.raises(ValueError, match="not a scatter_matmul config"):
+        kernels.pinned("scatter_matmul")
+
+
+def test_roofline_counts_by_hand():
+    # 4 tokens x 2 slots, one input row each and one output row for both; 3 experts, 32 -> 16 wide, bf16
+    case = Case("hand", tokens=4, in_groups=2, slots=2, out_groups=1, experts_per_group=3, groups=1,
+                d_in=32, d_out=16, gated=False)  # fmt: skip
+    got = {name: (nbytes, macs) for name, nbytes, macs in roofline.passes(case, 2)}
+    m, w = 8, 3 * 32 * 16 * 2
+    assert got["forward matmul"] == (m * 32 * 2 + w + m * 16 * 2 + m * 8, m * 32 * 16)
+    assert got["forward slot sum"] == ((m * 16 + 4 * 16) * 2, 0)
+    assert got["grad_x matmul"] == (m * 16 * 2 + w + m * 32 * 2 + m * 8, m * 32 * 16)
+    assert got["grad_w matmul"] == (m * 48 * 2 + w + m * 8, m * 32 * 16)
+    assert "grad_x slot sum" not in got  # one slot per input row: a view
+    assert roofline.milliseconds(3.35e9, 0, "H100 SXM", "bf16") == pytest.approx(1.0)
+    assert roofline.milliseconds(0, 989e12 / 2 / 1e3, "H100 SXM", "bf16") == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
+    assert main(["kernel-check", "--arch", "sm_90", "--dtype", "bf16", "--sizes", "262m", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = out["rows"]
+    assert {r["case"] for r in rows} == {c.name for c in cases("262m", 1)[:-1]}
+    bad = [r for r in rows if not r["compiled"] or r["spill_bytes"] or r["mma"] != "wgmma"]
+    assert not bad, bad[:3]
+    assert out["failed"] == 0 and all(r["pipelined"] for r in rows)
