@@ -77,3 +77,8 @@ def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path
     write_atomic(stem.with_suffix(".csv"), to_csv(rows))
     payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
     return write_atomic(stem.with_suffix(".json"), payload)
+
+
+def slug(text: str) -> str:
+    """``text`` as a file name: lower case, every other character as '-'."""
+    return "".join(c if c.isalnum() else "-" for c in text.lower()).strip("-")
