@@ -178,6 +178,8 @@ def _broken_baselines() -> dict:
     self_ratio["ratios"][f"{dense} | layer | forward"] = {"baseline": dense, "ratio_time": 1.0}
     wrong_type = copy.deepcopy(committed)
     wrong_type["ratios"][SWITCHHEAD_TIMES[0]]["ratio_time"] = "0.4"
+    no_reference = copy.deepcopy(committed)
+    del no_reference["ratios"][SWITCHHEAD_TIMES[0]]["baseline"]
     no_tolerance = copy.deepcopy(committed)
     del no_tolerance["tolerances"]["op_calls"]
     return {
@@ -188,6 +190,7 @@ def _broken_baselines() -> dict:
         "self-ratio": (self_ratio, "to itself"),
         "malformed ratio": (wrong_type, "malformed ratio_time"),
         "missing tolerance": (no_tolerance, "'tolerances' must give"),
+        "ratio without its reference": (no_reference, "without the preset they are relative to"),
         "a speed run": (_run_like(committed), "not a switchbench baseline"),
     }
 

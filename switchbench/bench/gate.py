@@ -122,7 +122,9 @@ def baseline_problem(baseline) -> str | None:
         if unknown or bad:
             return f"{key!r} has unknown or malformed {', '.join(sorted(unknown | set(bad)))}"
         ratios = entry.keys() - {"baseline", "op_calls"}
-        if ratios and key.split(" | ")[0] == entry.get("baseline"):
+        if ratios and "baseline" not in entry:
+            return f"{key!r} gives ratios without the preset they are relative to ('baseline')"
+        if ratios and key.split(" | ")[0] == entry["baseline"]:
             return f"{key!r} is a ratio of {entry['baseline']} to itself, which cannot fail"
     if not any(_switchhead_vs_dense(key, entry) for key, entry in baseline["ratios"].items()):
         return "holds no SwitchHead/dense time ratio: it would gate no speedup"
@@ -281,8 +283,19 @@ def _run(args) -> int:
         raise ValueError(f"{path} against {args.baseline}: {error}") from None
     failed = sum(v["verdict"] != "ok" for v in verdicts)
     if args.json:
-        print(json.dumps({"run": str(path), "baseline": args.baseline, "confidence": CONFIDENCE,
-                          "tolerances": baseline["tolerances"], "checks": verdicts, "regressions": failed}, indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "run": str(path),
+                    "baseline": args.baseline,
+                    "confidence": CONFIDENCE,
+                    "tolerances": baseline["tolerances"],
+                    "checks": verdicts,
+                    "regressions": failed,
+                },
+                indent=2,
+            )
+        )
         return 1 if failed else 0
     print(report(verdicts))
     print(f"{len(verdicts)} quantities of {path} checked against {args.baseline}: "

@@ -52,8 +52,8 @@ GPU_GROUPS = ("47m", "45m-rope", "262m", "244m-rope")
 CPU_GROUPS = ("tiny", "tiny-rope")
 # The CI gate: one SwitchHead against one dense attention layer at the 47M shapes, and the exact cost ratios.
 GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2")
-# One intra-op thread, timed by its CPU time: with PyTorch's default of one thread per core, busy neighbours on a
-# shared CI runner stall the thread pool and the SwitchHead/dense ratio moved by 2x (issue 12).
+# One intra-op thread, timed by its CPU time: with PyTorch's default of one thread per core, busy neighbours
+# on a shared CI runner stall the thread pool and the SwitchHead/dense ratio moved by 2x (issue 12).
 GATE_THREADS = 1
 GATE_ROUNDS = 30
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -397,7 +397,7 @@ def register(commands) -> None:
     parser.add_argument("--quick", action="store_true", help="the CI gate: 47M attention layers on the CPU")
     parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.set_defaults(run=_run)  # fmt: skip
+    parser.set_defaults(run=_run)
 
 
 def _run(args) -> int:
@@ -433,16 +433,28 @@ def _run(args) -> int:
             torch.distributed.destroy_process_group()
         if rank != 0:
             return 0
-        metadata = describe(rows, device, dtype_name, batch=batch, processes=world, threads=torch.get_num_threads(), clock=clock,
-                            rounds=rounds, warmup=args.warmup, groups={g: list(p) for g, p in groups.items()})  # fmt: skip
+        metadata = describe(
+            rows,
+            device,
+            dtype_name,
+            batch=batch,
+            processes=world,
+            rounds=rounds,
+            warmup=args.warmup,
+            threads=torch.get_num_threads(),
+            clock=clock,
+            groups={g: list(p) for g, p in groups.items()},
+        )
     folder = Path(args.out) / slug(metadata["device"])
     path = save_run(folder, f"{dtype_name}-b{batch}" + ("-quick" if args.quick else ""), metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return 0
-    print(f"{metadata['device']}, {dtype_name}, batch {batch}, {world} process(es), {metadata['threads']} "
-          f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
-          f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured)")  # fmt: skip
+    print(
+        f"{metadata['device']}, {dtype_name}, batch {batch}, {world} process(es), {metadata['threads']} "
+        f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
+        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured)"
+    )
     print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
     print("\nPaper Table 5 (whole training steps):")
     print(_published_wallclock().to_string(index=False))
@@ -487,6 +499,14 @@ def _published_wallclock() -> pd.DataFrame:
         table = pd.read_csv(f, dtype=str, keep_default_na=False)  # printed as published
     table["gpu_mem_gb"] = table["gpu_mem_gb"].astype(str) + "G"
     table["GPUs"] = table["n_gpus"].astype(str) + "x " + table["gpu"]
-    names = {"size": "size", "model": "model", "n_heads_active": "heads", "ms_per_iter": "ms/iter",
-             "rel_time": "rel. time", "gpu_mem_gb": "GPU memory", "rel_mem": "rel. memory", "GPUs": "GPUs"}  # fmt: skip
+    names = {
+        "size": "size",
+        "model": "model",
+        "n_heads_active": "heads",
+        "ms_per_iter": "ms/iter",
+        "rel_time": "rel. time",
+        "gpu_mem_gb": "GPU memory",
+        "rel_mem": "rel. memory",
+        "GPUs": "GPUs",
+    }
     return table[list(names)].rename(columns=names)
