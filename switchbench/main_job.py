@@ -13,7 +13,7 @@ from pathlib import Path
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, train
 from switchbench.bench import scaling, speed, tables
-from switchbench.bench.command import add_json, device_from_args, slug
+from switchbench.bench.command import DTYPES, add_json, device_from_args, slug
 from switchbench.bench.results import save_run
 from switchbench.reports.report import report_environment, write_report
 
@@ -46,7 +46,7 @@ def _speed(args, results: Path, runs: Path) -> str:
     else:
         groups, scopes, dtype, batch = {"gate": speed.GATE_LAYERS}, ("layer",), "fp32", 4
     rounds = 10 if args.quick else 20
-    rows = speed.run(groups, scopes, device, speed.DTYPES[dtype], batch, rounds, 2)
+    rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2)
     metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2)
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 

@@ -24,10 +24,10 @@ import pandas as pd
 import torch
 
 from switchbench.bench import roofline
+from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import SIZES, Case, cases
 
 ARCHS = {"sm_90": 90, "sm_80": 80}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
 COLUMNS = [
     "kernel",

@@ -3,6 +3,7 @@
 Three independent measurements: fvcore's FlopCountAnalysis (TorchScript trace, MACs), torch's FlopCounterMode
 (dispatched ops, FLOPs / 2) and saved-tensor hooks (floats autograd keeps, storages de-duplicated, parameters
 excluded). Ops neither counter knows are given formulas here; any other op that could hide MACs is an error.
+The speed gate also counts the operator calls of a layer step with the PyTorch profiler.
 """
 
 import warnings
@@ -126,6 +127,20 @@ def count_saved_floats(forward: Callable, module: nn.Module) -> int:
         output = forward()  # kept alive until counted, so no storage is freed and its address reused
     del output
     return sum(storages.values())
+
+
+def count_op_calls(fn: Callable) -> int:
+    """Operator calls (aten and switchbench ops, nested and backward ones included) of one ``fn()``.
+
+    The PyTorch profiler records each dispatcher call once, whatever the timing or the thread count, so the count
+    is deterministic on the CPU; autograd's own events mirror these calls and are left out.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # a first call may take one-off paths (lazy initialisation)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(event.name.split("::")[0] in ("aten", "switchbench") for event in prof.events())
 
 
 @cache

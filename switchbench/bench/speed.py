@@ -4,13 +4,20 @@ Models of one group (a dense baseline and the models compared with it) are timed
 per round, and every ratio is the median over rounds of the paired ratio, so slow drifts of the machine cancel.
 On a GPU calls are timed with CUDA events after an L2 flush; peak memory is torch.cuda.max_memory_allocated over
 one training step. On the CPU memory is the activation bytes autograd keeps for one training step.
+The per-round paired ratios are kept, so the gate can put a confidence interval on each median; the CPU gate
+times one intra-op thread by its CPU time, which other processes on the machine do not inflate.
 """
 
+import contextlib
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
+import pandas as pd
 import torch
 
 from switchbench.models.lm import ATTENTIONS, LanguageModel
@@ -18,7 +25,10 @@ from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
 from .accounting import exact_cost, model_macs
-from .measure import count_saved_floats
+from .command import DTYPES, slug
+from .measure import count_op_calls, count_saved_floats
+from .published import WALLCLOCK
+from .results import save_run
 
 # Each group: a dense baseline first, then the models compared with it.
 GROUPS = {
@@ -43,7 +53,10 @@ GPU_GROUPS = ("47m", "45m-rope", "262m", "244m-rope")
 CPU_GROUPS = ("tiny", "tiny-rope")
 # The CI gate: one SwitchHead against one dense attention layer at the 47M shapes, and the exact cost ratios.
 GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# One intra-op thread, timed by its CPU time: with PyTorch's default of one thread per core, busy neighbours
+# on a shared CI runner stall the thread pool and the SwitchHead/dense ratio moved by 2x (issue 12).
+GATE_THREADS = 1
+GATE_ROUNDS = 30
 
 
 @dataclass
@@ -58,6 +71,7 @@ class Bench:
     memory: Callable[
         [], float | None
     ]  # bytes: peak allocated (GPU) or kept for backward (CPU); None: not measured
+    op_calls: Callable[[], int | None] = lambda: None  # operator calls of one run(); None: not counted
 
 
 def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False) -> list[Bench]:
@@ -123,9 +137,10 @@ def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> l
 
     macs = batch * exact_cost(cfg).macs
     return [
-        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None),
-        Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory),
-    ]
+        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward)),
+        Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory,
+              lambda: count_op_calls(forward_backward)),
+    ]  # fmt: skip
 
 
 def _bytes(dtype: torch.dtype) -> int:
@@ -142,18 +157,21 @@ def _cuda_peak(step: Callable) -> float:
 
 
 class Timer:
-    """Milliseconds of one call: CUDA events after an L2 flush on a GPU, perf_counter on the CPU."""
+    """Milliseconds of one call: CUDA events after an L2 flush on a GPU; on the CPU, wall-clock, or with
+    ``clock="thread"`` the calling thread's CPU time, which leaves out the slices other processes hold the cores
+    (with one intra-op thread, and autograd running CPU work on the caller, that thread does all the work)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, clock: str = "wall"):
         self.device = device
+        self.clock = time.thread_time if clock == "thread" else time.perf_counter
         if device == "cuda":
             self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
 
     def __call__(self, fn: Callable) -> float:
         if self.device != "cuda":
-            start = time.perf_counter()
+            start = self.clock()
             fn()
-            return 1e3 * (time.perf_counter() - start)
+            return 1e3 * (self.clock() - start)
         self.flush.zero_()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -161,6 +179,18 @@ class Timer:
         end.record()
         torch.cuda.synchronize()
         return start.elapsed_time(end)
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Run the block with ``threads`` intra-op threads (None: as they are); the setting is restored after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -211,10 +241,12 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
                 "memory_bytes": _memory(bench),
             }
+            op_calls = bench.op_calls()
+            if op_calls is not None:
+                row["op_calls"] = op_calls
             if base is not None and base not in failed:
-                row["ratio_time"] = statistics.median(
-                    a / b for a, b in zip(times[i], times[base], strict=True)
-                )
+                paired = [a / b for a, b in zip(times[i], times[base], strict=True)]
+                row |= {"ratio_time": statistics.median(paired), "ratio_time_rounds": paired}
                 row["baseline"] = baseline
         rows.append(row)
     for row in rows:  # memory ratios need every row's memory first
@@ -298,11 +330,12 @@ def run(
     rounds: int,
     warmup: int,
     ddp: bool = False,
+    clock: str = "wall",
 ) -> list[dict]:
     """Every group and scope timed interleaved; OOMs recorded; the exact cost ratios of the presets added."""
     from tqdm import tqdm
 
-    timer, rows = Timer(device), []
+    timer, rows = Timer(device, clock), []
     with tqdm(
         total=len(groups) * len(scopes) * (rounds + warmup), desc="timing", unit="round", disable=None
     ) as bar:
@@ -332,3 +365,148 @@ def run(
                 del benches
                 _release()
     return rows + [r | {"group": "count"} for r in count_ratios()]
+
+
+def register(commands) -> None:
+    """The ``speed`` command."""
+    parser = commands.add_parser("speed", help="wall-clock and peak memory, interleaved, ratios to dense")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
+    parser.add_argument(
+        "--batch", type=int, help="sequences per step, over all processes (default 64 GPU, 2 CPU)"
+    )
+    parser.add_argument(
+        "--groups", nargs="+", help="preset groups (default: 47M and 262M on a GPU, tiny on CPU)"
+    )
+    parser.add_argument("--presets", nargs="+", help="one custom group: the first is the baseline")
+    parser.add_argument("--scopes", nargs="+", choices=["model", "layer"], default=["model", "layer"])
+    parser.add_argument(
+        "--rounds", type=int, help=f"timed rounds after warm-up (default 20; {GATE_ROUNDS} with --quick)"
+    )
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help=f"intra-op threads (default: PyTorch's; {GATE_THREADS} with --quick on the CPU)",
+    )
+    parser.add_argument(
+        "--clock",
+        choices=["wall", "thread"],
+        help="CPU timing: wall-clock, or the timing thread's CPU time (needs --threads 1; default with --quick)",
+    )
+    parser.add_argument("--quick", action="store_true", help="the CI gate: 47M attention layers on the CPU")
+    parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device here")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    batch = args.batch if args.batch is not None else 4 if args.quick else 64 if device == "cuda" else 2
+    rounds = args.rounds if args.rounds is not None else GATE_ROUNDS if args.quick else 20
+    gate = args.quick and device == "cpu"
+    threads = args.threads if args.threads is not None or not gate else GATE_THREADS
+    clock = args.clock or ("thread" if gate else "wall")
+    if clock == "thread" and (device == "cuda" or threads != 1):
+        raise ValueError(
+            "--clock thread times the CPU with one intra-op thread: use --device cpu --threads 1"
+        )
+    if batch < world or batch % world:
+        raise ValueError(f"batch must be a positive multiple of the {world} processes; got {batch}")
+    if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
+        raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
+    groups, scopes = _groups(args, device)
+    if world > 1:
+        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    with intra_op_threads(threads):
+        rows = run(
+            groups, scopes, device, DTYPES[dtype_name], batch // world, rounds, args.warmup, world > 1, clock
+        )
+        if world > 1:
+            torch.distributed.destroy_process_group()
+        if rank != 0:
+            return 0
+        metadata = describe(
+            rows,
+            device,
+            dtype_name,
+            batch=batch,
+            processes=world,
+            rounds=rounds,
+            warmup=args.warmup,
+            threads=torch.get_num_threads(),
+            clock=clock,
+            groups={g: list(p) for g, p in groups.items()},
+        )
+    folder = Path(args.out) / slug(metadata["device"])
+    path = save_run(folder, f"{dtype_name}-b{batch}" + ("-quick" if args.quick else ""), metadata, rows)
+    if args.json:
+        print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
+        return 0
+    print(
+        f"{metadata['device']}, {dtype_name}, batch {batch}, {world} process(es), {metadata['threads']} "
+        f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
+        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured)"
+    )
+    print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
+    print("\nPaper Table 5 (whole training steps):")
+    print(_published_wallclock().to_string(index=False))
+    print(f"saved {path}")
+    return 0
+
+
+def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
+    if args.quick:
+        return {"gate": GATE_LAYERS}, ("layer",)
+    if args.presets:
+        unknown = [p for p in args.presets if p not in PRESETS]
+        if unknown:
+            raise ValueError(f"unknown presets: {', '.join(unknown)}")
+        return {"custom": tuple(args.presets)}, tuple(args.scopes)
+    names = args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS)
+    unknown = [g for g in names if g not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown groups {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    return {g: GROUPS[g] for g in names}, tuple(args.scopes)
+
+
+def _printed(r: dict) -> dict:
+    memory = r.get("memory_bytes")
+    return {
+        "group": r["group"],
+        "preset": r["preset"],
+        "scope": r["scope"],
+        "what": r["what"],
+        "ms": f"{r['ms']:.2f}" if "ms" in r else r["status"],
+        "rel. time": f"{r['ratio_time']:.2f}" if "ratio_time" in r else "",
+        "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
+        "rel. memory": f"{r['ratio_memory']:.2f}" if "ratio_memory" in r else "",
+        "op calls": r.get("op_calls", ""),
+        "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
+        "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
+    }
+
+
+def _published_wallclock() -> pd.DataFrame:
+    with WALLCLOCK.open(newline="") as f:
+        table = pd.read_csv(f, dtype=str, keep_default_na=False)  # printed as published
+    table["gpu_mem_gb"] = table["gpu_mem_gb"].astype(str) + "G"
+    table["GPUs"] = table["n_gpus"].astype(str) + "x " + table["gpu"]
+    names = {
+        "size": "size",
+        "model": "model",
+        "n_heads_active": "heads",
+        "ms_per_iter": "ms/iter",
+        "rel_time": "rel. time",
+        "gpu_mem_gb": "GPU memory",
+        "rel_mem": "rel. memory",
+        "GPUs": "GPUs",
+    }
+    return table[list(names)].rename(columns=names)
