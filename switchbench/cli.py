@@ -181,6 +181,7 @@ def run_params(args) -> None:
         {"what": "per layer: MLP", "parameters": per_layer["mlp"]},
         {"what": "per layer: attention + MLP", "parameters": per_layer["attention_plus_mlp"]},
         {"what": "per layer: LayerNorms", "parameters": per_layer["layer_norms"]},
+        {"what": "per layer: XL biases u, v and logit scale", "parameters": per_layer["xl_bias_and_scale"]},
     ]
     print(f"{args.preset or 'custom'}: {_describe(cfg)}")
     print(format_table(rows))

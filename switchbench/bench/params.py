@@ -4,6 +4,7 @@ from functools import cache
 
 import torch
 
+from switchbench.models.attention_xl import UNMATCHED
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 
@@ -14,7 +15,9 @@ def parameter_counts(cfg: ModelConfig) -> dict:
     with torch.device("meta"):
         model = LanguageModel(cfg.replace(causal=True))
     block = model.stack.blocks[0]
-    attention, mlp = count_parameters(block.attn), count_parameters(block.mlp)
+    # XL biases and logit scales are learned but not among the weights the paper matches
+    unmatched = sum(p.numel() for n, p in block.attn.named_parameters() if n.rsplit(".", 1)[-1] in UNMATCHED)
+    attention, mlp = count_parameters(block.attn) - unmatched, count_parameters(block.mlp)
     return {
         "total": count_parameters(model),
         "embedding": count_parameters(model.stack.embedding),
@@ -25,5 +28,6 @@ def parameter_counts(cfg: ModelConfig) -> dict:
             "mlp": mlp,
             "attention_plus_mlp": attention + mlp,
             "layer_norms": count_parameters(block.ln_attn) + count_parameters(block.ln_mlp),
+            "xl_bias_and_scale": unmatched,
         },
     }
