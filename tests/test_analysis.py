@@ -11,6 +11,8 @@ from switchbench.analysis import checkpoint, listops, stats
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, train
 from switchbench.cli import main
+from switchbench.models.lm import LanguageModel
+from switchbench.models.presets import PRESETS
 
 
 def evaluate(tokens: list[str]) -> int:
@@ -178,3 +180,17 @@ def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
         assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_checkpoint_from_before_the_xl_terms_loads(tmp_path):
+    """A configuration saved before ``xl_bias_and_scale`` existed was built without u, v and a learned scale."""
+    cfg = PRESETS["tiny-transformer"].replace(xl_bias_and_scale=False)
+    model = LanguageModel(cfg)
+    path = tmp_path / "old.pt"
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpoint.save(path, task="lm", cfg=cfg, model=model, optimizer=optimizer, step=0, train={})
+    payload = torch.load(path, weights_only=True)
+    del payload["config"]["xl_bias_and_scale"]
+    torch.save(payload, path)
+    loaded = checkpoint.load(path)
+    assert loaded["cfg"] == cfg

@@ -26,6 +26,8 @@ BAD = [
     (dict(dropout=1.0), "dropout must be in [0.0, 1.0)"),
     (dict(d_model="412"), "d_model must be an integer"),
     (dict(entropy_reg=-0.1), "entropy_reg"),
+    (dict(xl_bias_and_scale="yes"), "xl_bias_and_scale must be True or False; got 'yes'"),
+    (dict(causal=1), "causal must be True or False"),
 ]
 
 

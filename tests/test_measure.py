@@ -33,6 +33,7 @@ def configs(draw):
         experts="".join(draw(st.lists(st.sampled_from("qkvo"), min_size=1, max_size=4, unique=True))),
         shared_selection=draw(st.booleans()),
         moa_gating=draw(st.sampled_from(["softmax", "sigmoid"])),
+        xl_bias_and_scale=draw(st.booleans()),
         n_layers=2,
         mlp_experts=4,
         mlp_k=2,
@@ -49,7 +50,13 @@ def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
 
 
 @pytest.mark.parametrize(
-    "name", ["c4-262m-switchhead-h4", "wikitext103-244m-transformer-h16", "wikitext103-47m-moa-h8"]
+    "name",
+    [
+        "c4-262m-switchhead-h4",
+        "c4-262m-transformer-h16",
+        "wikitext103-244m-transformer-h16",
+        "wikitext103-47m-moa-h8",
+    ],
 )
 def test_exact_count_at_published_sizes(name):
     views = measure.cost_views(PRESETS[name])

@@ -59,3 +59,23 @@ def test_moa_counts_experts_along_the_expert_axis():
     attention = parameter_counts(cfg)["per_layer"]["attention"]
     # shared K and V, E experts with Q and O, a d_model x E router, one head of projected positions
     assert attention == 2 * 412 * 88 + 10 * 2 * 412 * 88 + 412 * 10 + 412 * 88
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("wikitext103-47m-transformer-h10", 2 * 10 * 41 + 1),  # u, v of H x d_head, the logit scale
+        ("c4-262m-transformer-h16", 2 * 16 * 64 + 1),
+        ("wikitext103-47m-moa-h4", 1),  # the temperature
+        ("wikitext103-47m-switchhead-h2", 0),
+        ("wikitext103-45m-transformer-h10", 0),  # RoPE: a fixed scale
+    ],
+)
+def test_xl_biases_and_scale_are_listed_apart(name, expected):
+    """Learned but not among the paper's matched weights: counted in the total, not in attention."""
+    cfg = PRESETS[name]
+    counts = parameter_counts(cfg)
+    assert counts["per_layer"]["xl_bias_and_scale"] == expected
+    without = parameter_counts(cfg.replace(xl_bias_and_scale=False))
+    assert without["per_layer"]["attention"] == counts["per_layer"]["attention"]
+    assert counts["total"] - without["total"] == cfg.n_layers * expected

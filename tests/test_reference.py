@@ -123,8 +123,14 @@ def _allowed(qp: int, kp: int, cfg: ModelConfig) -> bool:
     return kp <= qp and kp // cfg.T >= qp // cfg.T - cfg.context_blocks
 
 
-def _ref_head(q, k, v, q_pos, k_pos, cfg, pos_weight):
-    """One attention head over lists of vectors; pos_weight [d_head, d_model] for XL, None for RoPE."""
+def _ref_head(q, k, v, q_pos, k_pos, cfg, pos_weight, scale=None, u=None, v_bias=None):
+    """One attention head over lists of vectors; pos_weight [d_head, d_model] for XL, None for RoPE.
+
+    XL options: a learned logit scale (else 1/sqrt(d_head)) and the global content and position biases u, v.
+    """
+    scale = 1 / math.sqrt(cfg.d_head) if scale is None else scale
+    u = 0 if u is None else u
+    v_bias = 0 if v_bias is None else v_bias
     if cfg.pos == "rope":
         q = [_rope(vec, p) for vec, p in zip(q, q_pos, strict=True)]
         k = [_rope(vec, p) for vec, p in zip(k, k_pos, strict=True)]
@@ -134,10 +140,10 @@ def _ref_head(q, k, v, q_pos, k_pos, cfg, pos_weight):
         for kj, vj, kp in zip(k, v, k_pos, strict=True):
             if not _allowed(qp, kp, cfg):
                 continue
-            logit = qi @ kj
+            logit = (qi + u) @ kj
             if cfg.pos == "xl":
-                logit = logit + qi @ (pos_weight @ _encoding(qp - kp, cfg.d_model))
-            logits.append(logit / math.sqrt(cfg.d_head))
+                logit = logit + (qi + v_bias) @ (pos_weight @ _encoding(qp - kp, cfg.d_model))
+            logits.append(logit * scale)
             values.append(vj)
         logits = torch.stack(logits)
         weights = torch.exp(logits - logits.max())
@@ -211,6 +217,7 @@ def _ref_moa(m, x, mem, q_pos, k_pos):
     B, t, _ = x.shape
     xs = x if mem is None else torch.cat([mem, x], 1)
     pos_weight = m.attention.pos_proj.weight if cfg.pos == "xl" else None
+    scale = m.attention.logit_scale[0] if cfg.pos == "xl" and cfg.xl_bias_and_scale else None
     rows, routing = [], []
     for b in range(B):
         k = [m.k.weight @ xs[b, j] for j in range(xs.shape[1])]
@@ -226,7 +233,7 @@ def _ref_moa(m, x, mem, q_pos, k_pos):
             y = 0
             for e in best:
                 q = x[b, i] @ m.q_experts[e]
-                a = _ref_head([q], k, v, [q_pos[i]], k_pos, cfg, pos_weight)[0]
+                a = _ref_head([q], k, v, [q_pos[i]], k_pos, cfg, pos_weight, scale)[0]
                 y = y + scores[e] * (a @ m.o_experts[e])
             rows.append(y)
     return torch.stack(rows).view(B, t, -1), routing
@@ -410,6 +417,58 @@ def test_switchhead_one_expert_ungated_is_dense(monkeypatch, pos, experts):
     _assert_matches(y, y_dense, {"x": x, "mem": mem}, 13)
 
 
+# ---------------------------------------------------------------- dense attention
+
+
+def _ref_dense(m, cfg, x, mem, q_pos, k_pos):
+    """Head by head: rows of the Q, K, V weights, the XL terms (learned scale, u, v) if any, columns of O."""
+    D = cfg.d_head
+    xs = x if mem is None else torch.cat([mem, x], 1)
+    xl = cfg.pos == "xl"
+    rows = []
+    for b in range(x.shape[0]):
+        heads = []
+        for h in range(cfg.n_heads):
+            part = slice(h * D, (h + 1) * D)
+            q = [m.q.weight[part] @ vec for vec in x[b]]
+            k = [m.k.weight[part] @ vec for vec in xs[b]]
+            v = [m.v.weight[part] @ vec for vec in xs[b]]
+            pos_weight = m.attention.pos_proj.weight[part] if xl else None
+            terms = ()
+            if xl and cfg.xl_bias_and_scale:
+                att = m.attention
+                terms = (att.logit_scale[0], att.content_bias[h], att.position_bias[h])
+            heads.append(_ref_head(q, k, v, q_pos, k_pos, cfg, pos_weight, *terms))
+        for i in range(x.shape[1]):
+            rows.append(sum(m.o.weight[:, h * D : (h + 1) * D] @ heads[h][i] for h in range(cfg.n_heads)))
+    return torch.stack(rows).view(*x.shape[:2], -1)
+
+
+@pytest.mark.parametrize(
+    ("pos", "extras", "window"),
+    [
+        ("xl", True, "mem-block"),
+        ("xl", True, "mem-full"),
+        ("xl", True, "bidirectional"),
+        ("xl", False, "mem-block"),
+        ("rope", True, "mem-block"),
+    ],
+)
+def test_dense_matches_reference(pos, extras, window):
+    """Forward and every gradient, the XL biases u, v and the learned logit scale (redrawn at random, so none of
+    them is trivial) included, against the per-head loop."""
+    cfg = _window_cfg(
+        window, model="transformer", pos=pos, d_head=10 if pos == "rope" else 4, xl_bias_and_scale=extras
+    )
+    seed = 70 + 3 * len(pos) + extras
+    m = _build(DenseAttention, cfg, seed)
+    extra_names = {f"attention.{n}" for n in ("content_bias", "position_bias", "logit_scale")}
+    assert (extra_names <= dict(m.named_parameters()).keys()) == (pos == "xl" and extras)
+    x, mem, win, q_pos, k_pos = _inputs(cfg, window, seed + 1)
+    y, _ = m(x, mem, win)
+    _assert_matches(y, _ref_dense(m, cfg, x, mem, q_pos, k_pos), _leaves(x, mem, m), seed + 2)
+
+
 # ---------------------------------------------------------------- MoA
 
 
@@ -565,20 +624,43 @@ def test_sigmoid_topk(k, expert_dropout):
                 assert gate == pytest.approx(1 / (1 + math.exp(-logits[n, g, e].item())), rel=1e-12)
 
 
+def _hand_entropy_term(rows: list[list[float]]) -> float:
+    """sum_e p_e log p_e of the mean over ``rows`` of softmax(row)."""
+    mean_p = [0.0] * len(rows[0])
+    for row in rows:
+        z = sum(math.exp(v) for v in row)
+        for e, v in enumerate(row):
+            mean_p[e] += math.exp(v) / z / len(rows)
+    return sum(p * math.log(p) for p in mean_p)
+
+
 def test_entropy_regularizer_by_hand():
-    """Minus the entropy of the token-averaged softmax, averaged over the routers."""
-    logits = _randn(50, 7, 3, 4, scale=1.5)
+    """Minus the entropy of each group's averaged softmax, averaged over the groups."""
+    logits = _randn(50, 3, 7, 4, scale=1.5)
+    expected = sum(_hand_entropy_term(logits[b].tolist()) for b in range(3)) / 3
+    assert entropy_regularizer(logits).item() == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("window", ["mem-block", "no-mem"])
+def test_switchhead_regularizer_pools_each_sequence(window):
+    """As the authors: for each side, each sequence's router softmaxes are averaged over its tokens and heads;
+    minus the entropy of that mean, averaged over the sequences, summed over the sides, times the coefficient."""
+    cfg = _switchhead_cfg("xl", "vo", False, window).replace(entropy_reg=0.3, n_heads=3)
+    m = _build(SwitchHeadAttention, cfg, 80)
+    x, mem, win, _, _ = _inputs(cfg, window, 81, batch=3)
+    _, aux = m(x, mem, win)
+    xs = x if mem is None else torch.cat([mem, x], 1)
+    E = cfg.n_experts
     expected = 0.0
-    for g in range(3):
-        mean_p = [0.0] * 4
-        for n in range(7):
-            row = logits[n, g].tolist()
-            z = sum(math.exp(v) for v in row)
-            for e in range(4):
-                mean_p[e] += math.exp(row[e]) / z / 7
-        expected += sum(p * math.log(p) for p in mean_p) / 3
-    got = entropy_regularizer(logits)
-    assert got.item() == pytest.approx(expected, rel=1e-12)
+    for router, tokens in ((m.src_router, xs), (m.dst_router, x)):
+        for b in range(3):
+            rows = [
+                (router.weight[h * E : (h + 1) * E] @ vec).tolist()
+                for vec in tokens[b]
+                for h in range(cfg.n_heads)
+            ]
+            expected += 0.3 * _hand_entropy_term(rows) / 3
+    assert aux.item() == pytest.approx(expected, rel=1e-12)
 
 
 def test_sinusoids_formula():

@@ -263,113 +263,6 @@ def test_incremental_any_split(model, pos, context_blocks, cuts):
     torch.testing.assert_close(run_pieces(lm, tokens, sizes), run_pieces(lm, tokens, [SEQ]), **TIGHT)
 
 
-# --- 5. and 6. initialisation ----------------------------------------------------------------------------
-
-INIT_LAYERS = (
-    2  # sqrt(2 / L) = 1 sets the expected std well apart from nn.Linear's default of 1/sqrt(3 fan_in)
-)
-
-
-def init_cfg(model: str, pos: str = "xl") -> ModelConfig:
-    return ModelConfig(
-        model=model,
-        pos=pos,
-        d_model=256,
-        n_layers=INIT_LAYERS,
-        n_heads=4,
-        d_head=48,
-        d_ff=512,
-        n_experts=4,
-        k=2,
-        T=16,
-        vocab=64,
-        mlp_experts=8,
-        mlp_expert_size=64,
-        mlp_k=2,
-    )
-
-
-def assert_init(weight: torch.Tensor, fan_in: int, what: str) -> None:
-    """Finite, zero-mean normal with std sqrt(2/L)/sqrt(fan_in)."""
-    w = weight.detach().double().flatten()
-    expected = math.sqrt(2.0 / INIT_LAYERS) / math.sqrt(fan_in)
-    assert torch.isfinite(w).all(), what
-    assert abs(w.std().item() / expected - 1) < 0.1, (
-        f"{what}: std {w.std().item():.4g}, expected {expected:.4g}"
-    )
-    assert abs(w.mean().item()) < 0.1 * expected, what
-    # A normal's kurtosis is 3; a uniform (nn.Linear's default) has 1.8.
-    kurtosis = (((w - w.mean()) / w.std()) ** 4).mean().item()
-    assert abs(kurtosis - 3) < 0.4, f"{what}: kurtosis {kurtosis:.3g}"
-
-
-@pytest.mark.parametrize("model", FAMILIES)
-def test_xl_positional_projection_initialised(model):
-    """Every layer's XL position projection is initialised like the other projections (fan_in d_model)."""
-    cfg = init_cfg(model)
-    torch.manual_seed(0)
-    lm = LanguageModel(cfg)
-    for i, block in enumerate(lm.stack.blocks):
-        weight = block.attn.attention.pos_proj.weight
-        heads = 1 if model == "moa" else cfg.n_heads
-        assert weight.shape == (heads * cfg.d_head, cfg.d_model)
-        assert_init(weight, cfg.d_model, f"layer {i} pos_proj")
-
-
-def projections(cfg: ModelConfig, block) -> list[tuple[str, torch.Tensor, int]]:
-    """(name, weight, fan_in) of every projection of a block, fan_in as the authors define it."""
-    d, hd, attn, mlp = cfg.d_model, cfg.n_heads * cfg.d_head, block.attn, block.mlp
-    if cfg.attention == "dense":
-        found = [
-            ("q", attn.q.weight, d),
-            ("k", attn.k.weight, d),
-            ("v", attn.v.weight, d),
-            ("o", attn.o.weight, hd),
-        ]
-    elif cfg.attention == "switchhead":
-        found = [("q", attn.q.weight, d), ("k", attn.k.weight, d), ("v", attn.v, d), ("o", attn.o, hd)]
-    else:
-        found = [
-            ("k", attn.k.weight, d),
-            ("v", attn.v.weight, d),
-            ("q", attn.q_experts, d),
-            ("o", attn.o_experts, hd),
-        ]
-    if cfg.mlp == "dense":
-        found += [("up", mlp.up.weight, d), ("down", mlp.down.weight, cfg.d_ff)]
-    else:
-        found += [("up", mlp.up, d), ("down", mlp.down, cfg.mlp_k * cfg.mlp_expert_size)]
-    return found
-
-
-def routers(block) -> list[torch.Tensor]:
-    found = [getattr(block.attn, name, None) for name in ("src_router", "dst_router", "router")]
-    found.append(getattr(block.mlp, "router", None))
-    return [r.weight for r in found if r is not None]
-
-
-@pytest.mark.parametrize("model", FAMILIES)
-def test_authors_initialisation(model):
-    """Projections have std sqrt(2/L)/sqrt(fan_in) (output fan_in H*d_head); router rows share one norm."""
-    cfg = init_cfg(model)
-    torch.manual_seed(0)
-    lm = LanguageModel(cfg)
-    expected_routers = {"transformer": 0, "switchhead": 2, "moa": 1, "switchall": 3}[model]
-    for i, block in enumerate(lm.stack.blocks):
-        for name, weight, fan_in in projections(cfg, block):
-            assert_init(weight, fan_in, f"layer {i} {name}")
-        found = routers(block)
-        assert len(found) == expected_routers
-        for weight in found:
-            norms = weight.detach().norm(dim=-1)
-            assert torch.isfinite(norms).all() and (norms > 0).all()
-            torch.testing.assert_close(
-                norms, norms.new_full(norms.shape, norms.mean().item()), rtol=1e-5, atol=0
-            )
-            # Rescaling the rows keeps the projection scale: each row's norm is about sqrt(2/L).
-            assert abs(norms.mean().item() / math.sqrt(2.0 / INIT_LAYERS) - 1) < 0.2
-
-
 # --- 7. learning -----------------------------------------------------------------------------------------
 
 LM_PRESETS = (
@@ -523,3 +416,93 @@ def test_observe_changes_nothing_and_stops(model, pos):
         assert record, f"{name} recorded nothing inside the block"
         # A later forward outside the block must not overwrite what was recorded inside it.
         assert all(record[key] is kept[name][key] for key in record), name
+
+
+# --- 9. the authors' training set-up ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_memory_is_cached_before_the_layernorm(model):
+    """The cache holds each layer's input before its LayerNorm, and the current LayerNorm normalises it: its gain
+    and bias get gradients through the memory positions too."""
+    cfg = small_cfg(model, "xl", n_layers=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, 2 * T)
+    with torch.no_grad():
+        state = lm(tokens[:, :T]).state
+    mem = state.mems[0]
+    assert torch.equal(mem, lm.stack.embedding(tokens[:, :T])), "the cache is not the block's input"
+    block, window = lm.stack.blocks[0], make_window(T, T, T, T, 1, True, "cpu")
+    ln = block.ln_attn
+    probe = torch.randn(2, T, cfg.vocab, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+
+    def loss_given(normalised_memory):
+        x = lm.stack.embedding(tokens[:, T:])
+        x = x + block.attn(ln(x), normalised_memory, window)[0]
+        x = x + block.mlp(block.ln_mlp(x))[0]
+        return (lm.head(lm.stack.ln_out(x)) * probe).sum()
+
+    grads = torch.autograd.grad((lm(tokens[:, T:], state).logits * probe).sum(), [ln.weight, ln.bias])
+    by_hand = torch.autograd.grad(loss_given(ln(mem)), [ln.weight, ln.bias])
+    current_only = torch.autograd.grad(loss_given(ln(mem).detach()), [ln.weight, ln.bias])
+    for g, g_hand, g_current in zip(grads, by_hand, current_only, strict=True):
+        torch.testing.assert_close(g, g_hand, **TIGHT)
+        assert (g - g_current).abs().max() > 1e-3 * g.abs().max(), "no gradient through the memory positions"
+
+
+@pytest.mark.parametrize("model", ["switchhead", "moa", "switchall"])
+def test_router_logits_in_float32_under_autocast(model):
+    """Under CPU bf16 autocast the layers compute in bf16 but every router's selection and gates in float32,
+    and a training step's gradients come back in float32."""
+    cfg = small_cfg(model, "xl")
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    with torch.autocast("cpu", dtype=torch.bfloat16), observe(lm) as records:
+        out = lm(tokens[:, :-1])
+        loss = out.loss(tokens[:, 1:])
+    loss.backward()
+    assert out.logits.dtype == torch.bfloat16, "autocast was not on"
+    gates = [value for record in records.values() for key, value in record.items() if key.endswith("gates")]
+    assert len(gates) == {"switchhead": 4, "moa": 2, "switchall": 6}[model]
+    for g in gates:
+        assert g.dtype == torch.float32
+        # sigmoids or softmaxes computed in float32 are not bf16 numbers
+        assert (g != g.bfloat16().float()).any()
+    assert all(p.grad.dtype == torch.float32 for p in lm.parameters())
+
+
+@pytest.mark.parametrize("model", ["transformer", "switchall"])
+def test_training_dropout_sites(model):
+    """In training, dropout p also hits the MLP hidden layer (dense and sigma-MoE) and the input of the output
+    layer: each element is zeroed or scaled by 1/(1 - p), about a fraction p zeroed; in evaluation none is."""
+    p = 0.3
+    cfg = small_cfg(model, "xl", dropout=p, d_ff=256, mlp_expert_size=64)
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg).double()
+    seen = {}
+
+    def record(name):
+        return lambda module, args, output: seen.__setitem__(name, (args[0], output))
+
+    lm.stack.blocks[0].mlp.dropout.register_forward_hook(record("hidden"))
+    lm.stack.ln_out.register_forward_hook(record("ln_out"))
+    lm.head.register_forward_hook(record("head"))
+    tokens = random_tokens(cfg, SEQ, batch=4)
+    for training in (True, False):
+        lm.train(training)
+        with torch.no_grad():
+            lm(tokens)
+        hidden_in = seen["hidden"][0]
+        width = cfg.d_ff if model == "transformer" else cfg.mlp_expert_size
+        assert hidden_in.shape[-1] == width and (hidden_in >= 0).all(), "not the ReLU hidden layer"
+        sites = {"hidden": seen["hidden"], "output layer": (seen["ln_out"][1], seen["head"][0])}
+        for name, (before, after) in sites.items():
+            live = before != 0
+            dropped = (after[live] == 0).double().mean().item()
+            if training:
+                assert abs(dropped - p) < 0.05, f"{name}: {dropped:.3f} dropped"
+                kept = after[live] != 0
+                torch.testing.assert_close(after[live][kept], before[live][kept] / (1 - p), **TIGHT)
+            else:
+                assert torch.equal(after, before), name

@@ -50,7 +50,8 @@ def load(path: Path) -> dict:
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a switchbench checkpoint")
     try:
-        cfg = ModelConfig.from_dict(payload["config"])
+        # configurations saved before the field existed were built without the XL biases and learned scale
+        cfg = ModelConfig.from_dict({"xl_bias_and_scale": False} | payload["config"])
         module = build_model(payload["task"], cfg, payload.get("n_classes"))
         module.load_state_dict(payload["model"])
     except (KeyError, TypeError) as error:

@@ -190,6 +190,9 @@ def _exact_core(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> C
         macs += D * dm * Hk * dh + H * T * dh * D  # position projection, q r^T
         # sinusoids, projected positions, q, k, the attention map (after softmax), v
         mem = D * dm + D * Hk * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
+        if cfg.xl_bias_and_scale and cfg.attention != "switchhead":
+            # the learned scale keeps q, the unscaled query; the dense biases make two queries, q + u and q + v
+            mem += T * H * dh * (2 if cfg.attention == "dense" else 1)
         return Cost(macs, mem)
     half = int(dh * 0.5) // 2  # rotated channel pairs
     rotation = 2 * (T + S) * half  # cos and sin of the query and key positions

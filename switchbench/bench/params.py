@@ -4,6 +4,7 @@ from functools import cache
 
 import torch
 
+from switchbench.models.attention_xl import UNMATCHED
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
@@ -17,7 +18,9 @@ def parameter_counts(cfg: ModelConfig) -> dict:
     with torch.device("meta"):
         model = LanguageModel(cfg.replace(causal=True))
     block = model.stack.blocks[0]
-    attention, mlp = count_parameters(block.attn), count_parameters(block.mlp)
+    # XL biases and logit scales are learned but not among the weights the paper matches
+    unmatched = sum(p.numel() for n, p in block.attn.named_parameters() if n.rsplit(".", 1)[-1] in UNMATCHED)
+    attention, mlp = count_parameters(block.attn) - unmatched, count_parameters(block.mlp)
     return {
         "total": count_parameters(model),
         "embedding": count_parameters(model.stack.embedding),
@@ -28,6 +31,7 @@ def parameter_counts(cfg: ModelConfig) -> dict:
             "mlp": mlp,
             "attention_plus_mlp": attention + mlp,
             "layer_norms": count_parameters(block.ln_attn) + count_parameters(block.ln_mlp),
+            "xl_bias_and_scale": unmatched,
         },
     }
 
@@ -61,6 +65,7 @@ def _run_params(args) -> None:
         {"what": "per layer: MLP", "parameters": per_layer["mlp"]},
         {"what": "per layer: attention + MLP", "parameters": per_layer["attention_plus_mlp"]},
         {"what": "per layer: LayerNorms", "parameters": per_layer["layer_norms"]},
+        {"what": "per layer: XL biases u, v and logit scale", "parameters": per_layer["xl_bias_and_scale"]},
     ]
     print(f"{args.preset or 'custom'}: {describe(cfg)}")
     print(format_table(rows))

@@ -1,5 +1,10 @@
-"""Transformer-XL relative-position attention: logits = (q·k_j + q·r(i - j)) / sqrt(d_head), where r is a
-learned projection of sinusoidal encodings of the distance i - j."""
+"""Transformer-XL relative-position attention: logits = s ((q + u)·k_j + (q + v)·r(i - j)), where r is a learned
+projection of sinusoidal encodings of the distance i - j.
+
+Optional, as the authors' models have them: the global content and position biases u, v (one d_head vector per
+head, zero at init) and a learned logit scale s (a scalar, 1/sqrt(d_head) at init). Without them s is that
+constant and u = v = 0.
+"""
 
 import math
 
@@ -8,6 +13,9 @@ from torch import Tensor, nn
 
 from .initialization import init_projection_
 from .window import Window, attend
+
+# Learned per-layer parameters that are not among the weights the paper matches (listed apart, like LayerNorm).
+UNMATCHED = ("content_bias", "position_bias", "logit_scale")
 
 
 def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -20,11 +28,26 @@ def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float3
 class XLAttention(nn.Module):
     """Attention with relative positions; ``n_kv_heads`` (H, or 1 for MoA) heads of projected positions."""
 
-    def __init__(self, d_model: int, n_kv_heads: int, d_head: int, n_layers: int):
+    def __init__(
+        self,
+        d_model: int,
+        n_kv_heads: int,
+        d_head: int,
+        n_layers: int,
+        n_heads: int = 1,
+        global_biases: bool = False,
+        learned_scale: bool = False,
+    ):
         super().__init__()
         self.d_model, self.d_head = d_model, d_head
         self.pos_proj = nn.Linear(d_model, n_kv_heads * d_head, bias=False)
         init_projection_(self.pos_proj.weight, d_model, n_layers)
+        self.content_bias = self.position_bias = self.logit_scale = None
+        if global_biases:
+            self.content_bias = nn.Parameter(torch.zeros(n_heads, d_head))  # u
+            self.position_bias = nn.Parameter(torch.zeros(n_heads, d_head))  # v
+        if learned_scale:
+            self.logit_scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(d_head)))
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, window: Window, return_maps: bool = False):
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys, D distances
@@ -36,7 +59,20 @@ class XLAttention(nn.Module):
         r = r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
         index = (window.q_pos[:, None] - window.k_pos[None, :] - lowest).clamp_(min=0)  # [t, S]
         rows = torch.arange(t, device=q.device)[:, None]
+        q_content, q_position = self._scaled_queries(q)  # [B, H, t, d_head] each
         # Indexing rather than gather: its backward keeps only the indices, not the [B, H, t, D] scores.
-        pos = (q @ r)[:, :, rows, index]  # [B, H, t, S]
-        logits = (q @ k.transpose(-1, -2) + pos) * (1.0 / math.sqrt(self.d_head))
-        return attend(logits, v, window.mask, return_maps)
+        pos = (q_position @ r)[:, :, rows, index]  # [B, H, t, S]
+        return attend(q_content @ k.transpose(-1, -2) + pos, v, window.mask, return_maps)
+
+    def _scaled_queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """s (q + u) and s (q + v): the scale goes on the queries, so no [t, S] map is kept for its gradient."""
+        if self.logit_scale is None:
+            scaled = q * (1.0 / math.sqrt(self.d_head))
+            return scaled, scaled
+        scale = self.logit_scale.to(q.dtype)
+        scaled = q * scale
+        if self.content_bias is None:
+            return scaled, scaled
+        u = (self.content_bias * self.logit_scale)[:, None].to(q.dtype)  # [H, 1, d_head]
+        v = (self.position_bias * self.logit_scale)[:, None].to(q.dtype)
+        return scaled + u, scaled + v

@@ -26,7 +26,10 @@ class ModelConfig:
     context_blocks: int = 1  # cached past chunks attended to; C = 1 + context_blocks
     vocab: int = 8000
     causal: bool = True  # False for sequence classification (ListOps)
-    dropout: float = 0.0
+    # The authors' XL extras: dense attention learns Transformer-XL's global biases u, v and a logit scale, MoA a
+    # temperature. False: a fixed 1/sqrt(d_head) and no biases, the attention maths of SwitchHead's heads.
+    xl_bias_and_scale: bool = True
+    dropout: float = 0.0  # training: embedding, residual branches, MLP hidden layer, before the output layer
     entropy_reg: float = 0.0  # switchhead router entropy regulariser coefficient
     expert_dropout: float = 0.0  # switchhead
     moa_gating: str = "softmax"
@@ -45,6 +48,9 @@ class ModelConfig:
         for name in ("d_model", "n_layers", "n_heads", "d_head", "T", "vocab"):
             _in_range(name, getattr(self, name), 1)
         _in_range("context_blocks", self.context_blocks, 0)
+        for name in ("causal", "shared_selection", "xl_bias_and_scale"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if not self.causal and self.context_blocks:
             raise ValueError(f"context_blocks must be 0 when causal is False, got {self.context_blocks}")
         for name in ("dropout", "expert_dropout", "mlp_expert_dropout"):

@@ -8,13 +8,18 @@ from torch import Tensor
 
 @torch.no_grad()
 def init_projection_(weight: Tensor, fan_in: int, n_layers: int) -> Tensor:
-    """Normal init scaled for an L-layer residual stack; the output projection passes fan_in = H * d_head."""
+    """Normal init scaled for an L-layer residual stack.
+
+    Routers are projections too (fan_in d_model); the attention output passes fan_in = H * d_head and the sigma-MoE
+    output experts N_E * G.
+    """
     return weight.normal_(0.0, math.sqrt(2.0 / n_layers) / math.sqrt(fan_in))
 
 
 @torch.no_grad()
-def init_router_(weight: Tensor, n_layers: int) -> Tensor:
-    """Router weight [experts, d_model]: every expert's row rescaled to the same L2 norm, overall std kept."""
+def init_equal_rows_(weight: Tensor, n_layers: int) -> Tensor:
+    """The sigma-MoE router [experts, d_model]: rows rescaled to one L2 norm, then to the drawn overall std."""
     init_projection_(weight, weight.shape[-1], n_layers)
-    norm = weight.std() * math.sqrt(weight.shape[-1])
-    return weight.mul_(norm / weight.norm(dim=-1, keepdim=True))
+    std = weight.std()
+    weight.div_(weight.norm(dim=-1, keepdim=True))
+    return weight.mul_(std / weight.std())

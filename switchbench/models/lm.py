@@ -35,16 +35,20 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x, mem, window):
-        """-> (output, this layer's window inputs, auxiliary loss)."""
-        h = self.ln_attn(x)
-        y, aux_attn = self.attn(h, mem, window)
+        """-> (output, this layer's window inputs before its LayerNorm, auxiliary loss).
+
+        The memory is cached before the LayerNorm and normalised with the current one, as the authors do: the
+        same in evaluation, but in training the LayerNorm also learns through the memory positions.
+        """
+        y, aux_attn = self.attn(self.ln_attn(x), None if mem is None else self.ln_attn(mem), window)
+        window_inputs = with_memory(mem, x)
         x = x + self.dropout(y)
         y, aux_mlp = self.mlp(self.ln_mlp(x))
-        return x + self.dropout(y), with_memory(mem, h), aux_attn + aux_mlp
+        return x + self.dropout(y), window_inputs, aux_attn + aux_mlp
 
 
 class Stack(nn.Module):
-    """Embedding, L blocks and the final LayerNorm."""
+    """Embedding, L blocks, the final LayerNorm and (training only) dropout before the output layer."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -69,7 +73,7 @@ class Stack(nn.Module):
             x, inputs, aux_block = block(x, mem, window)
             mems.append(next_memory(inputs, end, cfg.T, cfg.context_blocks) if cfg.causal else None)
             aux = aux + aux_block
-        return self.ln_out(x), State(tuple(mems), end), aux
+        return self.dropout(self.ln_out(x)), State(tuple(mems), end), aux
 
 
 @dataclass(frozen=True)

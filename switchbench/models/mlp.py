@@ -1,4 +1,4 @@
-"""The dense two-layer ReLU MLP."""
+"""The dense two-layer ReLU MLP, with dropout on its hidden layer in training."""
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,7 @@ class DenseMLP(nn.Module):
         self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
         init_projection_(self.up.weight, cfg.d_model, cfg.n_layers)
         init_projection_(self.down.weight, cfg.d_ff, cfg.n_layers)
+        self.dropout = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor) -> tuple[Tensor, float]:
-        return self.down(torch.relu(self.up(x))), 0.0
+        return self.down(self.dropout(torch.relu(self.up(x)))), 0.0

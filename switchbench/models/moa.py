@@ -6,10 +6,10 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .expert_matmul import expert_matmul, route
-from .initialization import init_projection_, init_router_
+from .initialization import init_projection_
 from .observe import Observable
 from .positions import positional_attention
-from .router import sigmoid_topk
+from .router import full_precision, sigmoid_topk
 from .window import Window, with_memory
 
 
@@ -25,7 +25,7 @@ class MoAAttention(Observable, nn.Module):
         for weight, fan_in in ((self.k.weight, d), (self.v.weight, d), (self.q_experts, d)):
             init_projection_(weight, fan_in, cfg.n_layers)
         init_projection_(self.o_experts, cfg.n_heads * D, cfg.n_layers)
-        init_router_(self.router.weight, cfg.n_layers)
+        init_projection_(self.router.weight, d, cfg.n_layers)  # rows keep unequal norms, as the authors' do
         self.attention = positional_attention(cfg, 1)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
@@ -33,7 +33,7 @@ class MoAAttention(Observable, nn.Module):
         cfg = self.cfg
         B, t, d = x.shape
         xs = with_memory(mem, x)  # [B, S, d_model]
-        logits = self.router(x).view(B * t, cfg.n_experts)  # [N, E]
+        logits = full_precision(self.router(x)).view(B * t, cfg.n_experts)  # [N, E]
         if cfg.moa_gating == "softmax":
             scores = logits.softmax(-1)  # [N, E]
             experts = scores.topk(cfg.n_heads, dim=-1, sorted=False).indices  # [N, H]

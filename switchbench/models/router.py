@@ -19,8 +19,18 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
     return scores, candidates.topk(k, dim=-1, sorted=False).indices
 
 
+def full_precision(logits: Tensor) -> Tensor:
+    """Router logits in at least float32, so that under mixed precision the top-k and the gates are not rounded
+    to bf16 or fp16."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def entropy_regularizer(logits: Tensor) -> Tensor:
-    """Minus the entropy of the token-averaged softmax of logits [N, G, E], averaged over the G routers."""
-    log_p = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
-    mean_log_p = torch.logsumexp(log_p, dim=0) - math.log(logits.shape[0])
+    """Minus the entropy of the softmax of logits [B, N, E] averaged over N, then averaged over B.
+
+    SwitchHead pools each sequence's tokens and heads (B sequences, N = tokens x heads); the sigma-MoE MLP pools
+    the whole batch (B = 1).
+    """
+    log_p = torch.log_softmax(full_precision(logits), dim=-1)
+    mean_log_p = torch.logsumexp(log_p, dim=1) - math.log(logits.shape[1])  # [B, E]
     return (mean_log_p.exp() * mean_log_p).sum(-1).mean()

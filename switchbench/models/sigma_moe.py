@@ -5,9 +5,9 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .expert_matmul import expert_matmul, route
-from .initialization import init_projection_, init_router_
+from .initialization import init_equal_rows_, init_projection_
 from .observe import Observable
-from .router import entropy_regularizer, sigmoid_topk
+from .router import entropy_regularizer, full_precision, sigmoid_topk
 
 
 class SigmaMoE(Observable, nn.Module):
@@ -18,23 +18,25 @@ class SigmaMoE(Observable, nn.Module):
         self.router = nn.Linear(d, E, bias=False)
         self.up = nn.Parameter(torch.empty(E, d, G))
         self.down = nn.Parameter(torch.empty(E, G, d))
-        init_router_(self.router.weight, cfg.n_layers)
+        self.dropout = nn.Dropout(cfg.dropout)
+        init_equal_rows_(self.router.weight, cfg.n_layers)
         init_projection_(self.up, d, cfg.n_layers)
-        init_projection_(self.down, cfg.mlp_k * G, cfg.n_layers)
+        init_projection_(self.down, E * G, cfg.n_layers)  # N_E G: all experts' hidden units, as the authors
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor | float]:
         # N tokens, E experts, K active, G expert size
         cfg = self.cfg
         B, t, d = x.shape
-        logits = self.router(x).view(B * t, cfg.mlp_experts)  # [N, E]
+        logits = full_precision(self.router(x)).view(B * t, cfg.mlp_experts)  # [N, E]
         dropout = cfg.mlp_expert_dropout if self.training else 0.0
         scores, experts = sigmoid_topk(logits, cfg.mlp_k, dropout)  # [N, E], [N, K]
         routing = route(experts, cfg.mlp_experts)
         hidden = torch.relu(expert_matmul(x.reshape(B * t, 1, d), self.up, routing))  # [N, K, G]
+        hidden = self.dropout(hidden)
         y = expert_matmul(hidden, self.down, routing, scores, 1).view(B, t, d)
         if self.observing:
             gates = scores.detach().gather(1, experts)
             self.record(experts=experts.view(B, t, -1), gates=gates.view(B, t, -1))
         if not cfg.mlp_entropy_reg:
             return y, 0.0
-        return y, cfg.mlp_entropy_reg * entropy_regularizer(logits[:, None])
+        return y, cfg.mlp_entropy_reg * entropy_regularizer(logits[None])

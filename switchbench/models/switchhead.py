@@ -12,10 +12,10 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from .expert_matmul import Routing, expert_matmul, route
-from .initialization import init_projection_, init_router_
+from .initialization import init_projection_
 from .observe import Observable
 from .positions import positional_attention
-from .router import entropy_regularizer, sigmoid_topk
+from .router import entropy_regularizer, full_precision, sigmoid_topk
 from .window import Window, with_memory
 
 
@@ -58,9 +58,10 @@ class SwitchHeadAttention(Observable, nn.Module):
         if dst_used and not cfg.shared_selection:
             self.dst_router = nn.Linear(d, H * E, bias=False)
         self.uses_src, self.uses_dst = src_used, dst_used
+        # Rows keep the unequal norms of a normal draw: the authors' row re-normalisation moves them by ~0.1%.
         for router in (self.src_router, self.dst_router):
             if router is not None:
-                init_router_(router.weight, cfg.n_layers)
+                init_projection_(router.weight, d, cfg.n_layers)
         self.attention = positional_attention(cfg, H)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
@@ -92,7 +93,7 @@ class SwitchHeadAttention(Observable, nn.Module):
         """Top-k of each head's router logits [B, L, H * E]."""
         cfg = self.cfg
         L = logits.shape[1]
-        logits = logits.reshape(B * L, cfg.n_heads, cfg.n_experts)  # [N, H, E]
+        logits = full_precision(logits).reshape(B * L, cfg.n_heads, cfg.n_experts)  # [N, H, E]
         dropout = cfg.expert_dropout if self.training else 0.0
         scores, experts = sigmoid_topk(logits, cfg.k, dropout)  # [N, H, E], [N, H, K]
         flat = experts + torch.arange(cfg.n_heads, device=logits.device)[:, None] * cfg.n_experts
@@ -115,8 +116,9 @@ class SwitchHeadAttention(Observable, nn.Module):
     def _regularizer(self, src: Selection | None, dst: Selection | None) -> Tensor | float:
         if not self.cfg.entropy_reg:
             return 0.0
-        used = [s for s in (src, dst) if s is not None]
-        return self.cfg.entropy_reg * sum(entropy_regularizer(s.logits) for s in used)
+        # Each side's logits pooled per sequence over its tokens and heads: [B, L * H, E]
+        pooled = [s.logits.view(len(s.experts), -1, self.cfg.n_experts) for s in (src, dst) if s is not None]
+        return self.cfg.entropy_reg * sum(entropy_regularizer(logits) for logits in pooled)
 
 
 def _selection_record(side: str, selection: Selection | None) -> dict:
