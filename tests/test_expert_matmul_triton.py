@@ -8,22 +8,12 @@ import torch
 
 pytest.importorskip("triton")
 
+import naive
+
 from switchbench.models.expert_matmul import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
 NAMES = ("out", "grad_x", "grad_w", "grad_scores")
-
-
-def naive(x, weight, indices, scores, s_out):
-    """out[n, s // (S/S_out)] += scores[n, e] * x[n, s // (S/S_in)] @ weight[e], e = indices[n, s], in float64."""
-    n_tokens, s_in, _ = x.shape
-    slots = indices.shape[1]
-    out = torch.zeros(n_tokens, s_out, weight.shape[2], dtype=torch.float64)
-    for n in range(n_tokens):
-        for s in range(slots):
-            gate = 1.0 if scores is None else scores[n, indices[n, s]]
-            out[n, s // (slots // s_out)] += gate * x[n, s // (slots // s_in)] @ weight[indices[n, s]]
-    return out
 
 
 def run(impl, x, weight, indices, scores, s_out, grad_out):
@@ -54,14 +44,7 @@ CASES = {
 
 def make_case(n, s_in, slots, s_out, n_experts, d_in, d_out, routing, seed=0):
     gen = torch.Generator().manual_seed(seed)
-    if routing == "random":
-        indices = torch.randint(0, n_experts, (n, slots), generator=gen)
-    elif routing == "two-experts":
-        indices = torch.randint(0, 2, (n, slots), generator=gen) * 3
-    elif routing == "one-expert":
-        indices = torch.full((n, slots), 2)
-    else:  # every expert once per token
-        indices = torch.stack([torch.randperm(n_experts, generator=gen) for _ in range(n)])
+    indices = naive.routing(routing, n, n_experts, slots, gen)
     x = torch.randn(n, s_in, d_in, generator=gen, dtype=torch.float64)
     weight = torch.randn(n_experts, d_in, d_out, generator=gen, dtype=torch.float64)
     scores = torch.rand(n, n_experts, generator=gen, dtype=torch.float64)
@@ -76,7 +59,7 @@ def test_triton_matches_float64_and_torch_path(case, gated):
     x, weight, indices, scores, grad_out = make_case(*CASES[case])
     scores = scores if gated else None
     exact = run("torch", x, weight, indices, scores, s_out, grad_out)  # the PyTorch path in float64
-    y_loop = naive(x, weight, indices, scores, s_out)
+    y_loop = naive.expert_matmul(x, weight, indices, scores, s_out)
     torch.testing.assert_close(exact[0], y_loop, rtol=1e-12, atol=1e-12)
     f32 = [t.float() for t in (x, weight)] + [None if scores is None else scores.float()]
     triton_out = run("triton", f32[0], f32[1], indices, f32[2], s_out, grad_out)

@@ -7,6 +7,7 @@ functional of them (w.r.t. the inputs and every parameter) must agree to float64
 import functools
 import math
 
+import naive
 import pytest
 import torch
 from hypothesis import given, settings
@@ -239,22 +240,6 @@ def _ref_moa(m, x, mem, q_pos, k_pos):
     return torch.stack(rows).view(B, t, -1), routing
 
 
-def _naive_expert_matmul(x, weight, indices, scores, s_out):
-    """The gate of slot (n, s) is the router score of its expert, scores[n, indices[n, s]]."""
-    N, S = indices.shape
-    s_in = x.shape[1]
-    rows = []
-    for n in range(N):
-        groups = [x.new_zeros(weight.shape[2]) for _ in range(s_out)]
-        for s in range(S):
-            term = x[n, s // (S // s_in)] @ weight[int(indices[n, s])]
-            if scores is not None:
-                term = scores[n, int(indices[n, s])] * term
-            groups[s // (S // s_out)] = groups[s // (S // s_out)] + term
-        rows.append(torch.stack(groups))
-    return torch.stack(rows)
-
-
 # ---------------------------------------------------------------- expert matmul
 
 
@@ -265,21 +250,9 @@ def _check_expert_matmul(N, E, s_in, S, s_out, indices, gated, seed, default_gro
     scores = _randn(seed + 2, N, E).requires_grad_() if gated else None
     groups = None if default_groups else s_out
     out = expert_matmul(x, weight, route(indices, E), scores, groups)
-    ref = _naive_expert_matmul(x, weight, indices, scores, s_out)
+    ref = naive.expert_matmul(x, weight, indices, scores, s_out)
     wrt = {"x": x, "weight": weight} | ({"scores": scores} if gated else {})
     _assert_matches(out, ref, wrt, seed + 3)
-
-
-def _indices(pattern: str, N: int, E: int, S: int, seed: int) -> torch.Tensor:
-    if pattern == "random":
-        return torch.randint(0, E, (N, S), generator=_gen(seed))
-    if pattern == "unused":  # only experts 0 and 2 receive slots
-        return torch.tensor([0, 2])[torch.randint(0, 2, (N, S), generator=_gen(seed))]
-    if pattern == "one-expert":
-        return torch.full((N, S), E - 1)
-    if pattern == "all-experts":  # k = E: every token uses each expert once, in a random order
-        return torch.stack([torch.randperm(E, generator=_gen(seed + n)) for n in range(N)])
-    raise ValueError(pattern)
 
 
 @pytest.mark.parametrize("gated", [True, False])
@@ -293,7 +266,7 @@ def _indices(pattern: str, N: int, E: int, S: int, seed: int) -> torch.Tensor:
         (5, 4, 2, 4, 4, "random"),
         (5, 4, 4, 4, 4, "random"),
         (4, 6, 2, 6, 3, "random"),
-        (6, 5, 1, 3, 1, "unused"),
+        (6, 5, 1, 3, 1, "two-experts"),
         (6, 5, 3, 3, 1, "one-expert"),
         (4, 4, 1, 4, 1, "all-experts"),
         (4, 4, 4, 4, 2, "all-experts"),
@@ -305,11 +278,11 @@ def _indices(pattern: str, N: int, E: int, S: int, seed: int) -> torch.Tensor:
 def test_expert_matmul_matches_loop(N, E, s_in, S, s_out, pattern, gated):
     """Forward and gradients (x, weight, gates) against the slot-by-slot loop."""
     seed = N * 1000 + E * 100 + s_in * 10 + S + s_out
-    _check_expert_matmul(N, E, s_in, S, s_out, _indices(pattern, N, E, S, seed), gated, seed)
+    _check_expert_matmul(N, E, s_in, S, s_out, naive.routing(pattern, N, E, S, _gen(seed)), gated, seed)
 
 
 def test_expert_matmul_default_out_groups_is_per_slot():
-    indices = _indices("random", 3, 4, 4, 0)
+    indices = naive.routing("random", 3, 4, 4, _gen(0))
     _check_expert_matmul(3, 4, 2, 4, 4, indices, True, 7, default_groups=True)
 
 
