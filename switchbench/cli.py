@@ -11,9 +11,9 @@ import torch
 from switchbench import main_job
 from switchbench.analysis import analyze, train
 from switchbench.bench import gate, kernels, params, scaling, speed, tables
-from switchbench.bench.command import DTYPES, format_table, slug
+from switchbench.bench.command import DTYPES, check_expert_matmul_env, format_table, slug
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.results import read_csv, save_run
+from switchbench.bench.results import read_csv, save_run, writable_file, writable_folder
 from switchbench.models.presets import PRESETS
 from switchbench.reports import report
 
@@ -23,10 +23,14 @@ COMMANDS = (params, tables, scaling, kernels, train, analyze, report, main_job)
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        check_expert_matmul_env()
         return args.run(args) or 0
     except ValueError as error:
         print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # files are written whole or not at all: nothing to clean up
+        print(f"switchbench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,6 +76,7 @@ def run_speed(args) -> None:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device here")
+    writable_folder(Path(args.out))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world > 1:
@@ -145,6 +150,8 @@ def _published_wallclock() -> list[dict]:
 
 
 def run_check(args) -> int:
+    if args.write:
+        writable_file(Path(args.baseline), "--baseline")
     run = gate.load_run(Path(args.run_file))
     if args.write:
         print(f"wrote {gate.write_baseline(run, Path(args.baseline))}")

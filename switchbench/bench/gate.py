@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 from .results import newest, write_atomic
+from .schema import check_baseline, read_json, read_run
 
 RATIOS = ("ratio_time", "ratio_memory", "ratio_macs")
 # Relative slack above the baseline before a ratio counts as a regression; counts are exact.
@@ -23,25 +24,11 @@ def load_run(path: Path) -> dict:
         folder, path = path, newest(path, "**/*.json")
         if path is None:
             raise ValueError(f"no run (*.json) in {folder}")
-    try:
-        run = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read run {path}: {error}") from None
-    if not isinstance(run, dict) or "rows" not in run:
-        raise ValueError(f"{path} is not a switchbench speed run (no 'rows')")
-    return run
+    return read_run(path, "speed")
 
 
 def load_baseline(path: Path) -> dict:
-    try:
-        baseline = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"cannot read baseline {path}: {error}") from None
-    if not isinstance(baseline, dict) or not all(
-        isinstance(baseline.get(k), dict) for k in ("ratios", "tolerances")
-    ):
-        raise ValueError(f"{path} is not a switchbench baseline (needs 'ratios' and 'tolerances')")
-    return baseline
+    return check_baseline(path, read_json(path))
 
 
 def baseline_from(run: dict, tolerances: dict[str, float] = TOLERANCES) -> dict:

@@ -18,7 +18,8 @@ from switchbench.models.presets import PRESETS
 
 from .command import DTYPES, add_json, device_from_args, emit, slug
 from .environment import environment
-from .results import save_run
+from .measure import is_oom
+from .results import save_run, writable_folder
 
 SIZES = {
     "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
@@ -104,6 +105,7 @@ def _dense(case: Case, inputs: dict):
     return inputs["rows"] @ inputs["dense"]
 
 
+PASSES = ("forward", "forward+backward")
 IMPLEMENTATIONS = {"triton": _expert("triton"), "torch": _expert("torch"), "dense": _dense}
 
 
@@ -148,21 +150,42 @@ def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict
     forward = ms(lambda: fn(case, inputs))
     both = ms(lambda: fn(case, inputs).backward(grad))
     rows = []
-    for what, t, macs in (("forward", forward, case.macs), ("forward+backward", both, 3 * case.macs)):
-        row = {"case": case.name, "impl": impl, "pass": what, "ms": t, "tflops": 2 * macs / t / 1e9}
-        rows.append(row | {"max_rel_error": error, **{f"shape_{k}": v for k, v in asdict(case).items()}})
+    for what, t, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
+        row = {
+            "case": case.name,
+            "impl": impl,
+            "pass": what,
+            "status": "ok",
+            "ms": t,
+            "tflops": 2 * macs / t / 1e9,
+        }
+        rows.append(row | {"max_rel_error": error, **_shape(case)})
     return rows
 
 
+def _shape(case: Case) -> dict:
+    return {f"shape_{k}": v for k, v in asdict(case).items()}
+
+
 def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+    """Every case and implementation; one that runs out of memory is an "OOM" row and the sweep goes on."""
     rows = []
     for size in sizes:
         for case in cases(size, batch):
             for impl in impls:
-                rows += measure(case, impl, device, dtype)
-    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense"}
+                try:
+                    rows += measure(case, impl, device, dtype)
+                except (RuntimeError, MemoryError) as error:
+                    if not is_oom(error):
+                        raise
+                    rows += [{"case": case.name, "impl": impl, "pass": p, "status": "OOM", **_shape(case)}
+                             for p in PASSES]  # fmt: skip
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
-        r["vs_dense"] = dense[(r["case"], r["pass"])] / r["ms"] if (r["case"], r["pass"]) in dense else None
+        key = (r["case"], r["pass"])
+        r["vs_dense"] = dense[key] / r["ms"] if key in dense and "ms" in r else None
     return rows
 
 
@@ -179,6 +202,7 @@ def register(commands) -> None:
 
 def _run(args) -> None:
     device = device_from_args(args.device)
+    writable_folder(Path(args.out))
     batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
@@ -188,8 +212,9 @@ def _run(args) -> None:
     metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
     table = [
-        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}",
-         "TFLOP/s": f"{r['tflops']:.3g}", "vs dense": f"{100 * r['vs_dense']:.0f}%"}
+        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
+         "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
+         "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%"}
         for r in rows
     ]  # fmt: skip
     if not args.json:

@@ -18,7 +18,7 @@ from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
 from .accounting import exact_cost, model_macs
-from .measure import count_saved_floats
+from .measure import count_saved_floats, is_oom
 
 # Each group: a dense baseline first, then the models compared with it.
 GROUPS = {
@@ -163,10 +163,6 @@ class Timer:
         return start.elapsed_time(end)
 
 
-def is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
 def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, progress=None) -> list[dict]:
     """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians."""
     times: dict[int, list[float]] = {i: [] for i in range(len(benches))}
@@ -177,7 +173,10 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 continue
             try:
                 t = timer(bench.run)
-            except RuntimeError as error:  # an OOM is a result; anything else is a bug and is raised
+            except (
+                RuntimeError,
+                MemoryError,
+            ) as error:  # an OOM is a result; anything else is a bug and is raised
                 if not is_oom(error):
                     raise
                 failed[i] = "OOM"
@@ -241,7 +240,7 @@ def _iqr(values: list[float]) -> float:
 def _memory(bench: Bench) -> float | None:
     try:
         return bench.memory()
-    except RuntimeError as error:
+    except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
         _release()
@@ -315,7 +314,7 @@ def run(
                             benches += model_benches(preset, batch, device, dtype, ddp)
                         else:
                             benches += layer_benches(preset, batch, device, dtype)
-                    except RuntimeError as error:
+                    except (RuntimeError, MemoryError) as error:
                         if not is_oom(error):
                             raise
                         rows.append(
