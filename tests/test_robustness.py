@@ -299,8 +299,8 @@ def test_a_baseline_of_the_wrong_shape_is_named(tmp_path, capsys):
         ("tables/table1.csv", "model,macs_vs_dense,mem_vs_dense\nx,0.5,0.5\n", "no 'preset' column"),
         (
             "tables/cost_scaling.csv",
-            "size,model,T,macs_crossover_T,mem_crossover_T\n47m,a,many,1,2\n",
-            "column 'T' must hold an integer",
+            "size,model,macs_crossover_T,mem_crossover_T\n47m,a,many,2\n",
+            "column 'macs_crossover_T' must hold a number",
         ),
         ("analysis/run/summary.csv", "model,layer,head,entropy\na,0,0,1.0\n", "no 'perplexity' column"),
         (

@@ -118,7 +118,7 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
     (["speed", "--groups", "nope"], "unknown groups nope"),
     (["speed", "--presets", "nope"], "unknown presets: nope"),
     (["speed", "--batch", "0"], "batch must be"),
-    (["check", "/nonexistent", "--baseline", "x.json"], "cannot read run"),
+    (["check", "/nonexistent", "--baseline", "x.json"], "/nonexistent: not readable JSON"),
 ])  # fmt: skip
 def test_cli_bad_input(capsys, argv, message):
     assert main(argv) == 2

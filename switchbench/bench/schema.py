@@ -15,13 +15,7 @@ TEXT, NUMBER, INTEGER, OBJECT = "text", "a number", "an integer", "an object"
 CSV_COLUMNS = {
     "log": {"step": INTEGER},
     "table": {"preset": TEXT, "macs_vs_dense": NUMBER, "mem_vs_dense": NUMBER},
-    "sweep": {
-        "size": TEXT,
-        "model": TEXT,
-        "T": INTEGER,
-        "macs_crossover_T": NUMBER,
-        "mem_crossover_T": NUMBER,
-    },
+    "sweep": {"size": TEXT, "model": TEXT, "macs_crossover_T": NUMBER, "mem_crossover_T": NUMBER},
     "summary": {"model": TEXT, "layer": INTEGER, "head": INTEGER, "entropy": NUMBER, "perplexity": NUMBER},
     "preferences": {"model": TEXT, "layer": INTEGER, "expert": INTEGER, "token": TEXT, "share": NUMBER},
     "training_log": {"model": TEXT, "step": INTEGER},

@@ -173,10 +173,8 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 continue
             try:
                 t = timer(bench.run)
-            except (
-                RuntimeError,
-                MemoryError,
-            ) as error:  # an OOM is a result; anything else is a bug and is raised
+            # an OOM is a result; anything else is a bug and is raised
+            except (RuntimeError, MemoryError) as error:
                 if not is_oom(error):
                     raise
                 failed[i] = "OOM"
