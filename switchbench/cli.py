@@ -6,6 +6,7 @@ import sys
 from switchbench import main_job
 from switchbench.analysis import analyze, train
 from switchbench.bench import gate, kernel_check, kernels, params, scaling, speed, tables
+from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
 
 COMMANDS = (params, tables, scaling, speed, gate, kernels, kernel_check, train, analyze, report, main_job)
@@ -14,10 +15,14 @@ COMMANDS = (params, tables, scaling, speed, gate, kernels, kernel_check, train, 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        check_expert_matmul_env()
         return args.run(args) or 0
     except ValueError as error:
         print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # files are written whole or not at all: nothing to clean up
+        print(f"switchbench {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:

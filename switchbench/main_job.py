@@ -14,7 +14,7 @@ from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, train
 from switchbench.bench import scaling, speed, tables
 from switchbench.bench.command import DTYPES, add_json, device_from_args, slug
-from switchbench.bench.results import save_run
+from switchbench.bench.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
 
 PAIR = ("dense", "switchhead")
@@ -98,7 +98,9 @@ def register(commands) -> None:
 
 
 def _run(args) -> None:
-    results, runs, log = Path(args.results), Path(args.runs), {}
+    results = writable_folder(Path(args.results), "--results")
+    runs, log = writable_folder(Path(args.runs), "--runs"), {}
+    writable_file(results / "report.html", "--results")
     for step in STEPS:
         start = time.perf_counter()
         if not args.json:

@@ -10,7 +10,8 @@ import torch
 
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.environment import environment
-from switchbench.bench.results import read_csv, save_figure, write_atomic, write_csv
+from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
+from switchbench.bench.schema import read_table
 from switchbench.models.observe import observe
 
 from . import checkpoint, listops, plots, stats, text
@@ -69,6 +70,7 @@ def analyze(
     runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
     if len({r["task"] for r in runs}) > 1:
         raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
+    logs = _logs(runs, paths)  # read (and checked) before any work
     out, written = Path(out), []
     maxima, rows = {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
     labels = None
@@ -83,7 +85,7 @@ def analyze(
     for name, table in rows.items():
         if table:
             written.append(write_csv(out / f"{name}.csv", table))
-    written += _curves(runs, paths, out)
+    written += _curves(logs, runs[0]["task"], out)
 
     metadata = environment("cpu") | {
         "command": "switchbench analyze",
@@ -189,17 +191,21 @@ def _label(run: dict, token: int) -> str:
     return listops.VOCAB[token] if run["task"] == "listops" else text.decode_token(token)
 
 
-def _curves(runs: list[dict], paths: list[Path], out: Path) -> list[Path]:
-    logs = [
-        read_csv(Path(path).parent / "log.csv").assign(model=run["name"])
+def _logs(runs: list[dict], paths: list[Path]) -> list[pd.DataFrame]:
+    """The training log beside each checkpoint that has one, with the run's name."""
+    return [
+        read_table(Path(path).parent / "log.csv", "log").assign(model=run["name"])
         for run, path in zip(runs, paths, strict=True)
         if (Path(path).parent / "log.csv").exists()
     ]
+
+
+def _curves(logs: list[pd.DataFrame], task: str, out: Path) -> list[Path]:
     if not logs:
         return []
     rows = pd.concat(logs, ignore_index=True)
     rows = rows[["model", *(c for c in rows.columns if c != "model")]]
-    metric = "val_accuracy" if runs[0]["task"] == "listops" else "val_bits_per_byte"
+    metric = "val_accuracy" if task == "listops" else "val_bits_per_byte"
     written = save_figure(plots.training_curves(rows, metric, "Training curves"), out / "training_curves")
     return [*written, write_csv(out / "training_log.csv", rows)]
 
@@ -218,7 +224,7 @@ def register(commands) -> None:
 
 
 def _run(args) -> None:
-    out = Path(args.out or Path("results/analysis") / _name(args.checkpoints[0]))
+    out = writable_folder(Path(args.out or Path("results/analysis") / _name(args.checkpoints[0])))
     written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example)
     if args.json:
         emit({"out": str(out), "written": [str(p) for p in written]}, True)

@@ -6,6 +6,7 @@ from pathlib import Path
 import torch
 
 from switchbench.bench.results import replace_atomically
+from switchbench.bench.schema import check_checkpoint
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, SequenceClassifier
 
@@ -49,6 +50,7 @@ def load(path: Path) -> dict:
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a switchbench checkpoint")
+    check_checkpoint(path, payload)
     try:
         # configurations saved before the field existed were built without the XL biases and learned scale
         cfg = ModelConfig.from_dict({"xl_bias_and_scale": False} | payload["config"])

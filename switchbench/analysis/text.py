@@ -10,8 +10,9 @@ DEFAULT_TEXT = files("switchbench.analysis") / "data" / "tempest.txt"
 VOCAB = 256  # bytes
 
 
-def load_text(path: str | None = None, hf_dataset: str | None = None, hf_field: str = "text") -> str:
-    """The default corpus, a text file, or the ``hf_field`` column of a dataset saved with save_to_disk."""
+def load_text(path: str | None = None, hf_dataset: str | None = None, hf_field: str = "text") -> bytes:
+    """The bytes of the default corpus, of a file (any encoding: the models read bytes), or of the ``hf_field``
+    column of a dataset saved with save_to_disk (as UTF-8)."""
     if hf_dataset:
         try:
             from datasets import load_from_disk
@@ -19,16 +20,22 @@ def load_text(path: str | None = None, hf_dataset: str | None = None, hf_field: 
             raise ValueError("--hf-dataset needs the `datasets` package (pip install datasets)") from None
         data = load_from_disk(hf_dataset)
         data = data["train"] if hasattr(data, "keys") and "train" in data else data
-        return "\n".join(data[hf_field])
+        return "\n".join(data[hf_field]).encode("utf-8")
     source = Path(path) if path else DEFAULT_TEXT
     try:
-        return source.read_text(encoding="utf-8", errors="replace")
+        return source.read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read text {source}: {error.strerror}") from None
 
 
-def encode(text: str) -> torch.Tensor:
-    return torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
+def encode(text: str | bytes) -> torch.Tensor:
+    """Byte values as token ids; text is encoded as UTF-8."""
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    return torch.tensor(list(data), dtype=torch.long)
+
+
+def count_bytes(n: int) -> str:
+    return f"{n:,} byte" + ("" if n == 1 else "s")
 
 
 def decode_token(token: int) -> str:
@@ -41,5 +48,5 @@ def streams(data: torch.Tensor, batch: int) -> torch.Tensor:
     """The corpus cut into ``batch`` contiguous streams [batch, L], read chunk by chunk to carry XL memory."""
     length = data.numel() // batch
     if length < 2:
-        raise ValueError(f"the text has {data.numel()} bytes: too short for {batch} streams")
+        raise ValueError(f"the text has {count_bytes(data.numel())}: too short for {batch} streams")
     return data[: batch * length].view(batch, length)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from switchbench.bench.command import add_json, device_from_args, emit
-from switchbench.bench.results import read_csv, write_csv
+from switchbench.bench.results import writable_folder, write_csv
+from switchbench.bench.schema import read_table
 from switchbench.models.presets import PRESETS
 
 from . import checkpoint, listops, text
@@ -57,8 +58,13 @@ class TrainConfig:
         for name in ("steps", "batch", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0; got {self.lr}")
+        for name in ("lr", "clip"):
+            if not 0 < getattr(self, name) < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0; got {getattr(self, name)}")
+        if not 0 <= self.seed < 2**64:  # torch.manual_seed takes a 64-bit unsigned seed
+            raise ValueError(f"seed must be in [0, 2**64); got {self.seed}")
+        if self.task == "listops" and (self.text or self.hf_dataset):
+            raise ValueError("--text and --hf-dataset are for --task lm; ListOps generates its own data")
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -101,11 +107,14 @@ class LMTask:
     def __init__(self, cfg: TrainConfig, model_cfg):
         data = text.encode(text.load_text(cfg.text, cfg.hf_dataset))
         split = int(0.9 * data.numel())
+        # 90% for training, a chunk of T + 1 bytes per stream at least; the rest is 4 validation streams
+        if split < cfg.batch * (model_cfg.T + 1) or data.numel() - split < 8:
+            needed = max(80, math.ceil(cfg.batch * (model_cfg.T + 1) / 0.9) + 1)
+            raise ValueError(f"the text has {text.count_bytes(data.numel())}: too short for batch {cfg.batch} and "
+                             f"chunks of {model_cfg.T} bytes (needs {needed:,})")  # fmt: skip
         self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch).to(cfg.device)
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
-        if self.chunks < 1:
-            raise ValueError(f"the text is too short for batch {cfg.batch} and chunks of {self.T} bytes")
 
     def loss(self, model, step: int, state=None):
         i = step % self.chunks
@@ -128,8 +137,9 @@ class LMTask:
 
 
 def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last evaluation."""
+    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last evaluation.
 
+    A non-finite loss stops the run with a ValueError; the last checkpoint, of finite weights, is kept."""
     out = Path(out)
     model_cfg = PRESETS[cfg.preset]
     torch.manual_seed(cfg.seed)
@@ -143,16 +153,22 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
             raise ValueError(f"{out / 'checkpoint.pt'} holds another model or task; use another --out")
         model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        try:
+            optimizer.load_state_dict(saved["optimizer"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{out / 'checkpoint.pt'}: the optimizer state does not fit ({error})") from None
         start = saved["step"]
+        # The log is written before the checkpoint: rows past the checkpoint's step are redone.
         log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
-    state, result = None, {}
+    state, result, kept = None, {}, start
     model.train()
     for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
                      total=cfg.steps):  # fmt: skip
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         loss, accuracy, state = task.loss(model, step, state)
+        if not torch.isfinite(loss):
+            raise ValueError(_diverged(step + 1, f"the loss is {loss.item()}", out, kept))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -163,19 +179,30 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             result = task.evaluate(model)
             model.train()
             row |= result
+            if not all(p.isfinite().all() for p in model.parameters()):
+                raise ValueError(_diverged(step + 1, "the weights are not finite", out, kept))
             log_rows.append(row)
-            # The checkpoint first: a run stopped between the two writes resumes without a duplicate log row.
+            # The log first: a run stopped between the two writes has the row on resume, which drops rows past
+            # the checkpoint's step and redoes them, so every step is logged once.
+            write_csv(out / "log.csv", log_rows)
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
                             step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
-            write_csv(out / "log.csv", log_rows)
+            kept = step + 1
     return result or (log_rows[-1] if log_rows else {})
+
+
+def _diverged(step: int, what: str, out: Path, saved: int) -> str:
+    kept = f"{out / 'checkpoint.pt'} (step {saved}) is kept" if saved else "no checkpoint was written"
+    return f"step {step}: {what}; stopped training: {kept}; a lower --lr may help"
 
 
 def _read_log(path: Path) -> list[dict]:
     """The rows of a run's log, missing cells left out."""
     if not path.exists():
         return []
-    return [{k: v for k, v in row.items() if pd.notna(v)} for row in read_csv(path).to_dict("records")]
+    return [
+        {k: v for k, v in row.items() if pd.notna(v)} for row in read_table(path, "log").to_dict("records")
+    ]
 
 
 def register(commands) -> None:
@@ -194,6 +221,7 @@ def register(commands) -> None:
     parser.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
     parser.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
     parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
+    parser.add_argument("--force", action="store_true", help="start afresh over an earlier run in the folder")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     add_json(parser)
     parser.set_defaults(run=_run)
@@ -203,7 +231,10 @@ def _run(args) -> None:
     preset = args.preset or default_preset(args.task, args.model)
     cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
                       text=args.text, hf_dataset=args.hf_dataset, device=device_from_args(args.device))  # fmt: skip
-    out = Path(args.out or f"runs/{args.task}-{preset}")
+    out = writable_folder(Path(args.out or f"runs/{args.task}-{preset}"))
+    earlier = [out / name for name in ("checkpoint.pt", "log.csv") if (out / name).exists()]
+    if earlier and not (args.resume or args.force):
+        raise ValueError(f"{out} holds an earlier run; --resume to continue it or --force to replace it")
     result = train(cfg, out, resume=args.resume, progress=not args.json)
     if args.json:
         emit({"run": str(out), "preset": preset, **result}, True)

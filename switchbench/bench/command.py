@@ -2,12 +2,15 @@
 
 import argparse
 import dataclasses
+import importlib.util
 import json
+import os
 
 import torch
 from tabulate import tabulate
 
 from switchbench.models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
+from switchbench.models.expert_matmul import ENV_IMPL, IMPLS
 from switchbench.models.presets import from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -49,6 +52,21 @@ def device_from_args(choice: str | None) -> str:
     if choice == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: no CUDA device here")
     return choice or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def check_expert_matmul_env() -> None:
+    """``SWITCHBENCH_EXPERT_MATMUL``, when set, names an implementation this machine can run."""
+    choice = os.environ.get(ENV_IMPL)
+    if not choice:
+        return
+    if choice not in IMPLS:
+        raise ValueError(f"{ENV_IMPL}={choice}: must be one of {', '.join(IMPLS)}")
+    if choice == "triton" and importlib.util.find_spec("triton") is None:
+        raise ValueError(f"{ENV_IMPL}=triton: triton is not installed")
+    if choice == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            f"{ENV_IMPL}=triton needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
+        )
 
 
 def format_table(rows: list[dict]) -> str:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from switchbench.models.presets import PRESETS
 
-from .results import newest, write_atomic
+from .results import newest, writable_file, write_atomic
 
 TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
@@ -268,6 +268,7 @@ def register(commands) -> None:
 def _run(args) -> int:
     loaded = [load_run(path) for path in args.run_files]
     if args.write:
+        writable_file(Path(args.baseline), "--baseline")
         try:
             print(f"wrote {write_baseline([run for _, run in loaded], Path(args.baseline))}")
         except ValueError as error:

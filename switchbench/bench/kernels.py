@@ -7,7 +7,6 @@ Q and O) and one expert-sized matmul as the paper measured its kernel. Every imp
 the PyTorch path in its output and in every gradient before it is timed.
 """
 
-import math
 import statistics
 import time
 from collections.abc import Callable
@@ -21,7 +20,8 @@ from switchbench.models.presets import PRESETS
 
 from .command import DTYPES, add_json, device_from_args, emit, slug
 from .environment import environment
-from .results import save_run
+from .measure import is_oom
+from .results import save_run, writable_folder
 
 SIZES = {
     "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
@@ -223,13 +223,10 @@ def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype) -> float:
 
 def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict]:
     """Forward and forward+backward timings (median and spread) of one implementation on one case."""
-    shape = {f"shape_{k}": v for k, v in asdict(case).items()}
     reason = unsupported(impl, case, dtype)
-    if reason:
-        return [
-            {"case": case.name, "impl": impl, "pass": p, "ms": math.nan, "skipped": reason} | shape
-            for p in PASSES
-        ]
+    if reason:  # a row without "ms": strict JSON has no NaN
+        return [{"case": case.name, "impl": impl, "pass": p, "status": "skipped", "skipped": reason} | _shape(case)
+                for p in PASSES]  # fmt: skip
     inputs = make_inputs(case, device, dtype)
     fn = IMPLEMENTATIONS[impl]
     error = check(case, inputs, impl, dtype) if impl in EXPERT_IMPLS and impl != "torch" else 0.0
@@ -241,10 +238,21 @@ def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict
     rows = []
     for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
         t = statistics.median(times)
-        row = {"case": case.name, "impl": impl, "pass": what, "ms": t, "tflops": 2 * macs / t / 1e9}
+        row = {
+            "case": case.name,
+            "impl": impl,
+            "pass": what,
+            "status": "ok",
+            "ms": t,
+            "tflops": 2 * macs / t / 1e9,
+        }
         spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
-        rows.append(row | spread | {"max_rel_error": error, **shape})
+        rows.append(row | spread | {"max_rel_error": error, **_shape(case)})
     return rows
+
+
+def _shape(case: Case) -> dict:
+    return {f"shape_{k}": v for k, v in asdict(case).items()}
 
 
 def default_impls(device: str) -> list[str]:
@@ -253,14 +261,24 @@ def default_impls(device: str) -> list[str]:
 
 
 def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+    """Every case and implementation; one that runs out of memory is an "OOM" row and the sweep goes on."""
     rows = []
     for size in sizes:
         for case in cases(size, batch):
             for impl in impls:
-                rows += measure(case, impl, device, dtype)
-    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense"}
+                try:
+                    rows += measure(case, impl, device, dtype)
+                except (RuntimeError, MemoryError) as error:
+                    if not is_oom(error):
+                        raise
+                    rows += [{"case": case.name, "impl": impl, "pass": p, "status": "OOM", **_shape(case)}
+                             for p in PASSES]  # fmt: skip
+                    if torch.cuda.is_available():
+                        torch.cuda.empty_cache()
+    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
-        r["vs_dense"] = dense[(r["case"], r["pass"])] / r["ms"] if (r["case"], r["pass"]) in dense else None
+        key = (r["case"], r["pass"])
+        r["vs_dense"] = dense[key] / r["ms"] if key in dense and "ms" in r else None
     return rows
 
 
@@ -277,6 +295,7 @@ def register(commands) -> None:
 
 def _run(args) -> None:
     device = device_from_args(args.device)
+    writable_folder(Path(args.out))
     batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
@@ -284,8 +303,9 @@ def _run(args) -> None:
     metadata = environment(device) | {"dtype": args.dtype, "batch": batch, "sizes": args.sizes}
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
     table = [
-        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}",
-         "TFLOP/s": f"{r['tflops']:.3g}", "vs dense": f"{100 * r['vs_dense']:.0f}%"}
+        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
+         "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
+         "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%"}
         for r in rows
     ]  # fmt: skip
     if not args.json:

@@ -29,6 +29,24 @@ NO_MACS = {
 }  # fmt: skip
 
 
+def is_oom(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure, on a GPU or on the CPU: a result to record, not a bug."""
+    message = str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or any(
+        text in message for text in ("out of memory", "can't allocate memory", "cannot allocate memory")
+    )
+
+
+def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:
+    """A measurement, or "OOM" where it does not fit in this machine's memory."""
+    try:
+        return measure(cfg)
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+        return "OOM"
+
+
 def layer_and_inputs(cfg: ModelConfig, seed: int = 0):
     """The attention module of ``cfg`` and the inputs of one sequence: T tokens after (C - 1) T cached ones."""
     cfg = cfg.replace(moa_cv_coef=0.0, moa_switch_coef=0.0, moa_z_coef=0.0, entropy_reg=0.0, dropout=0.0)
@@ -146,7 +164,7 @@ def count_op_calls(fn: Callable) -> int:
 @cache
 def cost_views(cfg: ModelConfig) -> dict:
     """Every count of one configuration: the paper's convention and printed equations, the exact analytic count,
-    and the three measurements."""
+    and the three measurements (each "OOM" where the layer does not fit in memory)."""
     paper, printed, exact = (
         accounting.paper_cost(cfg),
         accounting.printed_cost(cfg),
@@ -156,10 +174,10 @@ def cost_views(cfg: ModelConfig) -> dict:
         "macs_paper": paper.macs,
         "macs_printed_eq": None if printed is None else printed.macs,
         "macs_exact": exact.macs,
-        "macs_fvcore": fvcore_macs(cfg),
-        "macs_flop_counter": flop_counter_macs(cfg),
+        "macs_fvcore": _or_oom(fvcore_macs, cfg),
+        "macs_flop_counter": _or_oom(flop_counter_macs, cfg),
         "mem_paper": paper.mem,
         "mem_printed_eq": None if printed is None else printed.mem,
         "mem_exact": exact.mem,
-        "mem_saved_floats": saved_floats(cfg),
+        "mem_saved_floats": _or_oom(saved_floats, cfg),
     }

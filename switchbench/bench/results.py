@@ -1,5 +1,6 @@
 """Result files: written whole or not at all, never over an earlier run."""
 
+import glob
 import json
 import os
 import tempfile
@@ -9,21 +10,77 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import pandas as pd
 
+# replace_together's temporary files are .NAME.RANDOM.tmp; a run removes those of the files it writes.
+TEMP_SUFFIX = ".tmp"
+
 
 def replace_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     """Have ``write`` fill a temporary file beside ``path``, then rename it into place: a reader sees the old
     file or the new one, never half of one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    return replace_together({Path(path): write})[0]
+
+
+def replace_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path]:
+    """Fill a temporary file for every path, then rename them all into place in order: a run stopped while
+    writing leaves every earlier file as it was (put an index such as metadata.json last)."""
+    temps = {}
     try:
-        write(Path(tmp))
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
-        os.replace(tmp, path)
+        for path, write in writers.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temps(path)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+            os.close(fd)
+            temps[path] = Path(tmp)
+            write(temps[path])
+            os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
+        for path, tmp in temps.items():
+            os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in temps.values():
+            tmp.unlink(missing_ok=True)
         raise
+    return list(writers)
+
+
+def writable_folder(folder: Path, flag: str = "--out") -> Path:
+    """``folder`` if results can be written under it (it is, or can be made, a writable folder), else a
+    one-line ValueError."""
+    folder = Path(folder)
+    existing = _nearest_existing(folder, flag)
+    if not existing.is_dir():
+        where = "is a file" if existing == folder else f"is inside {existing}, a file"
+        raise ValueError(f"{flag} {folder} {where}, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {folder}: {existing} is not writable")
+    return folder
+
+
+def writable_file(path: Path, flag: str = "--out") -> Path:
+    """``path`` if a file can be written there, else a one-line ValueError."""
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a folder; give a file name")
+    existing = _nearest_existing(path.parent, flag)
+    if not existing.is_dir():
+        raise ValueError(f"{flag} {path} is inside {existing}, a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {path}: {existing} is not writable")
+    return path
+
+
+def _remove_stale_temps(path: Path) -> None:
+    """The temporary files of ``path`` that a killed run left (ours: mkstemp's 8 random characters)."""
+    for temp in path.parent.glob(f".{glob.escape(path.name)}.*{TEMP_SUFFIX}"):
+        if len(temp.name) == len(path.name) + 2 + 8 + len(TEMP_SUFFIX):
+            temp.unlink(missing_ok=True)
+
+
+def _nearest_existing(path: Path, flag: str) -> Path:
+    try:
+        while not path.exists() and path != path.parent:
+            path = path.parent
+    except OSError as error:
+        raise ValueError(f"{flag} {path}: {error.strerror}") from None
     return path
 
 

@@ -14,7 +14,7 @@ from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
 from .command import add_json, emit
-from .results import save_figure, write_csv
+from .results import save_figure, writable_folder, write_csv
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 SERIES = {
@@ -115,6 +115,7 @@ def register(commands) -> None:
 
 
 def _run(args) -> None:
+    writable_folder(Path(args.out))
     rows = sweep()
     written = write_sweep(Path(args.out), rows)
     summary = [

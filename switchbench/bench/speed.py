@@ -25,10 +25,10 @@ from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
 from .accounting import exact_cost, model_macs
-from .command import DTYPES, slug
-from .measure import count_op_calls, count_saved_floats
+from .command import DTYPES, device_from_args, slug
+from .measure import count_op_calls, count_saved_floats, is_oom
 from .published import WALLCLOCK
-from .results import save_run
+from .results import save_run, writable_folder
 
 # Each group: a dense baseline first, then the models compared with it.
 GROUPS = {
@@ -193,10 +193,6 @@ def intra_op_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
-def is_oom(error: BaseException) -> bool:
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error).lower()
-
-
 def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, progress=None) -> list[dict]:
     """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians."""
     times: dict[int, list[float]] = {i: [] for i in range(len(benches))}
@@ -207,7 +203,8 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 continue
             try:
                 t = timer(bench.run)
-            except RuntimeError as error:  # an OOM is a result; anything else is a bug and is raised
+            # an OOM is a result; anything else is a bug and is raised
+            except (RuntimeError, MemoryError) as error:
                 if not is_oom(error):
                     raise
                 failed[i] = "OOM"
@@ -273,7 +270,7 @@ def _iqr(values: list[float]) -> float:
 def _memory(bench: Bench) -> float | None:
     try:
         return bench.memory()
-    except RuntimeError as error:
+    except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
         _release()
@@ -348,7 +345,7 @@ def run(
                             benches += model_benches(preset, batch, device, dtype, ddp)
                         else:
                             benches += layer_benches(preset, batch, device, dtype)
-                    except RuntimeError as error:
+                    except (RuntimeError, MemoryError) as error:
                         if not is_oom(error):
                             raise
                         rows.append(
@@ -401,9 +398,8 @@ def register(commands) -> None:
 
 
 def _run(args) -> int:
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device here")
+    device = device_from_args(args.device)
+    writable_folder(Path(args.out))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")

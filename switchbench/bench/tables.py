@@ -14,7 +14,7 @@ from .command import add_config_args, add_json, config_from_args, describe, emit
 from .environment import environment
 from .measure import cost_views
 from .published import TABLES as PUBLISHED
-from .results import frame, read_csv, write_atomic, write_csv
+from .results import frame, read_csv, replace_together, writable_folder
 
 TABLES = ("1", "2", "3", "7")
 MAC_MATCHED = (
@@ -190,23 +190,26 @@ def all_tables() -> dict[str, list[dict]]:
 
 
 def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
-    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`; metadata.json last, naming them."""
-    written = []
+    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`, and metadata.json naming them: all
+    written first, then renamed into place with metadata.json last, so a run stopped while writing leaves the
+    earlier set as it was."""
+    writers = {}
     for name, rows in built.items():
         table, shown = frame(rows), _printable(frame(rows))
-        written += [
-            write_csv(folder / f"{name}.csv", table),
-            write_atomic(folder / f"{name}.md", f"# {_title(name)}\n\n{shown.to_markdown(index=False)}\n"),
-            write_atomic(
-                folder / f"{name}.tex", f"% {_title(name)}\n{shown.to_latex(index=False, escape=True)}"
-            ),
-        ]
+        markdown = f"# {_title(name)}\n\n{shown.to_markdown(index=False)}\n"
+        latex = f"% {_title(name)}\n{shown.to_latex(index=False, escape=True)}"
+        writers |= {
+            folder / f"{name}.csv": lambda tmp, t=table: t.to_csv(tmp, index=False),
+            folder / f"{name}.md": lambda tmp, text=markdown: tmp.write_text(text),
+            folder / f"{name}.tex": lambda tmp, text=latex: tmp.write_text(text),
+        }
     metadata = environment("cpu") | {
         "command": "switchbench tables",
         "published": "switchbench/bench/data/published_tables.csv",
-        "files": [p.name for p in written],
+        "files": [p.name for p in writers],
     }
-    return [*written, write_atomic(folder / "metadata.json", json.dumps(metadata, indent=2))]
+    writers[folder / "metadata.json"] = lambda tmp: tmp.write_text(json.dumps(metadata, indent=2))
+    return replace_together(writers)
 
 
 def _title(name: str) -> str:
@@ -240,6 +243,7 @@ def register(commands) -> None:
 
 
 def _run_tables(args) -> None:
+    writable_folder(Path(args.out))
     built = all_tables()
     written = write_tables(Path(args.out), built)
     summary = [

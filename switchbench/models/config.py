@@ -1,5 +1,6 @@
 """Model configuration: one frozen dataclass for every family, validated on construction."""
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 MODELS = ("transformer", "switchhead", "moa", "switchall")
@@ -115,6 +116,8 @@ def _in_range(name, value, lo, hi=None, closed_hi=True):
         raise ValueError(
             f"{name} must be {'an integer' if isinstance(lo, int) else 'a number'}; got {value!r}"
         )
+    if not math.isfinite(value):  # NaN compares false with every bound
+        raise ValueError(f"{name} must be a finite number; got {value}")
     above = hi is None or (value <= hi if closed_hi else value < hi)
     if value < lo or not above:
         upper = "" if hi is None else (f", {hi}]" if closed_hi else f", {hi})")

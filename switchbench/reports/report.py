@@ -2,7 +2,6 @@
 kind; token strings and file contents are escaped (jinja2 autoescape)."""
 
 import base64
-import json
 from pathlib import Path
 
 import jinja2
@@ -10,15 +9,18 @@ import jinja2
 from switchbench.bench.command import device_from_args
 from switchbench.bench.environment import environment
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.results import newest, read_csv, write_atomic
+from switchbench.bench.results import newest, read_csv, writable_file, write_atomic
+from switchbench.bench.schema import read_run, read_table
 
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
           "macmatched": "MAC-matched variants"}  # fmt: skip
 
 
-def _csv(path) -> list[dict]:
-    """A results CSV as rows; an empty cell is shown empty."""
-    return read_csv(path).astype(object).fillna("").to_dict("records")
+def _csv(path, kind: str | None = None) -> list[dict]:
+    """A results CSV as rows, checked as ``kind`` (see bench.schema) unless it is package data; an empty cell is
+    shown empty."""
+    table = read_csv(path) if kind is None else read_table(path, kind)
+    return table.astype(object).fillna("").to_dict("records")
 
 
 def _image(path: Path) -> str | None:
@@ -26,19 +28,19 @@ def _image(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
-def _runs(files: list[Path | None]) -> list[dict]:
-    return [json.loads(f.read_text()) | {"file": str(f)} for f in files if f is not None]
+def _runs(files: list[Path | None], kind: str) -> list[dict]:
+    return [read_run(f, kind) | {"file": str(f)} for f in files if f is not None]
 
 
 def _newest_per_device(folder: Path) -> list[dict]:
     """The newest run JSON of each device folder under ``folder``."""
-    return _runs([newest(device) for device in sorted(p for p in folder.glob("*") if p.is_dir())])
+    return _runs([newest(device) for device in sorted(p for p in folder.glob("*") if p.is_dir())], "speed")
 
 
 def collect(results: Path) -> dict:
     """What the report shows; a section is present only when its files exist."""
     results = Path(results)
-    tables = {title: _csv(results / "tables" / f"{name}.csv") for name, title in TABLES.items()
+    tables = {title: _csv(results / "tables" / f"{name}.csv", "table") for name, title in TABLES.items()
               if (results / "tables" / f"{name}.csv").exists()}  # fmt: skip
     sweep = results / "tables" / "cost_scaling.csv"
     analyses = []
@@ -54,18 +56,21 @@ def collect(results: Path) -> dict:
             "usage": [(p.stem, _image(p)) for p in sorted(run.glob("*-usage.png"))],
             "cooccurrence": [(p.stem, _image(p)) for p in sorted(run.glob("*-cooccurrence.png"))],
             "curves": _image(run / "training_curves.png"),
-            "summary": _csv(run / "summary.csv") if (run / "summary.csv").exists() else [],
-            "preferences": _csv(run / "preferences.csv")[:60] if (run / "preferences.csv").exists() else [],
-            "log": _csv(run / "training_log.csv") if (run / "training_log.csv").exists() else [],
+            "summary": _csv(run / "summary.csv", "summary") if (run / "summary.csv").exists() else [],
+            "preferences": _csv(run / "preferences.csv", "preferences")[:60] if (run / "preferences.csv").exists() else [],
+            "log": _csv(run / "training_log.csv", "training_log") if (run / "training_log.csv").exists() else [],
         })  # fmt: skip
     return {
         "tables": tables,
-        "sweep": {"image": _image(results / "tables" / "cost_scaling.png"), "rows": _crossovers(_csv(sweep))}
+        "sweep": {
+            "image": _image(results / "tables" / "cost_scaling.png"),
+            "rows": _crossovers(_csv(sweep, "sweep")),
+        }
         if sweep.exists()
         else None,
         "speed": _newest_per_device(results / "speed"),
         "table5": _csv(WALLCLOCK),
-        "kernels": _runs([newest(results / "kernels")]),
+        "kernels": _runs([newest(results / "kernels")], "kernels"),
         "analyses": analyses,
     }
 
@@ -127,6 +132,7 @@ def register(commands) -> None:
 def _run(args) -> None:
     if not Path(args.results).is_dir():
         raise ValueError(f"no results folder at {args.results}")
+    writable_file(Path(args.out))
     print(f"wrote {write_report(Path(args.results), Path(args.out), report_environment())}")
 
 

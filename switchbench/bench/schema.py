@@ -1,0 +1,130 @@
+"""What each kind of file the commands read must hold, checked as it is read: a file of the right format but the
+wrong shape is a one-line ValueError naming the file and what is wrong, never a traceback further on."""
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from .results import read_csv
+
+TEXT, NUMBER, INTEGER, OBJECT = "text", "a number", "an integer", "an object"
+
+# The columns each CSV kind must have, and what their cells are (a NUMBER cell may be empty).
+CSV_COLUMNS = {
+    "log": {"step": INTEGER},
+    "table": {"preset": TEXT, "macs_vs_dense": NUMBER, "mem_vs_dense": NUMBER},
+    "sweep": {"size": TEXT, "model": TEXT, "macs_crossover_T": NUMBER, "mem_crossover_T": NUMBER},
+    "summary": {"model": TEXT, "layer": INTEGER, "head": INTEGER, "entropy": NUMBER, "perplexity": NUMBER},
+    "preferences": {"model": TEXT, "layer": INTEGER, "expert": INTEGER, "token": TEXT, "share": NUMBER},
+    "training_log": {"model": TEXT, "step": INTEGER},
+}
+# The keys each row of a run's JSON must have; the optional ones are checked where present (None allowed).
+RUN_ROWS = {
+    "speed": {"preset": TEXT, "scope": TEXT, "what": TEXT, "status": TEXT},
+    "kernels": {"case": TEXT, "impl": TEXT, "pass": TEXT},
+}
+OPTIONAL_NUMBERS = (
+    "ms", "ms_iqr", "tflops", "memory_bytes", "ratio_time", "ratio_memory", "ratio_macs",
+    "fraction_of_matmul_peak", "vs_dense", "max_rel_error",
+)  # fmt: skip
+# A checkpoint's payload: the model and its configuration, and the state a resumed run continues from.
+CHECKPOINT = {"task": TEXT, "config": OBJECT, "step": INTEGER, "train": OBJECT, "model": OBJECT,
+              "optimizer": OBJECT}  # fmt: skip
+
+
+def read_table(path: Path, kind: str) -> pd.DataFrame:
+    """A CSV of ``kind`` (a key of CSV_COLUMNS), checked."""
+    path = Path(path)
+    try:
+        table = read_csv(path)
+    except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
+        raise ValueError(f"{path}: not a readable CSV ({_first_line(error)})") from None
+    for column, kind_of in CSV_COLUMNS[kind].items():
+        if column not in table.columns:
+            raise ValueError(f"{path}: no {column!r} column")
+        if not _column_is(table[column], kind_of):
+            raise ValueError(f"{path}: column {column!r} must hold {kind_of}")
+    return table
+
+
+def read_run(path: Path, kind: str) -> dict:
+    """A run's JSON (``{"metadata": {...}, "rows": [...]}``) of ``kind`` (a key of RUN_ROWS), checked."""
+    path = Path(path)
+    run = read_json(path)
+    if not isinstance(run, dict) or not isinstance(run.get("rows"), list):
+        raise ValueError(f"{path}: not a switchbench {kind} run (needs a list of 'rows')")
+    if not isinstance(run.get("metadata", {}), dict):
+        raise ValueError(f"{path}: 'metadata' must be an object")
+    for i, row in enumerate(run["rows"]):
+        problem = _row_problem(row, RUN_ROWS[kind])
+        if problem:
+            raise ValueError(f"{path}: row {i}: {problem}")
+    return run
+
+
+def check_baseline(path: Path, baseline) -> dict:
+    """A regression baseline: ``ratios`` {key: {name: number}} and ``tolerances`` {name: number}."""
+    if not isinstance(baseline, dict) or not all(
+        isinstance(baseline.get(k), dict) for k in ("ratios", "tolerances")
+    ):
+        raise ValueError(f"{path}: not a switchbench baseline (needs 'ratios' and 'tolerances' objects)")
+    if not all(_is(v, NUMBER) for v in baseline["tolerances"].values()):
+        raise ValueError(f"{path}: every tolerance must be a number")
+    for key, ratios in baseline["ratios"].items():
+        if not isinstance(ratios, dict) or not all(_is(v, NUMBER) for v in ratios.values()):
+            raise ValueError(f"{path}: ratios of {key!r} must be an object of numbers")
+    return baseline
+
+
+def check_checkpoint(path: Path, payload: dict) -> dict:
+    """A checkpoint's payload has every part, each of its kind."""
+    for key, kind in CHECKPOINT.items():
+        if key not in payload:
+            raise ValueError(f"{path}: incomplete checkpoint (no {key!r})")
+        if not _is(payload[key], kind):
+            raise ValueError(f"{path}: the checkpoint's {key!r} must be {kind}")
+    return payload
+
+
+def read_json(path: Path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not readable JSON ({_first_line(error)})") from None
+
+
+def _row_problem(row, keys: dict) -> str | None:
+    if not isinstance(row, dict):
+        return "not an object"
+    for key, kind in keys.items():
+        if not _is(row.get(key), kind):
+            return f"{key!r} must be {kind}"
+    wrong = [k for k in OPTIONAL_NUMBERS if row.get(k) is not None and not _is(row[k], NUMBER)]
+    return f"{wrong[0]!r} must be a number" if wrong else None
+
+
+def _is(value, kind: str) -> bool:
+    if kind == TEXT:
+        return isinstance(value, str)
+    if kind == OBJECT:
+        return isinstance(value, dict)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return kind == NUMBER or isinstance(value, int) or (math.isfinite(value) and value.is_integer())
+
+
+def _column_is(column: pd.Series, kind: str) -> bool:
+    if kind == TEXT:
+        return True  # any cell reads as text
+    if not pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
+        return False
+    if kind == INTEGER:
+        return bool(column.notna().all() and (column == column.round()).all())
+    return True
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0][:120] if text else type(error).__name__

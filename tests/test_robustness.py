@@ -1,0 +1,525 @@
+"""Bad input and faults, as a new user meets them: a one-line error and exit 2 (130 when interrupted), no
+traceback, every earlier file byte-for-byte intact; out of memory is a result row; nothing silently wrong."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from switchbench import main_job
+from switchbench.analysis import analyze, checkpoint, text
+from switchbench.analysis import train as training
+from switchbench.analysis.train import LMTask, TrainConfig
+from switchbench.bench import gate, kernels, measure, results, scaling, speed, tables
+from switchbench.cli import main
+from switchbench.models.config import ModelConfig
+from switchbench.models.presets import PRESETS
+from switchbench.reports import report
+
+ROOT = os.geteuid() == 0
+TINY_LISTOPS = dict(steps=4, batch=4, eval_every=2, warmup=1, val_size=16)
+
+
+def fails_cleanly(capsys, argv: list[str], code: int = 2, says: str = "") -> str:
+    """Run the CLI; it must exit ``code`` with exactly one line on stderr, no traceback; returns that line."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert says in err, err
+    return err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def real_cpu_oom():
+    """What the CPU allocator raises when memory runs out: a petabyte is more than any address space holds."""
+    torch.empty(2**50, dtype=torch.uint8)
+
+
+# Output locations: checked before any work
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("the work started before the output location was checked")
+
+
+# command: (argv with OUT for the output, the work the command must not reach, whether OUT is a file)
+WRITERS = {
+    "tables": (["tables", "--out", "OUT"], (tables, "all_tables"), False),
+    "sweep": (["sweep", "--out", "OUT"], (scaling, "sweep"), False),
+    "speed": (["speed", "--quick", "--device", "cpu", "--out", "OUT"], (speed, "run"), False),
+    "kernel-bench": (["kernel-bench", "--device", "cpu", "--out", "OUT"], (kernels, "run"), False),
+    "train": (["train", "--out", "OUT", "--json"], (training, "train"), False),
+    "analyze": (["analyze", "some/checkpoint.pt", "--out", "OUT"], (analyze, "analyze"), False),
+    "all": (["all", "--quick", "--results", "OUT", "--runs", "RUNS"], (main_job, "STEPS"), False),
+    "report": (["report", "--results", "RESULTS", "--out", "OUT"], (report, "write_report"), True),
+    "check --write": (["check", "RUN", "--baseline", "OUT", "--write"], (gate, "load_run"), True),
+}
+
+
+def _bad_location(tmp_path: Path, case: str, is_file: bool, monkeypatch) -> tuple[Path, str]:
+    """An output location of kind ``case`` for a command writing a folder (or a file); the expected message."""
+    existing = tmp_path / "existing"
+    existing.write_text("earlier results\n")
+    if case == "existing file" and not is_file:
+        return existing, "is a file"
+    if case == "a folder" and is_file:
+        return tmp_path, "is a folder"
+    if case == "inside a file":
+        return existing / "sub", "a file, not a folder"
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "kept.csv").write_text("a,b\n1,2\n")
+    locked.chmod(0o555)
+    if ROOT:  # root writes anywhere whatever the mode bits: answer os.access as for any other user
+
+        def access(path, mode, real=os.access):
+            return False if Path(path) == locked and mode & os.W_OK else real(path, mode)
+
+        monkeypatch.setattr(os, "access", access)
+    return locked / "sub", "is not writable"
+
+
+@pytest.mark.parametrize("case", ["existing file", "inside a file", "read-only folder", "a folder"])
+@pytest.mark.parametrize("command", list(WRITERS))
+def test_output_locations_are_checked_before_any_work(command, case, tmp_path, monkeypatch, capsys):
+    argv, (module, work), is_file = WRITERS[command]
+    if case == ("existing file" if is_file else "a folder"):
+        pytest.skip("a valid location for this command")
+    monkeypatch.setattr(module, work, _no_work if work != "STEPS" else (main_job.Step("work", _no_work),))
+    results_folder = tmp_path / "results"
+    results_folder.mkdir()
+    out, message = _bad_location(tmp_path, case, is_file, monkeypatch)
+    before = snapshot(tmp_path)
+    where = {"OUT": str(out), "RUNS": str(tmp_path / "runs"), "RESULTS": str(results_folder), "RUN": "r.json"}
+    fails_cleanly(capsys, [where.get(a, a) for a in argv], says=message)
+    assert snapshot(tmp_path) == before
+
+
+# Out of memory on the CPU is a result row; the sweep goes on
+
+
+def test_a_cpu_allocation_failure_is_an_oom():
+    with pytest.raises(RuntimeError) as caught:
+        real_cpu_oom()
+    assert measure.is_oom(caught.value)
+    assert measure.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not measure.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
+
+
+@pytest.mark.slow
+def test_speed_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsys):
+    real = speed.layer_benches
+
+    def benches(preset, *args):
+        found = real(preset, *args)
+        if preset == "tiny-switchhead":
+            for bench in found:
+                bench.run = real_cpu_oom
+        return found
+
+    monkeypatch.setattr(speed, "layer_benches", benches)
+    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "tiny-moa", "--scopes", "layer",
+            "--device", "cpu", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    status = {(r["preset"], r["what"]): r["status"] for r in rows if r["scope"] == "layer"}
+    assert status == {
+        (preset, what): "OOM" if preset == "tiny-switchhead" else "ok"
+        for preset in ("tiny-transformer", "tiny-switchhead", "tiny-moa")
+        for what in ("forward", "forward+backward")
+    }
+    assert len(list(tmp_path.rglob("*.json"))) == 1
+
+
+@pytest.mark.slow
+def test_kernel_bench_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsys):
+    real = kernels.make_inputs
+
+    def inputs(case, *args, **kwargs):
+        if case.name == "47m switchhead-o":
+            real_cpu_oom()
+        return real(case, *args, **kwargs)
+
+    monkeypatch.setattr(kernels, "make_inputs", inputs)
+    monkeypatch.setattr(kernels, "cases", lambda size, batch, real=kernels.cases: real(size, batch)[:3])
+    argv = [
+        "kernel-bench",
+        "--sizes",
+        "47m",
+        "--device",
+        "cpu",
+        "--dtype",
+        "fp32",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    status = {(r["case"], r["impl"], r["pass"]): r["status"] for r in rows}
+    assert len(status) == 3 * 2 * 2
+    assert {k for k, v in status.items() if v == "OOM"} == {
+        ("47m switchhead-o", impl, p) for impl in ("torch", "dense") for p in kernels.PASSES
+    }
+    assert all(r["vs_dense"] is None for r in rows if r["status"] == "OOM")
+
+
+def test_count_records_a_cpu_oom_and_goes_on(monkeypatch, capsys):
+    monkeypatch.setattr(measure, "fvcore_macs", lambda cfg: real_cpu_oom())
+    measure.cost_views.cache_clear()
+    try:
+        assert main(["count", "tiny-switchhead", "--json"]) == 0
+        views = json.loads(capsys.readouterr().out)
+        assert main(["count", "tiny-switchhead"]) == 0
+        assert "OOM" in capsys.readouterr().out
+    finally:
+        measure.cost_views.cache_clear()
+    assert views["macs_fvcore"] == "OOM"
+    assert (
+        views["macs_exact"] == views["macs_flop_counter"] and views["mem_exact"] == views["mem_saved_floats"]
+    )
+
+
+# Files of the right format but the wrong shape
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    """A tiny ListOps run: checkpoint and log at step 4."""
+    folder = tmp_path_factory.mktemp("run")
+    training.train(TrainConfig("listops", "listops-switchhead-h2", **TINY_LISTOPS), folder, progress=False)
+    return folder
+
+
+def _damaged_checkpoint(run_folder: Path, tmp_path: Path, change) -> Path:
+    folder = tmp_path / "damaged"
+    folder.mkdir()
+    payload = torch.load(run_folder / "checkpoint.pt", weights_only=True)
+    change(payload)
+    torch.save(payload, folder / "checkpoint.pt")
+    (folder / "log.csv").write_bytes((run_folder / "log.csv").read_bytes())
+    return folder
+
+
+CHECKPOINT_DAMAGE = {
+    "no optimizer state": (lambda p: p.pop("optimizer"), "no 'optimizer'"),
+    "no step": (lambda p: p.pop("step"), "no 'step'"),
+    "train as a list": (lambda p: p.update(train=[1, 2]), "'train' must be an object"),
+    "step as text": (lambda p: p.update(step="4"), "'step' must be an integer"),
+}
+
+
+@pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
+@pytest.mark.parametrize("command", ["analyze", "train --resume"])
+def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, tmp_path, capsys):
+    change, message = CHECKPOINT_DAMAGE[damage]
+    folder = _damaged_checkpoint(run_folder, tmp_path, change)
+    before = snapshot(tmp_path)
+    argv = (["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")] if command == "analyze"
+            else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"])  # fmt: skip
+    line = fails_cleanly(capsys, argv, says=message)
+    assert str(folder / "checkpoint.pt") in line
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["analyze", "train --resume"])
+def test_a_log_without_steps_is_named(command, run_folder, tmp_path, capsys):
+    folder = _damaged_checkpoint(run_folder, tmp_path, lambda p: None)
+    pd.read_csv(folder / "log.csv").rename(columns={"step": "iteration"}).to_csv(
+        folder / "log.csv", index=False
+    )
+    before = snapshot(tmp_path)
+    argv = (["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")] if command == "analyze"
+            else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"])  # fmt: skip
+    fails_cleanly(capsys, argv, says=f"{folder / 'log.csv'}: no 'step' column")
+    assert snapshot(tmp_path) == before
+
+
+SPEED_ROW = {
+    "preset": "p",
+    "scope": "layer",
+    "what": "forward",
+    "status": "ok",
+    "ratio_time": 0.5,
+    "baseline": "d",
+}
+BAD_RUNS = {
+    "rows not a list": ({"metadata": {}, "rows": {"a": 1}}, "needs a list of 'rows'"),
+    "row without status": (
+        {"rows": [{k: v for k, v in SPEED_ROW.items() if k != "status"}]},
+        "row 0: 'status'",
+    ),
+    "ratio as text": ({"rows": [SPEED_ROW | {"ratio_time": "fast"}]}, "row 0: 'ratio_time' must be a number"),
+    "metadata a list": ({"metadata": [], "rows": []}, "'metadata' must be an object"),
+}
+BASELINE = {
+    "metadata": {},
+    "tolerances": {"ratio_time": 0.75},
+    "ratios": {"p | layer | forward": {"ratio_time": 0.5}},
+}
+
+
+@pytest.mark.parametrize("bad", list(BAD_RUNS))
+@pytest.mark.parametrize("command", ["check", "report"])
+def test_a_run_of_the_wrong_shape_is_named(command, bad, tmp_path, capsys):
+    content, message = BAD_RUNS[bad]
+    run = tmp_path / "results" / "speed" / "cpu" / "fp32-b2.json"
+    run.parent.mkdir(parents=True)
+    run.write_text(json.dumps(content))
+    (tmp_path / "baseline.json").write_text(json.dumps(BASELINE))
+    before = snapshot(tmp_path)
+    argv = (["check", str(run), "--baseline", str(tmp_path / "baseline.json")] if command == "check"
+            else ["report", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "report.html")])  # fmt: skip
+    line = fails_cleanly(capsys, argv, says=f"{run}: ")
+    assert message in line
+    assert snapshot(tmp_path) == before
+
+
+def test_a_baseline_of_the_wrong_shape_is_named(tmp_path, capsys):
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"rows": [SPEED_ROW]}))
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(BASELINE | {"ratios": {"p | layer | forward": {"ratio_time": "0.5"}}}))
+    fails_cleanly(capsys, ["check", str(run), "--baseline", str(baseline)], says=f"{baseline}: ratios of")
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "message"),
+    [
+        ("tables/table1.csv", "model,macs_vs_dense,mem_vs_dense\nx,0.5,0.5\n", "no 'preset' column"),
+        (
+            "tables/cost_scaling.csv",
+            "size,model,macs_crossover_T,mem_crossover_T\n47m,a,many,2\n",
+            "column 'macs_crossover_T' must hold a number",
+        ),
+        ("analysis/run/summary.csv", "model,layer,head,entropy\na,0,0,1.0\n", "no 'perplexity' column"),
+        (
+            "kernels/cpu.json",
+            json.dumps({"rows": [{"case": "c", "impl": 3, "pass": "forward"}]}),
+            "row 0: 'impl' must be text",
+        ),
+    ],
+)
+def test_report_names_a_results_file_of_the_wrong_shape(file, content, message, tmp_path, capsys):
+    path = tmp_path / "results" / file
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    before = snapshot(tmp_path)
+    argv = ["report", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "report.html")]
+    fails_cleanly(capsys, argv, says=f"{path}: {message}")
+    assert snapshot(tmp_path) == before
+
+
+# Device and implementation choices
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["train", "speed", "kernel-bench"])
+def test_cuda_asked_for_without_cuda(command, tmp_path, capsys):
+    fails_cleanly(
+        capsys, [command, "--device", "cuda", "--out", str(tmp_path / "out")], says="no CUDA device"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("choice", "interpret", "message"),
+    [
+        ("bogus", "1", "must be one of torch, triton"),
+        ("triton", None, "needs a CUDA device, or TRITON_INTERPRET=1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "count", "speed", "kernel-bench", "tables"])
+def test_expert_matmul_choice_is_checked_first(
+    command, choice, interpret, message, tmp_path, monkeypatch, capsys
+):
+    if interpret is None and torch.cuda.is_available():
+        pytest.skip("Triton runs here")
+    monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", choice)
+    if interpret is None:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = {"count": ["count", "tiny-switchhead"]}.get(command, [command, "--out", str(tmp_path / "out")])
+    fails_cleanly(capsys, argv, says=f"SWITCHBENCH_EXPERT_MATMUL={choice}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_triton_under_its_interpreter_is_accepted(monkeypatch, capsys):
+    monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert main(["params", "tiny-switchhead", "--json"]) == 0
+
+
+# Silently wrong, exit 0 before
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+@pytest.mark.parametrize("flag", ["--entropy-reg", "--moa-z-coef", "--moa-switch-coef", "--mlp-entropy-reg"])
+@pytest.mark.parametrize("command", ["params", "count"])
+def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
+    fails_cleanly(capsys, [command, "tiny-switchall", flag, value], says=flag[2:].replace("-", "_"))
+    with pytest.raises(ValueError, match="finite"):
+        ModelConfig(**{flag[2:].replace("-", "_"): float(value)})
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lr", "inf"], "lr must be a finite number > 0"),
+        (["--lr", "nan"], "lr must be a finite number > 0"),
+        (["--seed", str(2**64)], "seed must be in [0, 2**64)"),
+        (["--seed", "-1"], "seed must be in [0, 2**64)"),
+        (["--text", "tempest.txt"], "--text and --hf-dataset are for --task lm"),
+    ],
+)
+def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):
+    fails_cleanly(capsys, ["train", "--out", str(tmp_path / "run"), "--json", *extra], says=message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_short_text_is_counted_right(tmp_path, capsys):
+    (tmp_path / "one.txt").write_bytes(b"a")
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--text",
+        str(tmp_path / "one.txt"),
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+    ]
+    fails_cleanly(capsys, argv, says="the text has 1 byte: too short")
+
+
+def test_a_text_file_is_read_as_its_bytes(tmp_path):
+    raw = bytes(range(256)) * 40 + "naïve\n".encode("latin-1")  # not UTF-8
+    (tmp_path / "raw.txt").write_bytes(raw)
+    assert text.load_text(str(tmp_path / "raw.txt")) == raw
+    cfg = TrainConfig("lm", "tiny-switchhead", batch=2, text=str(tmp_path / "raw.txt"))
+    task = LMTask(cfg, PRESETS["tiny-switchhead"])
+    length = task.train.shape[1]
+    assert task.train.flatten().tolist() == list(raw[: 2 * length])
+
+
+@pytest.mark.slow
+def test_a_diverging_run_stops_and_keeps_its_last_finite_checkpoint(tmp_path, capsys):
+    cfg = TrainConfig("listops", "listops-switchhead-h2", steps=6, batch=4, eval_every=1, warmup=1, val_size=8,
+                      lr=1e30)  # fmt: skip
+    with pytest.raises(ValueError, match=r"not finite|the loss is (nan|inf)") as stopped:
+        training.train(cfg, tmp_path, progress=False)
+    saved = checkpoint.load(tmp_path / "checkpoint.pt")
+    assert f"(step {saved['step']}) is kept" in str(stopped.value)
+    assert saved["step"] < 6 and all(t.isfinite().all() for t in saved["model"].values())
+    assert pd.read_csv(tmp_path / "log.csv")["step"].tolist() == list(range(1, saved["step"] + 1))
+
+
+def test_training_into_an_earlier_run_needs_resume_or_force(run_folder, tmp_path, capsys):
+    before = snapshot(run_folder)
+    argv = ["train", "--preset", "listops-switchhead-h2", "--out", str(run_folder), "--json"]
+    fails_cleanly(capsys, argv, says=f"{run_folder} holds an earlier run")
+    assert snapshot(run_folder) == before
+
+
+# Interruption
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(scaling, "sweep", interrupted)
+    fails_cleanly(capsys, ["sweep", "--out", "unused"], code=130, says="switchbench sweep: interrupted")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_training(tmp_path):
+    cmd = [sys.executable, "-m", "switchbench", "train", "--steps", "100000", "--eval-every", "1", "--batch", "2",
+           "--out", str(tmp_path / "run"), "--json"]  # fmt: skip
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "run" / "checkpoint.pt").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130 and err.splitlines() == ["switchbench train: interrupted"], err
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.pt")["step"] >= 1
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("straight")
+    training.train(
+        TrainConfig("listops", "listops-switchhead-h2", **TINY_LISTOPS | {"steps": 6}), folder, progress=False
+    )
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("renamed", [False, True], ids=["before the checkpoint's rename", "after it"])
+def test_a_kill_around_the_checkpoint_loses_no_log_row(renamed, straight_run, tmp_path, monkeypatch):
+    cfg = TrainConfig("listops", "listops-switchhead-h2", **TINY_LISTOPS | {"steps": 6})
+    real, calls = checkpoint.save, []
+
+    def killed_at_the_second(*args, **kwargs):
+        calls.append(kwargs["step"])
+        if len(calls) == 2:  # the checkpoint of step 4, the log's write just before or just after it
+            if renamed:
+                real(*args, **kwargs)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", killed_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        training.train(cfg, tmp_path / "killed", progress=False)
+    monkeypatch.setattr(checkpoint, "save", real)
+    training.train(cfg, tmp_path / "killed", resume=True, progress=False)
+    straight, resumed = (pd.read_csv(folder / "log.csv") for folder in (straight_run, tmp_path / "killed"))
+    assert resumed["step"].tolist() == straight["step"].tolist() == [2, 4, 6]
+    pd.testing.assert_frame_equal(resumed, straight, rtol=1e-5)
+
+
+def test_stale_temporary_files_are_removed_by_the_next_write(tmp_path):
+    stale = [tmp_path / ".log.csv.k3j9x_2a.tmp", tmp_path / ".log.csv.00000000.tmp"]
+    others = [tmp_path / ".log.csv.mine.tmp", tmp_path / ".other.csv.k3j9x_2a.tmp", tmp_path / "notes.tmp"]
+    for path in stale + others:
+        path.write_text("left by a killed run")
+    results.write_csv(tmp_path / "log.csv", [{"step": 1}])
+    assert [p.exists() for p in stale + others] == [False, False, True, True, True]
+
+
+def test_a_tables_run_stopped_while_writing_leaves_the_earlier_set(tmp_path, monkeypatch, capsys):
+    def built(ratio):
+        row = {"preset": "p", "macs_published": "1M", "macs_paper_printed": "1M", "mem_published": "2M",
+               "mem_paper_printed": "2M", "macs_vs_dense": ratio, "mem_vs_dense": ratio, "reproduced": "yes"}  # fmt: skip
+        return {f"table{t}": [row] for t in tables.TABLES}
+
+    monkeypatch.setattr(tables, "all_tables", lambda: built(0.5))
+    assert main(["tables", "--out", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path)
+    assert json.loads(before["metadata.json"])["files"] == [
+        f"table{t}.{ext}" for t in tables.TABLES for ext in ("csv", "md", "tex")
+    ]
+    real_write, writes = Path.write_text, []
+
+    def killed_at_the_third(self, *args, **kwargs):
+        writes.append(self)
+        if len(writes) == 3:
+            raise KeyboardInterrupt
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(tables, "all_tables", lambda: built(0.25))
+    monkeypatch.setattr(Path, "write_text", killed_at_the_third)
+    fails_cleanly(capsys, ["tables", "--out", str(tmp_path), "--json"], code=130, says="interrupted")
+    assert len(writes) == 3 and snapshot(tmp_path) == before
