@@ -159,7 +159,7 @@ def _broken_runs() -> dict:
         "empty file": ("", "not a readable run"),
         "not JSON": ("{rows: [", "not a readable run"),
         "a list": ([], "not a switchbench speed run"),
-        "kernel-bench run": (_kernel_bench_run(), "not a speed run (a kernel-bench run?)"),
+        "kernel-bench run": (_kernel_bench_run(), "a kernels run, not a speed run"),
         "rows not a list": ({"metadata": {}, "rows": {}}, "not a switchbench speed run"),
         "malformed count": (wrong_type, "malformed op_calls"),
         "no per-round ratios": (no_rounds, "malformed ratio_time_rounds"),

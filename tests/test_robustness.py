@@ -285,14 +285,6 @@ def test_a_run_of_the_wrong_shape_is_named(command, bad, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
-def test_a_baseline_of_the_wrong_shape_is_named(tmp_path, capsys):
-    run = tmp_path / "run.json"
-    run.write_text(json.dumps({"rows": [SPEED_ROW]}))
-    baseline = tmp_path / "baseline.json"
-    baseline.write_text(json.dumps(BASELINE | {"ratios": {"p | layer | forward": {"ratio_time": "0.5"}}}))
-    fails_cleanly(capsys, ["check", str(run), "--baseline", str(baseline)], says=f"{baseline}: ratios of")
-
-
 @pytest.mark.parametrize(
     ("file", "content", "message"),
     [

@@ -15,6 +15,7 @@ import pandas as pd
 from switchbench.models.presets import PRESETS
 
 from .results import newest, writable_file, write_atomic
+from .schema import read_json, read_run
 
 TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
@@ -54,15 +55,6 @@ def _positive_numbers(values) -> bool:
     return isinstance(values, list) and bool(values) and all(_is_number(v) and v > 0 for v in values)
 
 
-def _read(path: Path, what: str):
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such {what} file") from None
-    except (OSError, ValueError) as error:  # ValueError: bad JSON or bytes that are not UTF-8
-        raise ValueError(f"{path}: not a readable {what} ({type(error).__name__}: {error})") from None
-
-
 def load_run(path: Path) -> tuple[Path, dict]:
     """A speed run's JSON (a folder means the newest run under it), checked; its path and its content."""
     path = Path(path)
@@ -70,7 +62,7 @@ def load_run(path: Path) -> tuple[Path, dict]:
         folder, path = path, newest(path, "**/*.json")
         if path is None:
             raise ValueError(f"{folder}: no run (*.json) in this folder")
-    run = _read(path, "run")
+    run = read_run(path, "speed")
     problem = run_problem(run)
     if problem:
         raise ValueError(f"{path}: {problem}")
@@ -98,7 +90,7 @@ def run_problem(run) -> str | None:
 
 
 def load_baseline(path: Path) -> dict:
-    baseline = _read(path, "baseline")
+    baseline = read_json(path, "baseline file")
     problem = baseline_problem(baseline)
     if problem:
         raise ValueError(f"{path}: {problem}")
@@ -266,9 +258,10 @@ def register(commands) -> None:
 
 
 def _run(args) -> int:
-    loaded = [load_run(path) for path in args.run_files]
     if args.write:
         writable_file(Path(args.baseline), "--baseline")
+    loaded = [load_run(path) for path in args.run_files]
+    if args.write:
         try:
             print(f"wrote {write_baseline([run for _, run in loaded], Path(args.baseline))}")
         except ValueError as error:

@@ -52,30 +52,23 @@ def read_table(path: Path, kind: str) -> pd.DataFrame:
 def read_run(path: Path, kind: str) -> dict:
     """A run's JSON (``{"metadata": {...}, "rows": [...]}``) of ``kind`` (a key of RUN_ROWS), checked."""
     path = Path(path)
-    run = read_json(path)
+    run = read_json(path, "run file")
     if not isinstance(run, dict) or not isinstance(run.get("rows"), list):
         raise ValueError(f"{path}: not a switchbench {kind} run (needs a list of 'rows')")
     if not isinstance(run.get("metadata", {}), dict):
         raise ValueError(f"{path}: 'metadata' must be an object")
+    others = [
+        k
+        for k, keys in RUN_ROWS.items()
+        if k != kind and run["rows"] and not _row_problem(run["rows"][0], keys)
+    ]
+    if others and _row_problem(run["rows"][0], RUN_ROWS[kind]):
+        raise ValueError(f"{path}: a {others[0]} run, not a {kind} run")
     for i, row in enumerate(run["rows"]):
         problem = _row_problem(row, RUN_ROWS[kind])
         if problem:
             raise ValueError(f"{path}: row {i}: {problem}")
     return run
-
-
-def check_baseline(path: Path, baseline) -> dict:
-    """A regression baseline: ``ratios`` {key: {name: number}} and ``tolerances`` {name: number}."""
-    if not isinstance(baseline, dict) or not all(
-        isinstance(baseline.get(k), dict) for k in ("ratios", "tolerances")
-    ):
-        raise ValueError(f"{path}: not a switchbench baseline (needs 'ratios' and 'tolerances' objects)")
-    if not all(_is(v, NUMBER) for v in baseline["tolerances"].values()):
-        raise ValueError(f"{path}: every tolerance must be a number")
-    for key, ratios in baseline["ratios"].items():
-        if not isinstance(ratios, dict) or not all(_is(v, NUMBER) for v in ratios.values()):
-            raise ValueError(f"{path}: ratios of {key!r} must be an object of numbers")
-    return baseline
 
 
 def check_checkpoint(path: Path, payload: dict) -> dict:
@@ -88,11 +81,13 @@ def check_checkpoint(path: Path, payload: dict) -> dict:
     return payload
 
 
-def read_json(path: Path):
+def read_json(path: Path, what: str = "JSON file"):
     try:
         return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {what}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not readable JSON ({_first_line(error)})") from None
+        raise ValueError(f"{path}: not a readable {what} ({_first_line(error)})") from None
 
 
 def _row_problem(row, keys: dict) -> str | None:
