@@ -19,11 +19,11 @@ from .schema import read_json, read_run
 
 TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
-# Relative slack above the baseline before a time ratio counts as a regression. The medians of the gated ratios
-# (one thread, thread CPU time) stayed within 10% of their common median over 7 runs on the shared 2-core
-# machine, quiet or beside 4 busy processes (README, "The regression gate"); 10% on the interval's lower bound
-# covers that, and a SwitchHead layer made 30% slower still fails.
-TOLERANCES = {TIME: 0.10, "ratio_memory": 0.0, "ratio_macs": 0.0, "op_calls": 0.0}
+# Relative slack above the baseline before a time ratio counts as a regression. Over 10 runs on the shared 2-core
+# machine (one thread, thread CPU time), quiet or beside busy processes, the gated medians ranged from -9% to +15%
+# of the baseline (README, "The regression gate"); 15% on the interval's lower bound covers that, and a
+# SwitchHead layer made 30% slower still fails against a run near the baseline.
+TOLERANCES = {TIME: 0.15, "ratio_memory": 0.0, "ratio_macs": 0.0, "op_calls": 0.0}
 CONFIDENCE = 0.95
 # Settings a time ratio depends on: a run and its baseline must agree on them to be compared.
 COMPARABLE = ("device", "dtype", "batch", "threads", "clock")
