@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, train
 from switchbench.bench import scaling, speed, tables
@@ -43,11 +45,14 @@ def _speed(args, results: Path, runs: Path) -> str:
             {"47m": speed.GROUPS["47m"]} if args.quick else {g: speed.GROUPS[g] for g in speed.GPU_GROUPS}
         )
         scopes, dtype, batch = ("model", "layer"), "bf16", 16 if args.quick else 64
-    else:
+    else:  # the gate's layers, timed as the gate times them
         groups, scopes, dtype, batch = {"gate": speed.GATE_LAYERS}, ("layer",), "fp32", 4
+    threads, clock = (None, "wall") if device == "cuda" else (speed.GATE_THREADS, "thread")
     rounds = 10 if args.quick else 20
-    rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2)
-    metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2)
+    with speed.intra_op_threads(threads):
+        rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2, clock=clock)
+        metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2,
+                                  threads=torch.get_num_threads(), clock=clock)  # fmt: skip
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
