@@ -92,6 +92,7 @@ def test_paper_format_round_trips(cell):
     assert accounting.format_paper(round(value), decimals, unit) == cell
 
 
+@pytest.mark.slow
 def test_tables_files(tmp_path):
     written = tables.write_tables(tmp_path, tables.all_tables())
     names = [

@@ -52,8 +52,14 @@ def make_case(n, s_in, slots, s_out, n_experts, d_in, d_out, routing, seed=0):
     return x, weight, indices, scores, grad_out
 
 
+# The fast loop keeps two cases of the interpreter; the rest run in the full suite.
+FAST_CASES = ("single-token", "k-1")
+
+
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=() if c in FAST_CASES else pytest.mark.slow) for c in CASES]
+)
 def test_triton_matches_float64_and_torch_path(case, gated):
     s_out = CASES[case][3]
     x, weight, indices, scores, grad_out = make_case(*CASES[case])
@@ -72,6 +78,7 @@ def test_triton_matches_float64_and_torch_path(case, gated):
         torch.testing.assert_close(got / scale, ref32 / scale, rtol=0, atol=2e-6)
 
 
+@pytest.mark.slow
 def test_experts_without_tokens_get_zero_weight_gradient():
     x, weight, indices, scores, grad_out = make_case(*CASES["empty-experts"])
     _, _, grad_w, _ = run("triton", x.float(), weight.float(), indices, scores.float(), 1, grad_out)
@@ -79,6 +86,7 @@ def test_experts_without_tokens_get_zero_weight_gradient():
     assert unused and grad_w[unused].abs().max() == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["switchhead-o", "k-1", "moa-q"])
 def test_deterministic_and_every_element_written(case):
     """Two runs agree bit for bit, and no element is left unwritten: under deterministic mode torch fills every
@@ -97,6 +105,7 @@ def test_deterministic_and_every_element_written(case):
         torch.testing.assert_close(a, ref, rtol=0, atol=2e-5 * ref.abs().max().item())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["switchhead-v", "empty-experts"])  # padded widths, and 16-wide ones
 def test_non_contiguous_inputs_and_scores(case):
     """Scores, x and weight read through their strides: a transposed scores view gives the same gates."""
@@ -115,6 +124,7 @@ def test_non_contiguous_inputs_and_scores(case):
         )
 
 
+@pytest.mark.slow
 def test_fp16_inputs_accumulate_in_fp32():
     x, weight, indices, scores, grad_out = make_case(*CASES["sigma-moe-down"], seed=5)
     half = [t.half() for t in (x, weight, scores)]
@@ -182,6 +192,7 @@ def test_custom_op_registration():
         )
 
 
+@pytest.mark.slow
 def test_torch_compile_traces_a_switchhead_layer():
     from switchbench.models.config import ModelConfig
     from switchbench.models.switchhead import SwitchHeadAttention
@@ -195,6 +206,7 @@ def test_torch_compile_traces_a_switchhead_layer():
     torch.testing.assert_close(compiled(x, None, window)[0], layer(x, None, window)[0])
 
 
+@pytest.mark.slow
 def test_switchhead_layer_on_the_triton_path(monkeypatch):
     """A whole SwitchHead layer, forward and backward, gives the same result through either implementation."""
     from switchbench.models.config import ModelConfig

@@ -23,6 +23,7 @@ def test_cases_are_the_presets_shapes():
     assert by_name["262m expert-sized"].macs == (64 * 1024 * 2 // 4) * 1024 * 112
 
 
+@pytest.mark.slow
 def test_triton_is_checked_then_timed():
     case = kernels.Case("tiny", tokens=20, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2,
                         d_in=24, d_out=20, gated=True)  # fmt: skip
@@ -40,6 +41,7 @@ def test_a_wrong_kernel_is_not_timed(monkeypatch):
         kernels.measure(case, "triton", "cpu", torch.float32)
 
 
+@pytest.mark.slow
 def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     argv = ["kernel-bench", "--sizes", "47m", "--dtype", "fp32", "--out", str(tmp_path), "--json"]
     assert main(argv) == 0
@@ -54,6 +56,7 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["grouped_mm", "loop"])
 def test_peers_match_the_torch_path_in_output_and_every_gradient(impl):
     # 16-byte rows in bf16 for grouped_mm; an expert without tokens (3 experts, k=2 of them per token)

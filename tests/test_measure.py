@@ -40,6 +40,7 @@ def configs(draw):
     )
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
@@ -49,6 +50,7 @@ def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
     assert measure.saved_floats(cfg) == exact.mem
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
     [
@@ -89,6 +91,7 @@ def test_an_op_without_a_mac_count_is_an_error(monkeypatch):
         measure.fvcore_macs(PRESETS["tiny-switchhead"])
 
 
+@pytest.mark.slow
 def test_cli_count(capsys):
     assert main(["count", "c4-262m-switchhead-h4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -286,6 +286,7 @@ def test_expert_matmul_default_out_groups_is_per_slot():
     _check_expert_matmul(3, 4, 2, 4, 4, indices, True, 7, default_groups=True)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     n=st.integers(1, 6),

@@ -29,6 +29,7 @@ def test_quadratic_terms_are_half_at_the_crossover():
     assert below and above
 
 
+@pytest.mark.slow
 def test_sweep_files(tmp_path):
     written = scaling.write_sweep(tmp_path, scaling.sweep())
     assert sorted(p.name for p in written) == ["cost_scaling.csv", "cost_scaling.png", "cost_scaling.svg"]

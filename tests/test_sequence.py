@@ -246,6 +246,7 @@ def test_cache_keeps_the_window(model, pos):
             assert all((m is None and keep == 0) or m.shape == (2, keep, cfg.d_model) for m in state.mems)
 
 
+@pytest.mark.slow
 @settings(max_examples=15, deadline=None)
 @given(
     model=st.sampled_from(FAMILIES),
@@ -275,6 +276,7 @@ LM_PRESETS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", LM_PRESETS)
 def test_tiny_lm_overfits_a_batch(preset):
     """Each tiny preset memorises a fixed 4 x 32 batch of random tokens."""
@@ -303,6 +305,7 @@ def test_tiny_lm_overfits_a_batch(preset):
     assert final < 0.5 * losses[0], f"loss {losses[0]:.3f} -> {final:.3f}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "pos"), [(m, "xl") for m in FAMILIES] + [("switchhead", "rope")])
 def test_sequence_classifier_learns_a_batch(model, pos):
     """The bidirectional classifier fits random labels of a fixed small batch."""

@@ -15,6 +15,7 @@ from switchbench.bench import speed
 from switchbench.cli import main
 
 
+@pytest.mark.slow
 def test_paired_timing_and_oom_are_recorded():
     calls = []
 
@@ -48,6 +49,7 @@ def test_other_errors_are_not_swallowed():
         )
 
 
+@pytest.mark.slow
 def test_cli_speed_json_and_files(tmp_path, capsys):
     argv = [
         "speed",
@@ -91,6 +93,7 @@ def test_cli_bad_input(capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
                     reason="torchrun not installed")  # fmt: skip
 def test_distributed_data_parallel_with_gloo(tmp_path):
