@@ -29,6 +29,13 @@ def default_preset(task: str, model: str) -> str:
     return f"tiny-{family}"
 
 
+def run_name(task: str, preset: str, seed: int = 0) -> str:
+    """The run folder's name: the preset, prefixed with the task unless the preset's name already starts with it
+    (``listops-switchhead-h2``, ``lm-tiny-switchhead``), and the seed when it is not the default."""
+    name = preset if preset.startswith(f"{task}-") else f"{task}-{preset}"
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     task: str  # listops | lm
@@ -192,7 +199,9 @@ def register(commands) -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--text", help="LM: a text file instead of the embedded default")
     parser.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
-    parser.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
+    parser.add_argument(
+        "--out", help="run folder (default: runs/<run name>, e.g. runs/listops-switchhead-h2)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     add_json(parser)
@@ -203,7 +212,7 @@ def _run(args) -> None:
     preset = args.preset or default_preset(args.task, args.model)
     cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
                       text=args.text, hf_dataset=args.hf_dataset, device=device_from_args(args.device))  # fmt: skip
-    out = Path(args.out or f"runs/{args.task}-{preset}")
+    out = Path(args.out or Path("runs") / run_name(args.task, preset, args.seed))
     result = train(cfg, out, resume=args.resume, progress=not args.json)
     if args.json:
         emit({"run": str(out), "preset": preset, **result}, True)
