@@ -85,7 +85,7 @@ def test_statistics_on_a_hand_made_routing():
     assert stats.token_preferences(experts, tokens, 2, min_count=2) == [
         (0, 5, pytest.approx(4 / 3), 2 / 3, 2)
     ]
-    # token 6 (once) ranks only with min_count 1: expert 1 every time, lift 2; token 5's lift 2/3 on it is no preference
+    # token 6 (once, with expert 1) ranks only with min_count 1: expert 1 every time, lift 2; token 5's lift 2/3 on it is no preference
     assert stats.token_preferences(experts, tokens, 2, min_count=1) == [
         (0, 5, pytest.approx(4 / 3), 2 / 3, 2), (1, 6, 2.0, 1.0, 1)
     ]  # fmt: skip

@@ -40,7 +40,7 @@ def token_preferences(
     """For each expert, the tokens most over-represented among its choices: (expert, token, lift, share, count)
     rows, best first. share = P(expert | token), the fraction of the token's occurrences that chose the expert;
     lift = share / P(expert), its ratio to the expert's rate over all tokens (1: no preference). Only lifts above
-    1 of tokens seen at least min_count times are ranked."""
+    1 of (expert, token) pairs seen at least min_count times are ranked: a rare pair's lift is noise."""
     vocab = int(tokens.max()) + 1 if tokens.numel() else 0
     k = experts.shape[1]
     pairs = experts * vocab + tokens[:, None].expand(-1, k)
@@ -48,7 +48,7 @@ def token_preferences(
     seen = torch.bincount(tokens, minlength=vocab).double()
     share = joint / seen.clamp(min=1)
     lift = share / (joint.sum(1, keepdim=True) / len(tokens)).clamp(min=1e-12)
-    lift = torch.where((seen >= min_count) & (joint > 0), lift, torch.zeros(()))
+    lift = torch.where(joint >= max(min_count, 1), lift, torch.zeros(()))
     rows = []
     for e in range(n_experts):
         for token in lift[e].argsort(descending=True)[:top].tolist():

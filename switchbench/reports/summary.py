@@ -172,12 +172,10 @@ def _similarity(analysis: dict, claim: dict) -> list[Line]:
 def _dead_experts(analysis: dict) -> list[Line]:
     """Experts never chosen over the sample, counted over every router of each model."""
     out = []
-    models = dict.fromkeys(r["model"] for r in analysis["summary"])
-    for model in models:
+    for model in dict.fromkeys(r["model"] for r in analysis["summary"]):
         routers = [r for r in analysis["summary"] if r["model"] == model]
-        dead = sum(
-            len(str(r["dead_experts"]).split()) for r in routers if r["dead_experts"] not in (None, "")
-        )
-        out.append(Line(f"dead experts, {model}", "not reported", f"{dead} in {len(routers)} routers",
-                        "none" if dead == 0 else f"{dead} never chosen", None, "#usage"))  # fmt: skip
+        dead = [len(str(r["dead_experts"]).split()) for r in routers if r["dead_experts"] not in (None, "")]
+        ours = f"{sum(dead)} in {len(dead)} of {len(routers)} routers"
+        out.append(Line(f"experts never chosen, {model}", "not reported", ours,
+                        "none" if not dead else "some experts unused", None, "#usage"))  # fmt: skip
     return out
