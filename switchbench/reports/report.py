@@ -84,7 +84,7 @@ def load_speed(results: Path) -> dict | None:
     """The newest run of each device folder, and the paper's Table 5."""
     folders = sorted(p for p in (results / "speed").glob("*") if p.is_dir())
     runs = [_run(path) for path in map(newest, folders) if path is not None]
-    return {"runs": runs, "table5": _rows(Path(str(WALLCLOCK)))} if runs else None
+    return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
 
 
 def load_kernels(results: Path) -> dict | None:
