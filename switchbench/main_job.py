@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 
 from switchbench.analysis.analyze import analyze
-from switchbench.analysis.train import TrainConfig, default_preset, train
+from switchbench.analysis.train import TrainConfig, default_preset, run_name, train
 from switchbench.bench import scaling, speed, tables
 from switchbench.bench.command import DTYPES, add_json, device_from_args, slug
 from switchbench.bench.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
 
-PAIR = ("dense", "switchhead")
+# The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.
+RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))
 
 
 @dataclass(frozen=True)
@@ -56,23 +57,24 @@ def _speed(args, results: Path, runs: Path) -> str:
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
-def _trainer(model: str) -> Callable:
+def _trainer(model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         preset = default_preset("listops", model)
-        cfg = TrainConfig("listops", preset, steps=_steps(args), eval_every=50 if args.quick else 100,
+        cfg = TrainConfig("listops", preset, steps=_steps(args), seed=seed, eval_every=50 if args.quick else 100,
                           device=device_from_args(None))  # fmt: skip
-        return train(cfg, runs / f"listops-{preset}", progress=not args.json)
+        return train(cfg, runs / run_name("listops", preset, seed), progress=not args.json)
 
     return step
 
 
-def _checkpoints(runs: Path) -> list[Path]:
-    return [runs / f"listops-{default_preset('listops', model)}" / "checkpoint.pt" for model in PAIR]
+def _run_names() -> list[str]:
+    return [run_name("listops", default_preset("listops", model), seed) for model, seed in RUNS]
 
 
 def _analysis(args, results: Path, runs: Path) -> int:
     sample = 64 if args.quick else 256
-    return len(analyze(_checkpoints(runs), results / "analysis" / "listops", sample=sample))
+    checkpoints = [runs / name / "checkpoint.pt" for name in _run_names()]
+    return len(analyze(checkpoints, results / "analysis" / "listops", sample=sample))
 
 
 def _report(args, results: Path, runs: Path) -> str:
@@ -87,7 +89,10 @@ STEPS = (
     Step("tables", _tables),
     Step("cost sweep", _sweep),
     Step("speed", _speed),
-    *(Step(f"training {default_preset('listops', model)}", _trainer(model)) for model in PAIR),
+    *(
+        Step(f"training {name}", _trainer(model, seed))
+        for name, (model, seed) in zip(_run_names(), RUNS, strict=True)
+    ),
     Step("routing analysis", _analysis),
     Step("report", _report),
 )
@@ -116,9 +121,8 @@ def _run(args) -> None:
     if args.json:
         print(json.dumps(log, indent=2))
         return
-    for model in PAIR:
-        preset = default_preset("listops", model)
-        result = log[f"training {preset}"]
-        print(f"{preset}: validation accuracy {result['val_accuracy']:.1%} "
+    for name in _run_names():
+        result = log[f"training {name}"]
+        print(f"{name}: validation accuracy {result['val_accuracy']:.1%} "
               f"(majority class {result['majority_class']:.1%})")  # fmt: skip
     print(f"report: {log['report']}")

@@ -9,7 +9,8 @@ import torch
 
 from switchbench.analysis import checkpoint, listops, stats
 from switchbench.analysis.analyze import analyze
-from switchbench.analysis.train import TrainConfig, train
+from switchbench.analysis.train import TrainConfig, run_name, train
+from switchbench.bench.results import read_csv
 from switchbench.cli import main
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
@@ -81,10 +82,21 @@ def test_statistics_on_a_hand_made_routing():
         and co[1, 0] == 1
         and co.sum() == 8
     )
-    tokens = torch.tensor([5, 6, 5, 7])
-    prefs = stats.token_preferences(experts, tokens, 4, top=3, min_count=2)
-    assert (0, 5, 1.0, 2) in prefs and (1, 5, 1.0, 2) in prefs  # token 5 rows: [0, 1] twice
-    assert all(token == 5 for _, token, _, _ in prefs)  # tokens 6 and 7 are seen once: too rare to rank
+    # lift by hand, k = 1: experts 0, 0, 1, 1 each take half of all tokens; token 5 (3 times) picks expert 0 twice
+    experts, tokens = torch.tensor([[0], [0], [1], [1]]), torch.tensor([5, 5, 5, 6])
+    assert stats.token_preferences(experts, tokens, 2, min_count=2) == [
+        (0, 5, pytest.approx(4 / 3), 2 / 3, 2)
+    ]
+    # token 6 (once, with expert 1) ranks only with min_count 1: expert 1 every time, lift 2; token 5's lift 2/3 on it is no preference
+    assert stats.token_preferences(experts, tokens, 2, min_count=1) == [
+        (0, 5, pytest.approx(4 / 3), 2 / 3, 2), (1, 6, 2.0, 1.0, 1)
+    ]  # fmt: skip
+
+
+def test_run_names_hold_the_task_once():
+    assert run_name("listops", "listops-switchhead-h2") == "listops-switchhead-h2"
+    assert run_name("lm", "tiny-switchhead") == "lm-tiny-switchhead"
+    assert run_name("listops", "listops-transformer-h8", seed=1) == "listops-transformer-h8-seed1"
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +128,7 @@ def test_every_figure_and_table(runs, tmp_path):
     written = analyze([runs["listops-transformer-h8"], runs["listops-switchhead-h2"]], tmp_path, sample=16)
     names = {p.name for p in written}
     assert {"attention_maxima.png", "attention_maxima.svg", "training_curves.png", "usage.csv", "summary.csv",
-            "cooccurrence.csv", "preferences.csv", "training_log.csv"} <= names  # fmt: skip
+            "cooccurrence.csv", "preferences.csv", "training_log.csv", "similarity.csv", "similarity.png"} <= names  # fmt: skip
     for layer in range(6):
         for head in range(2):
             assert f"listops-switchhead-h2-selection-layer{layer}-head{head}.png" in names
@@ -125,6 +137,11 @@ def test_every_figure_and_table(runs, tmp_path):
     usage = (tmp_path / "usage.csv").read_text().splitlines()
     # 6 layers x 2 heads x 2 sides x 4 experts, one row each
     assert len(usage) == 1 + 6 * 2 * 2 * 4
+    preferences = read_csv(tmp_path / "preferences.csv")
+    assert preferences["layer"].min() >= 1 and (preferences["lift"] > 1).all()  # layer 0 sees the token alone
+    similar = read_csv(tmp_path / "similarity.csv")
+    assert len(similar) == 6 and set(similar["model_b"]) == {"listops-switchhead-h2"}
+    assert similar["pearson"].between(-1, 1).all() and similar["js_distance"].between(0, 1).all()
 
 
 def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):

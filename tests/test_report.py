@@ -13,10 +13,12 @@ import matplotlib.pyplot as plt
 import pytest
 
 from switchbench.cli import main
-from switchbench.reports.report import write_report
+from switchbench.reports import summary
+from switchbench.reports.report import collect, write_report
 
 HOSTILE = "<script>alert(1)</script>"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+WIDTH = 1280  # a laptop's browser window: the page must fit it without scrolling sideways
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
@@ -57,6 +59,9 @@ def fixture_results(tmp_path) -> Path:
            "rows": [{"group": "gate", "preset": "dense", "scope": "layer", "what": "forward+backward", "status": "ok",
                      "ms": 130.5, "ms_iqr": 3.2, "ratio_time": 1.0, "memory_bytes": 41943040, "ratio_memory": 1.0,
                      "tflops": 0.09, "fraction_of_matmul_peak": 0.45},
+                    {"group": "gate", "preset": "c4-47m-switchhead-h2", "scope": "model", "what": "train step",
+                     "status": "ok", "ms": 90.0, "ms_iqr": 1.0, "ratio_time": 0.7, "memory_bytes": 2**24,
+                     "ratio_memory": 0.55},
                     {"group": "gate", "preset": "big", "scope": "model", "what": "train step", "status": "OOM"}]}  # fmt: skip
     (root / "speed" / "test-cpu").mkdir(parents=True)
     (root / "speed" / "test-cpu" / "fp32-b4.json").write_text(json.dumps(run))
@@ -71,22 +76,57 @@ def fixture_results(tmp_path) -> Path:
         _png(analysis / f"{name}.png", name)
     _csv(analysis / "summary.csv", [{"model": "m", "layer": 0, "module": "attn", "head": 0, "side": "src",
                                      "entropy": 1.2, "perplexity": 3.3, "dead_experts": "2"}])  # fmt: skip
-    _csv(analysis / "preferences.csv", [{"model": "m", "layer": 0, "module": "attn", "head": 0, "side": "dst",
-                                         "expert": 1, "token": HOSTILE, "share": 0.9, "count": 12}])  # fmt: skip
+    _csv(analysis / "preferences.csv", [{"model": "m", "layer": 1, "module": "attn", "head": 0, "side": "dst",
+                                         "expert": 1, "token": HOSTILE, "lift": 3.5, "share": 0.9, "count": 12}])  # fmt: skip
+    _csv(analysis / "training_log.csv", [{"model": "m", "step": 100, "val_accuracy": 0.42}])
+    _png(analysis / "similarity.png", "similarity")
+    _csv(analysis / "similarity.csv", [
+        {"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": r, "js_distance": js, "rows": 9}
+        for a, b, base, r, js in (("d", "m", False, 0.6, 0.3), ("d", "d-seed1", True, 0.8, 0.2))
+        for layer in (0, 1)
+    ])  # fmt: skip
     return root
 
 
 def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     page = write_report(fixture_results, tmp_path / "report.html", {"device": "test <b>cpu</b>"}).read_text()
-    for section in ("Compute and memory", "Cost against context length", "Wall-clock and peak memory",
+    for section in ("Summary", "Compute and memory", "Cost against context length", "Wall-clock and peak memory",
                     "What the experts learn", "Methods", "switchbench tables"):  # fmt: skip
         assert section in page
     assert "Expert-matmul throughput" not in page  # no kernel results: no section
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "test &lt;b&gt;cpu&lt;/b&gt;" in page
-    assert "3,313,500,160" in page and "43.9%" in page and "40.0 MiB" in page and "OOM" in page
-    assert page.count("data:image/png;base64,") == 6
+    assert "3,313,500,160" in page and "43.9%" in page and "16.0 MiB" in page and "OOM" in page
+    assert page.count("data:image/png;base64,") == 7
     assert "http://" not in page and "https://" not in page
+    assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
+
+
+def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
+    lines = {line.claim: line for line in summary.lines(collect(fixture_results))}
+    # the abstract's 44% / 27% against the paper's convention (within the printed digit) and this implementation
+    mac = lines["MACs of C4 262M SwitchHead vs dense, paper's convention"]
+    assert (mac.paper, mac.ours, mac.verdict, mac.link) == ("44%", "43.9%", "reproduced", "#table2")
+    exact = lines["memory of C4 262M SwitchHead vs dense, this implementation, measured"]
+    assert (exact.ours, exact.verdict) == ("43.3%", "differs: +16.3 pp")  # 43.3% against 27%
+    # Table 5, 47M: time 0.72 and memory 0.65 against the CPU run's 0.70 and 0.55, within 5 points or not
+    time = lines["time of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU)"]
+    memory = lines["memory of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU)"]
+    assert (time.verdict, memory.verdict) == ("reproduced", "differs: -10.0 pp")
+    assert lines["ListOps validation accuracy, m"].verdict == "differs: -53.0 pp"
+    similar = lines["attention maxima alike, d vs m (mean over layers)"]
+    assert similar.ours == "r = 0.60, JS distance 0.30 (two dense seeds: r = 0.80, JS 0.20)"
+    assert similar.verdict == "differs: r -0.20 below two seeds" and similar.link == "#similarity"
+    assert lines["experts never chosen, m"].ours == "1 in 1 of 1 routers"
+
+
+def test_an_unreadable_section_is_left_out_with_a_note(fixture_results, tmp_path, capsys):
+    (fixture_results / "speed" / "test-cpu" / "fp32-b4.json").write_text("{not json")
+    (fixture_results / "analysis" / "listops" / "similarity.csv").write_text('a,"b\n1')
+    page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "'Wall-clock' left out" in err[0] and "'Routing' left out" in err[1]
+    assert "Compute and memory" in page and 'id="speed"' not in page and 'id="analysis"' not in page
 
 
 def test_cli_report_on_a_missing_folder(capsys, tmp_path):
@@ -103,7 +143,7 @@ def _browse(report: Path, screenshot: Path) -> dict:
             "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": 1200, "height": 900})
+        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.on("requestfailed", lambda r: failed.append(r.url))
@@ -117,12 +157,16 @@ def _browse(report: Path, screenshot: Path) -> dict:
 
         page.route("**/*", guard)
         page.goto(report.resolve().as_uri())
+        layout = page.evaluate(
+            "({scroll: document.documentElement.scrollWidth, width: window.innerWidth,"
+            " first: document.querySelector('h2').id})"
+        )
         images = page.evaluate(
             "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)"
         )
         page.screenshot(path=str(screenshot), full_page=False)
         browser.close()
-    return {"errors": errors, "external": external, "failed": failed, "images": images}
+    return {"errors": errors, "external": external, "failed": failed, "images": images, **layout}
 
 
 def _non_blank(png: Path) -> bool:
@@ -132,16 +176,19 @@ def _non_blank(png: Path) -> bool:
     return float(pixels[..., :3].std()) > 0.02
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (Debian package chromium)")
 def test_report_in_a_real_browser(fixture_results, tmp_path):
     pytest.importorskip("playwright")
     report = write_report(fixture_results, tmp_path / "report.html", {"device": "cpu"})
     seen = _browse(report, tmp_path / "screen.png")
     assert seen["errors"] == [] and seen["external"] == [] and seen["failed"] == []
-    assert len(seen["images"]) == 6 and all(seen["images"])
+    assert len(seen["images"]) == 7 and all(seen["images"])
     assert _non_blank(tmp_path / "screen.png")
+    assert seen["first"] == "summary" and seen["scroll"] <= seen["width"] == WIDTH
 
 
+@pytest.mark.slow
 def test_report_from_a_quick_main_job(tmp_path):
     """switchbench all --quick end to end into a temporary folder, then the report in the browser if present."""
     results = tmp_path / "results"
@@ -157,8 +204,16 @@ def test_report_from_a_quick_main_job(tmp_path):
         "What the experts learn",
     ):
         assert section in page
-    assert (tmp_path / "runs" / "listops-listops-switchhead-h2" / "checkpoint.pt").exists()
+    assert {p.name for p in (tmp_path / "runs").iterdir()} == {
+        "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1"
+    }  # fmt: skip
+    assert (
+        "listops-listops" not in page
+        and "listops-listops" not in (results / "analysis" / "listops" / "summary.csv").read_text()
+    )
+    assert (results / "analysis" / "listops" / "similarity.csv").exists() and 'id="similarity"' in page
     if CHROMIUM is not None:
         pytest.importorskip("playwright")
         seen = _browse(report, tmp_path / "screen.png")
         assert seen["errors"] == [] and seen["external"] == [] and all(seen["images"])
+        assert seen["first"] == "summary" and seen["scroll"] <= seen["width"]

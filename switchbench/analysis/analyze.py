@@ -14,7 +14,7 @@ from switchbench.bench.results import save_figure, writable_folder, write_atomic
 from switchbench.bench.schema import read_table
 from switchbench.models.observe import observe
 
-from . import checkpoint, listops, plots, stats, text
+from . import checkpoint, listops, plots, similarity, stats, text
 
 SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default
 
@@ -71,20 +71,28 @@ def analyze(
     if len({r["task"] for r in runs}) > 1:
         raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
     logs = _logs(runs, paths)  # read (and checked) before any work
+    if len({r["cfg"].T for r in runs}) > 1:
+        raise ValueError("the checkpoints read sequences of different lengths; analyse them apart")
     out, written = Path(out), []
-    maxima, rows = {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
-    labels = None
+    maxima, sample_maxima, rows = {}, {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
+    # Every model reads the same inputs (those of the first run's seed), so their maps can be compared.
+    ids, labels, tokens = _inputs(runs[0], source, example, sample)
     for run in runs:
-        ids, labels, tokens = _inputs(run, source, example, sample)
         attention = _attention(_observe(run, ids))
         maxima[run["name"]] = [a["maps"][0].amax(0).float().numpy() for a in attention]
         written += _selections(run, attention, labels, out)
-        written += _statistics(run, _observe(run, tokens), tokens, rows, out)
+        records = _observe(run, tokens)
+        sample_maxima[run["name"]] = [
+            a["maps"].amax(1).float().numpy() for a in _attention(records)
+        ]  # [B, T, T]
+        written += _statistics(run, records, tokens, rows, out)
     title = "Attention maxima over heads, per layer (post-softmax, first sequence)"
     written += save_figure(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
     for name, table in rows.items():
         if table:
             written.append(write_csv(out / f"{name}.csv", table))
+    if len(runs) > 1:
+        written += _similarity(runs, sample_maxima, tokens, out)
     written += _curves(logs, runs[0]["task"], out)
 
     metadata = environment("cpu") | {
@@ -98,6 +106,21 @@ def analyze(
     }
     written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))
     return written
+
+
+def _similarity(runs: list[dict], maxima: dict, tokens: torch.Tensor, out: Path) -> list[Path]:
+    """similarity.csv and its plot: every pair of models, per layer, over the real tokens of the sample."""
+    lengths = (
+        (tokens != listops.TOKEN_ID[listops.PAD]).sum(1).tolist()
+        if runs[0]["task"] == "listops"
+        else [tokens.shape[1]] * len(tokens)
+    )
+    table = similarity.similarity_table(maxima, {r["name"]: r["train"]["preset"] for r in runs}, lengths)
+    title = f"Attention maxima over heads compared row by row ({len(tokens)} sequences)"
+    return [
+        write_csv(out / "similarity.csv", table),
+        *save_figure(plots.similarity(table, title), out / "similarity"),
+    ]
 
 
 def _name(path: Path) -> str:
@@ -166,8 +189,11 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
                     else {"src": "V", "dst": "O"}[side]
                 )
                 panels.append((f"layer {layer} {label} head {head}", counts.numpy()))
-                rows["preferences"] += [where | {"expert": e, "token": _label(run, t), "share": s, "count": c}
-                                        for e, t, s, c in stats.token_preferences(chosen, tokens, n_experts)]  # fmt: skip
+                if kind == "mlp" or layer > 0:  # a first-layer attention router sees the token alone
+                    rows["preferences"] += [
+                        where | {"expert": e, "token": _label(run, t), "lift": lift, "share": s, "count": c}
+                        for e, t, lift, s, c in stats.token_preferences(chosen, tokens, n_experts)
+                    ]
         if "src_experts" in record and "dst_experts" in record:
             for head in range(cfg.n_heads):
                 v = record["src_experts"][:, -sample.shape[1] :, head].reshape(-1, cfg.k)[keep]

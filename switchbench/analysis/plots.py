@@ -111,3 +111,22 @@ def training_curves(logs: pd.DataFrame, metric: str, title: str) -> Figure:
     ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=title)
     ax.grid(alpha=0.3)
     return fig
+
+
+def similarity(rows: list[dict], title: str) -> Figure:
+    """Pearson r and Jensen–Shannon distance against layer, one line per pair of models (baselines dashed)."""
+    table = pd.DataFrame(rows)
+    table["pair"] = table["model_a"] + " vs " + table["model_b"]
+    table["compared"] = table["baseline"].map({True: "another seed", False: "another architecture"})
+    fig = Figure(figsize=(8, 2.8))
+    axes = fig.subplots(1, 2)
+    for ax, (measure, label) in zip(axes, (("pearson", "Pearson r (1: alike)"),
+                                           ("js_distance", "JS distance (0: alike)")), strict=True):  # fmt: skip
+        sns.lineplot(data=table, x="layer", y=measure, hue="pair", style="compared", marker="o", ax=ax,
+                     legend=ax is axes[0])  # fmt: skip
+        ax.set(xlabel="layer", ylabel=label, ylim=(min(0.0, float(table[measure].min()) - 0.05), 1))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -35,20 +35,23 @@ def cooccurrence(v_experts: Tensor, o_experts: Tensor, n_experts: int) -> Tensor
 
 
 def token_preferences(
-    experts: Tensor, tokens: Tensor, n_experts: int, top: int = 5, min_count: int = 2
+    experts: Tensor, tokens: Tensor, n_experts: int, top: int = 5, min_count: int = 20
 ) -> list:
-    """For each expert, the tokens that select it most reliably: (expert, token, share, count) rows, where share
-    is the fraction of that token's occurrences that chose the expert; tokens seen fewer than min_count times
-    are left out."""
+    """For each expert, the tokens most over-represented among its choices: (expert, token, lift, share, count)
+    rows, best first. share = P(expert | token), the fraction of the token's occurrences that chose the expert;
+    lift = share / P(expert), its ratio to the expert's rate over all tokens (1: no preference). Only lifts above
+    1 of (expert, token) pairs seen at least min_count times are ranked: a rare pair's lift is noise."""
     vocab = int(tokens.max()) + 1 if tokens.numel() else 0
     k = experts.shape[1]
     pairs = experts * vocab + tokens[:, None].expand(-1, k)
-    joint = torch.bincount(pairs.reshape(-1), minlength=n_experts * vocab).view(n_experts, vocab)
-    seen = torch.bincount(tokens, minlength=vocab)
+    joint = torch.bincount(pairs.reshape(-1), minlength=n_experts * vocab).view(n_experts, vocab).double()
+    seen = torch.bincount(tokens, minlength=vocab).double()
+    share = joint / seen.clamp(min=1)
+    lift = share / (joint.sum(1, keepdim=True) / len(tokens)).clamp(min=1e-12)
+    lift = torch.where(joint >= max(min_count, 1), lift, torch.zeros(()))
     rows = []
     for e in range(n_experts):
-        share = torch.where(seen >= min_count, joint[e] / seen.clamp(min=1), torch.zeros(()))
-        for token in share.argsort(descending=True)[:top].tolist():
-            if joint[e, token] > 0 and seen[token] >= min_count:
-                rows.append((e, token, float(share[token]), int(joint[e, token])))
+        for token in lift[e].argsort(descending=True)[:top].tolist():
+            if lift[e, token] > 1:
+                rows.append((e, token, float(lift[e, token]), float(share[e, token]), int(joint[e, token])))
     return rows

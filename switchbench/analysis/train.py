@@ -30,6 +30,13 @@ def default_preset(task: str, model: str) -> str:
     return f"tiny-{family}"
 
 
+def run_name(task: str, preset: str, seed: int = 0) -> str:
+    """The run folder's name: the preset, prefixed with the task unless the preset's name already starts with it
+    (``listops-switchhead-h2``, ``lm-tiny-switchhead``), and the seed when it is not the default."""
+    name = preset if preset.startswith(f"{task}-") else f"{task}-{preset}"
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     task: str  # listops | lm
@@ -219,7 +226,9 @@ def register(commands) -> None:
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--text", help="LM: a text file instead of the embedded default")
     parser.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
-    parser.add_argument("--out", help="run folder (default: runs/<task>-<preset>)")
+    parser.add_argument(
+        "--out", help="run folder (default: runs/<run name>, e.g. runs/listops-switchhead-h2)"
+    )
     parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
     parser.add_argument("--force", action="store_true", help="start afresh over an earlier run in the folder")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
@@ -231,7 +240,7 @@ def _run(args) -> None:
     preset = args.preset or default_preset(args.task, args.model)
     cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
                       text=args.text, hf_dataset=args.hf_dataset, device=device_from_args(args.device))  # fmt: skip
-    out = writable_folder(Path(args.out or f"runs/{args.task}-{preset}"))
+    out = writable_folder(Path(args.out or Path("runs") / run_name(args.task, preset, args.seed)))
     earlier = [out / name for name in ("checkpoint.pt", "log.csv") if (out / name).exists()]
     if earlier and not (args.resume or args.force):
         raise ValueError(f"{out} holds an earlier run; --resume to continue it or --force to replace it")

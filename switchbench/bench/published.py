@@ -4,3 +4,5 @@ from importlib.resources import files
 
 TABLES = files("switchbench.bench") / "data" / "published_tables.csv"
 WALLCLOCK = files("switchbench.bench") / "data" / "published_wallclock.csv"
+# The claims of the text, each with how far a measurement may be from it and still reproduce it.
+CLAIMS = files("switchbench.bench") / "data" / "published_claims.csv"

@@ -16,9 +16,32 @@ CSV_COLUMNS = {
     "log": {"step": INTEGER},
     "table": {"preset": TEXT, "macs_vs_dense": NUMBER, "mem_vs_dense": NUMBER},
     "sweep": {"size": TEXT, "model": TEXT, "macs_crossover_T": NUMBER, "mem_crossover_T": NUMBER},
-    "summary": {"model": TEXT, "layer": INTEGER, "head": INTEGER, "entropy": NUMBER, "perplexity": NUMBER},
-    "preferences": {"model": TEXT, "layer": INTEGER, "expert": INTEGER, "token": TEXT, "share": NUMBER},
+    "summary": {
+        "model": TEXT,
+        "layer": INTEGER,
+        "head": INTEGER,
+        "side": TEXT,
+        "entropy": NUMBER,
+        "perplexity": NUMBER,
+    },
+    "preferences": {
+        "model": TEXT,
+        "layer": INTEGER,
+        "head": INTEGER,
+        "side": TEXT,
+        "expert": INTEGER,
+        "token": TEXT,
+        "lift": NUMBER,
+        "share": NUMBER,
+    },
     "training_log": {"model": TEXT, "step": INTEGER},
+    "similarity": {
+        "model_a": TEXT,
+        "model_b": TEXT,
+        "layer": INTEGER,
+        "pearson": NUMBER,
+        "js_distance": NUMBER,
+    },
 }
 # The keys each row of a run's JSON must have; the optional ones are checked where present (None allowed).
 RUN_ROWS = {

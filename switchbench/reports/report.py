@@ -1,7 +1,16 @@
 """One self-contained HTML report of everything under results/: images embedded, CSS inline, no request of any
-kind; token strings and file contents are escaped (jinja2 autoescape)."""
+kind; token strings and file contents are escaped (jinja2 autoescape).
+
+The page is a summary (the paper's claims beside this suite's numbers), then one section per kind of result that
+exists. A section is a name, a loader that reads its files from the results folder (None: nothing to show) and
+its template ``sections/<name>.html.j2``; a section whose files cannot be read is left out with a note on stderr.
+"""
 
 import base64
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
@@ -12,15 +21,25 @@ from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.results import newest, read_csv, writable_file, write_atomic
 from switchbench.bench.schema import read_run, read_table
 
+from . import summary
+
+STRONGEST = 12  # token preferences shown before the disclosure
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
           "macmatched": "MAC-matched variants"}  # fmt: skip
 
 
-def _csv(path, kind: str | None = None) -> list[dict]:
-    """A results CSV as rows, checked as ``kind`` (see bench.schema) unless it is package data; an empty cell is
-    shown empty."""
+@dataclass(frozen=True)
+class Section:
+    name: str  # the anchor, and the template sections/<name>.html.j2
+    title: str  # in the navigation bar
+    load: Callable[[Path], object]  # the results folder -> what the template shows, or None
+
+
+def _rows(path, kind: str | None = None) -> list[dict]:
+    """A results CSV as rows (an empty cell is None), checked as ``kind`` (see bench.schema) unless it is
+    package data."""
     table = read_csv(path) if kind is None else read_table(path, kind)
-    return table.astype(object).fillna("").to_dict("records")
+    return table.astype(object).where(table.notna(), None).to_dict("records")
 
 
 def _image(path: Path) -> str | None:
@@ -28,60 +47,107 @@ def _image(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
-def _runs(files: list[Path | None], kind: str) -> list[dict]:
-    return [read_run(f, kind) | {"file": str(f)} for f in files if f is not None]
+def _run(path: Path, kind: str) -> dict:
+    run = read_run(path, kind)
+    return run | {"file": str(path), "gpu": "cuda" in run.get("metadata", {})}
 
 
-def _newest_per_device(folder: Path) -> list[dict]:
-    """The newest run JSON of each device folder under ``folder``."""
-    return _runs([newest(device) for device in sorted(p for p in folder.glob("*") if p.is_dir())], "speed")
+def load_tables(results: Path) -> dict | None:
+    folder = results / "tables"
+    tables = {
+        name: {"title": title, "rows": _rows(folder / f"{name}.csv", "table"),
+               "csv": f"tables/{name}.csv"}
+        for name, title in TABLES.items()
+        if (folder / f"{name}.csv").exists()
+    }  # fmt: skip
+    return tables or None
 
 
-def collect(results: Path) -> dict:
-    """What the report shows; a section is present only when its files exist."""
-    results = Path(results)
-    tables = {title: _csv(results / "tables" / f"{name}.csv", "table") for name, title in TABLES.items()
-              if (results / "tables" / f"{name}.csv").exists()}  # fmt: skip
-    sweep = results / "tables" / "cost_scaling.csv"
-    analyses = []
-    for run in (
-        sorted(p for p in (results / "analysis").glob("*") if p.is_dir())
-        if (results / "analysis").exists()
-        else []
-    ):
-        analyses.append({
-            "name": run.name,
-            "maxima": _image(run / "attention_maxima.png"),
-            "selections": [(p.stem, _image(p)) for p in sorted(run.glob("*-selection-*.png"))],
-            "usage": [(p.stem, _image(p)) for p in sorted(run.glob("*-usage.png"))],
-            "cooccurrence": [(p.stem, _image(p)) for p in sorted(run.glob("*-cooccurrence.png"))],
-            "curves": _image(run / "training_curves.png"),
-            "summary": _csv(run / "summary.csv", "summary") if (run / "summary.csv").exists() else [],
-            "preferences": _csv(run / "preferences.csv", "preferences")[:60] if (run / "preferences.csv").exists() else [],
-            "log": _csv(run / "training_log.csv", "training_log") if (run / "training_log.csv").exists() else [],
-        })  # fmt: skip
+def load_sweep(results: Path) -> dict | None:
+    path = results / "tables" / "cost_scaling.csv"
+    if not path.exists():
+        return None
+    rows = _rows(path, "sweep")
+    first = list({(r["size"], r["model"]): r for r in reversed(rows)}.values())[::-1]  # one row per curve
     return {
-        "tables": tables,
-        "sweep": {
-            "image": _image(results / "tables" / "cost_scaling.png"),
-            "rows": _crossovers(_csv(sweep, "sweep")),
-        }
-        if sweep.exists()
-        else None,
-        "speed": _newest_per_device(results / "speed"),
-        "table5": _csv(WALLCLOCK),
-        "kernels": _runs([newest(results / "kernels")], "kernels"),
-        "analyses": analyses,
+        "image": _image(results / "tables" / "cost_scaling.png"),
+        "rows": first,
+        "csv": "tables/cost_scaling.csv",
     }
 
 
-def _crossovers(rows: list[dict]) -> list[dict]:
-    seen, out = set(), []
-    for r in rows:
-        if (r["size"], r["model"]) not in seen:
-            seen.add((r["size"], r["model"]))
-            out.append(r)
-    return out
+def load_speed(results: Path) -> dict | None:
+    """The newest run of each device folder, and the paper's Table 5."""
+    folders = sorted(p for p in (results / "speed").glob("*") if p.is_dir())
+    runs = [_run(path, "speed") for path in map(newest, folders) if path is not None]
+    return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
+
+
+def load_kernels(results: Path) -> dict | None:
+    path = newest(results / "kernels")
+    return {"runs": [_run(path, "kernels")]} if path is not None else None
+
+
+def load_analyses(results: Path) -> list[dict] | None:
+    folders = sorted(p for p in (results / "analysis").glob("*") if p.is_dir())
+    return [_analysis(folder, results) for folder in folders] or None
+
+
+def _analysis(run: Path, results: Path) -> dict:
+    def rows(kind: str) -> list[dict]:
+        return _rows(run / f"{kind}.csv", kind) if (run / f"{kind}.csv").exists() else []
+
+    def images(pattern: str) -> list[tuple[str, str]]:
+        return [(p.stem, _image(p)) for p in sorted(run.glob(pattern))]
+
+    found = {
+        "name": run.name,
+        "folder": run.relative_to(results).as_posix(),
+        "maxima": _image(run / "attention_maxima.png"),
+        "curves": _image(run / "training_curves.png"),
+        "selections": images("*-selection-*.png"),
+        "figures": images("*-usage.png") + images("*-cooccurrence.png"),
+        "summary": rows("summary"),
+        "preferences": rows("preferences"),
+        "log": rows("training_log"),
+        "similarity": rows("similarity"),
+        "similarity_image": _image(run / "similarity.png"),
+    }  # fmt: skip
+    strongest = sorted(found["preferences"], key=lambda r: -r["lift"])[:STRONGEST]
+    return found | {"accuracy": summary.final_accuracy(found["log"]), "strongest": strongest,
+                    "pairs": summary.mean_similarity(found["similarity"]), "by_layer": _by_layer(found["similarity"])}  # fmt: skip
+
+
+def _by_layer(rows: list[dict]) -> list[dict]:
+    """Similarity rows as one row per layer: (pearson, js_distance) of each pair in order of appearance."""
+    layers: dict[int, list] = {}
+    for row in rows:
+        layers.setdefault(row["layer"], []).append((row["pearson"], row["js_distance"]))
+    return [{"layer": layer, "pairs": pairs} for layer, pairs in sorted(layers.items())]
+
+
+SECTIONS = (
+    Section("tables", "Compute and memory", load_tables),
+    Section("sweep", "Cost vs length", load_sweep),
+    Section("speed", "Wall-clock", load_speed),
+    Section("kernels", "Kernel", load_kernels),
+    Section("analysis", "Routing", load_analyses),
+)
+
+
+def collect(results: Path) -> dict[str, object]:
+    """Each section's data, for the sections with results; an unreadable one is noted on stderr and left out."""
+    loaded = {}
+    for section in SECTIONS:
+        try:
+            data = section.load(Path(results))
+        except (OSError, ValueError, KeyError, TypeError) as error:  # malformed CSV or JSON, a missing field
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            print(f"switchbench report: section '{section.title}' left out: {reason}", file=sys.stderr)
+            continue
+        if data is not None:
+            loaded[section.name] = data
+    return loaded
 
 
 def _number(value, digits: int = 3) -> str:
@@ -99,9 +165,10 @@ def _number(value, digits: int = 3) -> str:
 
 def _percent(value) -> str:
     try:
-        return f"{100 * float(value):.1f}%"
+        number = float(value)
     except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
         return ""
+    return "" if number != number else f"{100 * number:.1f}%"
 
 
 def _mib(value) -> str:
@@ -112,24 +179,34 @@ def _mib(value) -> str:
     return "–" if number != number else f"{number / 2**20:,.1f} MiB"
 
 
-def render(data: dict, environment: dict) -> str:
+def _numeric(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def render(loaded: dict, environment: dict, link: str = ".") -> str:
+    """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
     env.filters.update(number=_number, percent=_percent, mib=_mib)
-    return env.get_template("report.html.j2").render(environment=environment, **data)
+    env.tests["numeric"] = _numeric
+    sections = [(s, loaded[s.name]) for s in SECTIONS if s.name in loaded]
+    return env.get_template("report.html.j2").render(
+        environment=environment, sections=sections, summary=summary.lines(loaded), link=link
+    )
 
 
 def write_report(results: Path, out: Path, environment: dict) -> Path:
-    return write_atomic(Path(out), render(collect(results), environment))
+    link = Path(os.path.relpath(Path(results).resolve(), Path(out).resolve().parent)).as_posix()
+    return write_atomic(Path(out), render(collect(results), environment, link))
 
 
 def register(commands) -> None:
     parser = commands.add_parser("report", help="one self-contained HTML report of everything measured")
     parser.add_argument("--results", default="results", help="the results folder to report on")
     parser.add_argument("--out", default="results/report.html")
-    parser.set_defaults(run=_run)
+    parser.set_defaults(run=_run_command)
 
 
-def _run(args) -> None:
+def _run_command(args) -> None:
     if not Path(args.results).is_dir():
         raise ValueError(f"no results folder at {args.results}")
     writable_file(Path(args.out))

@@ -1,0 +1,181 @@
+"""The report's first section: each claim of the paper beside this suite's number, with a verdict.
+
+A claim is reproduced when the number is within the claim's tolerance (package data, with the published
+numbers); each line links to the section it comes from and is present only when that section is.
+"""
+
+import re
+import statistics
+from dataclasses import dataclass
+
+from switchbench.bench.published import CLAIMS
+from switchbench.bench.results import read_csv
+
+HEADLINE = ("table2", "c4-262m-switchhead-h4")  # the abstract's 44% / 27%: C4 262M, Table 2
+
+
+@dataclass(frozen=True)
+class Line:
+    claim: str
+    paper: str
+    ours: str
+    verdict: str
+    reproduced: bool | None  # None: nothing to compare with
+    link: str
+
+
+def _claims() -> dict[str, dict]:
+    return {row["claim"]: row for row in read_csv(CLAIMS).to_dict("records")}
+
+
+def _verdict(ours: float, paper: float, tolerance: float, unit: str = "pp") -> tuple[str, bool]:
+    """'reproduced' within tolerance, else 'differs' and by how much (percentage points of a ratio)."""
+    gap = ours - paper
+    if abs(gap) <= tolerance:
+        return "reproduced", True
+    return f"differs: {100 * gap:+.1f} {unit}", False
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def lines(loaded: dict) -> list[Line]:
+    claims, out = _claims(), []
+    if "tables" in loaded:
+        out += _headline(loaded["tables"], claims)
+    if "speed" in loaded:
+        out += _wallclock(loaded["speed"], claims["wallclock_ratio"])
+    if "kernels" in loaded:
+        out += _kernel(loaded["kernels"], claims["kernel_fraction"])
+    for analysis in loaded.get("analysis", []):
+        out += _accuracy(analysis, claims["listops_accuracy"])
+        out += _similarity(analysis, claims["attention_similarity"])
+        out += _dead_experts(analysis)
+    return out
+
+
+def _headline(tables: dict, claims: dict) -> list[Line]:
+    table, preset = HEADLINE
+    row = next((r for r in tables.get(table, {}).get("rows", []) if r["preset"] == preset), None)
+    if row is None:
+        return []
+    out = []
+    for what, key, claim in (("MACs", "macs", "headline_macs"), ("memory", "mem", "headline_memory")):
+        paper, tolerance = claims[claim]["value"], claims[claim]["tolerance"]
+        for how, column in (("paper's convention", f"{key}_vs_dense"),
+                            ("this implementation, measured", f"{key}_exact_vs_dense")):  # fmt: skip
+            if row.get(column) is None:
+                continue
+            verdict, ok = _verdict(row[column], paper, tolerance)
+            out.append(Line(f"{what} of C4 262M SwitchHead vs dense, {how}", f"{paper:.0%}", _pct(row[column]),
+                            verdict, ok, f"#{table}"))  # fmt: skip
+    return out
+
+
+def _size(preset: str) -> str | None:
+    found = re.search(r"-(\d+m)-", preset)
+    return found.group(1).upper() if found else None
+
+
+def _wallclock(speed: dict, claim: dict) -> list[Line]:
+    """SwitchHead's time and memory ratios of the newest run per device: GPU runs when there are any."""
+    runs = [r for r in speed["runs"] if r["gpu"]] or speed["runs"]
+    published = {(r["size"], r["model"]): r for r in speed["table5"]}
+    out = []
+    for run in runs:
+        device = run["metadata"].get("device", "?") + ("" if run["gpu"] else " (CPU)")
+        rows = [r for r in run["rows"] if r.get("status") == "ok" and "switchhead" in r.get("preset", "")
+                and "switchall" not in r["preset"]]  # fmt: skip
+        # Whole training steps compare with Table 5; without them, one attention layer's forward+backward.
+        chosen = [r for r in rows if (r["scope"], r["what"]) == ("model", "train step")] or [
+            r for r in rows if (r["scope"], r["what"]) == ("layer", "forward+backward")
+        ]
+        for r in chosen:
+            paper = published.get((_size(r["preset"]), "switchhead"))
+            if paper is None:
+                continue
+            scope = "training step" if r["scope"] == "model" else "one attention layer, forward+backward"
+            for what, ours, theirs in (("time", r.get("ratio_time"), paper["rel_time"]),
+                                       ("memory", r.get("ratio_memory"), paper["rel_mem"])):  # fmt: skip
+                if ours is None:
+                    continue
+                verdict, ok = _verdict(ours, theirs, claim["tolerance"])
+                out.append(Line(f"{what} of {r['preset']} vs dense, {scope}, {device}",
+                                f"{theirs:.0%} ({paper['size']}, {paper['gpu']})", _pct(ours), verdict, ok, "#speed"))  # fmt: skip
+    return out
+
+
+def _kernel(kernels: dict, claim: dict) -> list[Line]:
+    """The Triton expert matmul's throughput as a fraction of cuBLAS (median over cases), GPU runs only."""
+    out = []
+    for run in kernels["runs"]:
+        fractions = [r["vs_dense"] for r in run["rows"] if r.get("impl") == "triton" and r.get("pass") == "forward"
+                     and r.get("vs_dense") is not None]  # fmt: skip
+        if not run["gpu"] or not fractions:
+            continue
+        ours = statistics.median(fractions)
+        verdict, ok = _verdict(ours, claim["value"], claim["tolerance"])
+        out.append(Line(f"expert matmul vs cuBLAS, forward, median of {len(fractions)} cases, {run['metadata']['device']}",
+                        f"about {claim['value']:.0%}", _pct(ours), verdict, ok, "#kernels"))  # fmt: skip
+    return out
+
+
+def final_accuracy(log: list[dict]) -> dict[str, float]:
+    """Each model's last validation accuracy in a training log."""
+    last = {}
+    for row in log:
+        if row.get("val_accuracy") is not None:
+            last[row["model"]] = row["val_accuracy"]
+    return last
+
+
+def _accuracy(analysis: dict, claim: dict) -> list[Line]:
+    out = []
+    for model, accuracy in final_accuracy(analysis["log"]).items():
+        verdict, ok = _verdict(accuracy, claim["value"], claim["tolerance"])
+        out.append(Line(f"ListOps validation accuracy, {model}", f"about {claim['value']:.0%}", _pct(accuracy),
+                        verdict, ok, "#curves"))  # fmt: skip
+    return out
+
+
+def mean_similarity(rows: list[dict]) -> list[dict]:
+    """Per pair of models, the mean over layers of both measures."""
+    pairs: dict[tuple, list[dict]] = {}
+    for row in rows:
+        pairs.setdefault((row["model_a"], row["model_b"], bool(row["baseline"])), []).append(row)
+    return [{"model_a": a, "model_b": b, "baseline": baseline,
+             "pearson": statistics.fmean(r["pearson"] for r in layers),
+             "js_distance": statistics.fmean(r["js_distance"] for r in layers)}
+            for (a, b, baseline), layers in pairs.items()]  # fmt: skip
+
+
+def _similarity(analysis: dict, claim: dict) -> list[Line]:
+    """The first pair of different architectures against the first same-architecture pair (another seed)."""
+    means = mean_similarity(analysis["similarity"])
+    pair = next((m for m in means if not m["baseline"]), None)
+    base = next((m for m in means if m["baseline"]), None)
+    if pair is None:
+        return []
+    ours = f"r = {pair['pearson']:.2f}, JS distance {pair['js_distance']:.2f}"
+    if base is None:
+        return [Line(f"attention maxima, {pair['model_a']} vs {pair['model_b']}", "alike (figures)", ours,
+                     "no baseline to compare with", None, "#similarity")]  # fmt: skip
+    ours += f" (two dense seeds: r = {base['pearson']:.2f}, JS {base['js_distance']:.2f})"
+    gap = pair["pearson"] - base["pearson"]
+    ok = gap >= -claim["tolerance"]
+    verdict = "reproduced: as alike as two seeds" if ok else f"differs: r {gap:+.2f} below two seeds"
+    return [Line(f"attention maxima alike, {pair['model_a']} vs {pair['model_b']} (mean over layers)",
+                 "alike (figures only)", ours, verdict, ok, "#similarity")]  # fmt: skip
+
+
+def _dead_experts(analysis: dict) -> list[Line]:
+    """Experts never chosen over the sample, counted over every router of each model."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in analysis["summary"]):
+        routers = [r for r in analysis["summary"] if r["model"] == model]
+        dead = [len(str(r["dead_experts"]).split()) for r in routers if r["dead_experts"] not in (None, "")]
+        ours = f"{sum(dead)} in {len(dead)} of {len(routers)} routers"
+        out.append(Line(f"experts never chosen, {model}", "not reported", ours,
+                        "none" if not dead else "some experts unused", None, "#usage"))  # fmt: skip
+    return out
