@@ -307,7 +307,11 @@ def skips_the_section(capsys, tmp_path: Path, says: str) -> str:
             "size,model,macs_crossover_T,mem_crossover_T\n47m,a,many,2\n",
             "column 'macs_crossover_T' must hold a number",
         ),
-        ("analysis/run/summary.csv", "model,layer,head,side,entropy\na,0,0,src,1.0\n", "no 'perplexity' column"),
+        (
+            "analysis/run/summary.csv",
+            "model,layer,head,side,entropy\na,0,0,src,1.0\n",
+            "no 'perplexity' column",
+        ),
         (
             "kernels/cpu.json",
             json.dumps({"rows": [{"case": "c", "impl": 3, "pass": "forward"}]}),

@@ -101,6 +101,8 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
                 if ours is None:
                     continue
                 verdict, ok = _verdict(ours, theirs, claim["tolerance"])
+                if not run["gpu"]:  # a CPU ratio is no measurement of the paper's GPU claim
+                    verdict = f"CPU, not comparable with the paper's GPU ({verdict})"
                 out.append(Line(f"{what} of {r['preset']} vs dense, {scope}, {device}",
                                 f"{theirs:.0%} ({paper['size']}, {paper['gpu']})", _pct(ours), verdict, ok, "#speed"))  # fmt: skip
     return out
