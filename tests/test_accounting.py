@@ -36,6 +36,7 @@ def test_only_the_known_anomalies_need_an_override():
     assert sorted(misses) == sorted(tables.C_OVERRIDES)
 
 
+@pytest.mark.slow  # builds Table 2 with its measured columns
 def test_headline_ratio_c4_262m():
     """'44% compute, 27% memory': 2,358,116,352 / 5,368,709,120 MACs and 5,578,752 / 20,971,520 floats."""
     switchhead = accounting.paper_cost(PRESETS["c4-262m-switchhead-h4"])
