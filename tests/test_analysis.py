@@ -124,6 +124,7 @@ def _non_blank(png: Path) -> bool:
     return image.ndim == 3 and float(image[..., :3].std()) > 0.01
 
 
+@pytest.mark.slow
 def test_every_figure_and_table(runs, tmp_path):
     written = analyze([runs["listops-transformer-h8"], runs["listops-switchhead-h2"]], tmp_path, sample=16)
     names = {p.name for p in written}
@@ -144,6 +145,7 @@ def test_every_figure_and_table(runs, tmp_path):
     assert similar["pearson"].between(-1, 1).all() and similar["js_distance"].between(0, 1).all()
 
 
+@pytest.mark.slow
 def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
     written = analyze([runs["listops-moa-h4"], runs["listops-switchall-h2"]], tmp_path / "moe", sample=16)
     names = {p.name for p in written}
@@ -154,6 +156,7 @@ def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
     assert any(p.name == "lm-selection-layer1-head1.png" for p in lm)
 
 
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(tmp_path):
     cfg = TrainConfig(
         "listops", "listops-switchhead-h2", steps=4, batch=4, eval_every=2, warmup=1, val_size=16
@@ -172,6 +175,7 @@ class Evil:
     pass
 
 
+@pytest.mark.slow
 def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
     good = runs["listops-switchhead-h2"]
     truncated = tmp_path / "truncated.pt"
