@@ -44,7 +44,8 @@ def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp
     # The dependencies come from this environment (no download); a path listed in a .pth file is not itself
     # scanned for .pth files, so this environment's editable switchbench stays invisible there.
     Path(site, "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
-    pip = [python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", str(wheel)]
+    # --ignore-installed: the editable switchbench of this environment is visible through the .pth file
+    pip = [python, "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "-q", str(wheel)]
     subprocess.run(pip, check=True, capture_output=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
