@@ -25,10 +25,10 @@ RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))
 
 @dataclass(frozen=True)
 class Step:
+    """A step of the main job; ``run(args, results folder, runs folder)`` returns what the JSON log keeps."""
+
     name: str
-    run: Callable[
-        [argparse.Namespace, Path, Path], object
-    ]  # (args, results, runs) -> what the JSON log keeps
+    run: Callable[[argparse.Namespace, Path, Path], object]
 
 
 def _tables(args, results: Path, runs: Path) -> list[str]:
