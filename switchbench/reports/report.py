@@ -150,11 +150,18 @@ def collect(results: Path) -> dict[str, object]:
     return loaded
 
 
+def _float(value) -> float | None:
+    """``value`` as a number, or None for text and a missing cell."""
+    try:
+        return float(value)
+    except (TypeError, ValueError, jinja2.UndefinedError):
+        return None
+
+
 def _number(value, digits: int = 3) -> str:
     """Thousands separators for integers, significant digits for other numbers, text unchanged."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
+    number = _float(value)
+    if number is None:
         return "" if value is None else str(value)
     if number != number:
         return "–"
@@ -164,17 +171,13 @@ def _number(value, digits: int = 3) -> str:
 
 
 def _percent(value) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
-        return ""
-    return "" if number != number else f"{100 * number:.1f}%"
+    number = _float(value)
+    return "" if number is None or number != number else f"{100 * number:.1f}%"
 
 
 def _mib(value) -> str:
-    try:
-        number = float(value)
-    except (TypeError, ValueError, jinja2.UndefinedError):  # a missing cell is shown empty
+    number = _float(value)
+    if number is None:
         return ""
     return "–" if number != number else f"{number / 2**20:,.1f} MiB"
 
