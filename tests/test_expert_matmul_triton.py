@@ -3,6 +3,8 @@
 Without a GPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py), so the shapes stay small.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -13,18 +15,22 @@ import naive
 from switchbench.models.expert_matmul import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
+# The Triton path runs where it stands: compiled on a GPU, in the interpreter on CPU tensors otherwise.
+TRITON_DEVICE = "cuda" if CUDA else "cpu"
 NAMES = ("out", "grad_x", "grad_w", "grad_scores")
 
 
 def run(impl, x, weight, indices, scores, s_out, grad_out):
-    """Output and gradients of one implementation, as float64."""
+    """Output and gradients of one implementation (Triton on TRITON_DEVICE), as float64 CPU tensors."""
+    device = TRITON_DEVICE if impl == "triton" else "cpu"
     leaves = [
-        t.detach().clone().requires_grad_() for t in (x, weight) + (() if scores is None else (scores,))
+        t.detach().to(device).requires_grad_() for t in (x, weight) + (() if scores is None else (scores,))
     ]
     g = None if scores is None else leaves[2]
-    y = expert_matmul(leaves[0], leaves[1], route(indices, weight.shape[0]), g, s_out, impl=impl)
-    y.backward(grad_out.to(y.dtype))
-    return [t.detach().double() for t in (y, *(leaf.grad for leaf in leaves))]
+    routing = route(indices.to(device), weight.shape[0])
+    y = expert_matmul(leaves[0], leaves[1], routing, g, s_out, impl=impl)
+    y.backward(grad_out.to(device, y.dtype))
+    return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
 
 
 # (tokens N, S_in, slots S, S_out, experts E, d_in, d_out, routing): sizes off the 16-wide interpreter blocks
@@ -169,22 +175,20 @@ def test_gpu_real_sizes(dtype):
     scores = torch.rand(n, heads * n_experts, generator=gen, dtype=torch.float64)
     grad_out = torch.randn(n, heads, d_head, generator=gen, dtype=torch.float64)
     exact = run("torch", x, weight, indices, scores, heads, grad_out)
-    cuda = [t.to("cuda", dtype) for t in (x, weight, scores)]
-    got = run("triton", cuda[0], cuda[1], indices.cuda(), cuda[2], heads, grad_out.cuda())
+    got = run("triton", *(t.to(dtype) for t in (x, weight)), indices, scores.to(dtype), heads, grad_out)
     tol = {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     for a, b in zip(got, exact, strict=True):
         scale = b.abs().max()
-        torch.testing.assert_close(a.cpu() / scale, b / scale, rtol=0, atol=tol)
+        torch.testing.assert_close(a / scale, b / scale, rtol=0, atol=tol)
 
 
 def test_custom_op_registration():
     """Schema, fake implementation and autograd registration agree with the real op (opcheck)."""
     x, weight, indices, scores, _ = make_case(*CASES["switchhead-v"])
-    routing = route(indices, weight.shape[0])
-    args = (x, weight, scores)
     for impl in ("torch", "triton"):
-        dtype = torch.float64 if impl == "torch" else torch.float32
-        leaves = [t.detach().to(dtype).requires_grad_() for t in args]
+        dtype, device = (torch.float64, "cpu") if impl == "torch" else (torch.float32, TRITON_DEVICE)
+        routing = route(indices.to(device), weight.shape[0])
+        leaves = [t.detach().to(device, dtype).requires_grad_() for t in (x, weight, scores)]
         torch.library.opcheck(
             torch.ops.switchbench.expert_matmul.default,
             (*leaves, routing.indices, routing.order, routing.experts, routing.offsets, 3, impl),
@@ -214,16 +218,16 @@ def test_switchhead_layer_on_the_triton_path(monkeypatch):
     from switchbench.models.window import make_window
 
     cfg = ModelConfig(model="switchhead", d_model=24, n_layers=2, n_heads=2, d_head=8, n_experts=3, k=2, T=6)
-    layer = SwitchHeadAttention(cfg)
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 on both paths
+    reference = SwitchHeadAttention(cfg)
     x, mem = torch.randn(2, 6, 24), torch.randn(2, 6, 24)
-    window = make_window(6, 6, 6, 6, 1, True, "cpu")
     results = {}
-    for impl in ("torch", "triton"):
+    for impl, device in (("torch", "cpu"), ("triton", TRITON_DEVICE)):
         monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", impl)
-        layer.zero_grad()
-        y, _ = layer(x, mem, window)
+        layer = copy.deepcopy(reference).to(device)
+        y, _ = layer(x.to(device), mem.to(device), make_window(6, 6, 6, 6, 1, True, device))
         y.square().sum().backward()
-        results[impl] = [y.detach(), *(p.grad.clone() for p in layer.parameters())]
+        results[impl] = [t.cpu() for t in (y.detach(), *(p.grad for p in layer.parameters()))]
     for a, b in zip(results["triton"], results["torch"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
@@ -242,3 +246,98 @@ def test_autocast_runs_the_op_in_the_autocast_dtype():
         scale = ref.abs().max()
         torch.testing.assert_close(got.double() / scale, ref / scale, rtol=0, atol=3e-2)
     assert all(leaf.grad.dtype == torch.float32 for leaf in leaves)
+
+
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+def test_backward_takes_an_fp32_gradient_with_bf16_inputs(impl):
+    """Under CUDA autocast the gradient reaching the op can be fp32 while its saved inputs are bf16: the backward
+    op casts it to the forward's dtype (before, the PyTorch path's bmm and Triton's tl.dot refused the mix)."""
+    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    device = TRITON_DEVICE if impl == "triton" else "cpu"
+    # Triton 3.9's interpreter computes bf16 tl.dot wrongly; fp16 makes the same mix with an fp32 gradient.
+    half = torch.float16 if device == "cpu" and impl == "triton" else torch.bfloat16
+    routing = route(indices.to(device), weight.shape[0])
+    inputs = [t.to(device, half) for t in (x, weight, scores)]
+    got = torch.ops.switchbench.expert_matmul_backward(
+        grad_out.to(device, torch.float32), *inputs, routing.indices, routing.order, routing.experts,
+        routing.offsets, impl,
+    )  # fmt: skip
+    exact = run("torch", x, weight, indices, scores, 1, grad_out)[1:]
+    for name, a, ref in zip(NAMES[1:], got, exact, strict=True):
+        assert a.dtype == half, name
+        scale = ref.abs().max()
+        torch.testing.assert_close(a.double().cpu() / scale, ref / scale, rtol=0, atol=3e-2)
+
+
+# A gated case whose input is wider than 128 columns: the input-gradient launch (whose epilogue gives the gate
+# gradient) then has N tiles of different counts under different configurations.
+WIDE = (6, 3, 6, 1, 5, 130, 19, "random")
+
+
+def _config_pairs() -> list:
+    from switchbench.models import expert_matmul_triton as kernels
+
+    scatter, outer = kernels.CONFIGS["scatter_matmul"], kernels.CONFIGS["grouped_outer"]
+    return [(scatter[i], outer[i % len(outer)]) for i in range(max(len(scatter), len(outer)))]
+
+
+def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
+    x, weight, indices, scores, grad_out = make_case(*case, seed=seed)
+    exact = run("torch", x, weight, indices, scores, case[3], grad_out)
+    got = run(got_impl, x.float(), weight.float(), indices, scores.float(), case[3], grad_out)
+    for what, a, ref in zip(NAMES, got, exact, strict=True):
+        scale = ref.abs().max().clamp(min=1)
+        torch.testing.assert_close(
+            a / scale, ref / scale, rtol=0, atol=atol, msg=lambda m, w=what: f"{w}: {m}"
+        )
+
+
+@pytest.mark.parametrize(
+    "pair", [pytest.param(p, marks=() if i == 0 else pytest.mark.slow) for i, p in enumerate(_config_pairs())],
+    ids=lambda p: " + ".join(map(str, map(lambda c: c.kwargs["BLOCK_N"], p))),
+)  # fmt: skip
+def test_every_configuration_alone_matches_float64(pair, monkeypatch):
+    """Each autotuning candidate, pinned, gives the right output and gradients (the interpreter runs it too)."""
+    from switchbench.models.expert_matmul_triton import ENV_CONFIG, config_label
+
+    scatter, outer = pair
+    monkeypatch.setenv(
+        ENV_CONFIG, f"scatter_matmul={config_label(scatter)};grouped_outer={config_label(outer)}"
+    )
+    _assert_matches_float64(WIDE)
+
+
+@pytest.mark.slow
+def test_autotuned_path_matches_float64(monkeypatch):
+    """The autotuner launches every candidate into the same buffers, then the winner again. With the winner
+    the widest-N candidate, benchmarked after narrower ones, the gate gradient used to take their stale
+    partial rows (0.66 relative error on an H100). Here a stand-in benchmarker picks the last candidate."""
+    from switchbench.models import expert_matmul_triton as kernels
+
+    def last_wins(kernel_call, quantiles):
+        kernel_call()
+        last_wins.calls += 1
+        return [1.0 / last_wins.calls] * len(quantiles)
+
+    last_wins.calls = 0
+    monkeypatch.setattr(kernels, "_INTERPRETER_CONFIG", None)  # autotune in the interpreter too
+    for tuned in (kernels._scatter_matmul_tuned, kernels._grouped_outer_tuned):
+        monkeypatch.setattr(tuned, "cache", {})
+        monkeypatch.setattr(tuned, "cache_results", False)
+        monkeypatch.setitem(tuned.__dict__, "do_bench", last_wins)  # not through the cached property
+    _assert_matches_float64(WIDE)
+    assert last_wins.calls > len(kernels.CONFIGS["scatter_matmul"])  # several candidates per kernel ran
+
+
+def test_a_launch_is_idempotent(monkeypatch):
+    """Launching every kernel twice into the same outputs changes nothing: no output accumulates."""
+    from switchbench.models import expert_matmul_triton as kernels
+
+    launch = kernels._launch
+
+    def twice(*args, **kwargs):
+        launch(*args, **kwargs)
+        launch(*args, **kwargs)
+
+    monkeypatch.setattr(kernels, "_launch", twice)
+    _assert_matches_float64(CASES["switchhead-o"])

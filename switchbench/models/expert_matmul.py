@@ -126,7 +126,12 @@ def _expert_matmul_backward_op(
     offsets: Tensor,
     impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (grad_x, grad_weight, grad_scores); grad_scores is empty when there are no scores."""
+    """-> (grad_x, grad_weight, grad_scores); grad_scores is empty when there are no scores.
+
+    ``grad_out`` may come in any floating dtype: under CUDA autocast the gradient reaching the op can be fp32
+    while its saved inputs are bf16, so it is cast to the forward's compute dtype (x's) first.
+    """
+    grad_out = grad_out.to(x.dtype)
     return _implementation(impl).backward(grad_out, x, weight, scores, indices, order, experts, offsets)
 
 

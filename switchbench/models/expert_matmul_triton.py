@@ -69,6 +69,7 @@ def _scatter_matmul_kernel(
     stride_sn,
     stride_se,
     stride_dm,
+    stride_dn,
     HAS_GATES: tl.constexpr,
     GATE_GRAD: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -105,7 +106,7 @@ def _scatter_matmul_kernel(
     out_ok = row_ok[:, None] & (n[None, :] < d_out)
     if GATE_GRAD:
         dot_row = token * dot_groups + s // (slots // dot_groups)
-        v = tl.load(dot_ptr + dot_row[:, None] * stride_dm + n[None, :], mask=out_ok, other=0.0)
+        v = tl.load(dot_ptr + dot_row[:, None] * stride_dm + n[None, :] * stride_dn, mask=out_ok, other=0.0)
         tl.store(partial_ptr + pid_n * m_total + slot, tl.sum(acc * v.to(tl.float32), 1), mask=row_ok)
     if HAS_GATES:
         gate = tl.load(scores_ptr + token * stride_sn + e * stride_se, mask=row_ok, other=0.0)
@@ -246,10 +247,23 @@ def prune(configs, named_args, **constexprs) -> list:
     ]
 
 
+def _zero_partials(args: dict, reset_only: bool = False) -> None:
+    """The autotuner launches every candidate into the same buffers, then the winner once more. A candidate
+    with wider N tiles writes fewer partial rows than the buffer holds (it is sized for the narrowest), so the
+    rows of an earlier, narrower candidate would be summed into the gate gradient: zero them before each
+    launch, the winner's included (the autotuner calls this with ``reset_only`` after tuning)."""
+    if args.get("partial_ptr") is not None:
+        args["partial_ptr"].zero_()
+
+
 def _tuned(kernel, name):
     key = ["m_bucket", "d_in", "d_out"]
     return triton.autotune(
-        CONFIGS[name], key=key, prune_configs_by={"early_config_prune": prune}, cache_results=True
+        CONFIGS[name],
+        key=key,
+        prune_configs_by={"early_config_prune": prune},
+        pre_hook=_zero_partials,
+        cache_results=True,
     )(kernel)
 
 
@@ -274,12 +288,18 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def _fixed_config(name: str):
+    """The configuration every launch of ``name`` uses, or None (the autotuner picks per shape): the pinned one,
+    else in the interpreter one small configuration (timing there means nothing)."""
+    return pinned(name) or (_INTERPRETER_CONFIG if _interpreting() else None)
+
+
 def _launch(kernel, tuned, name, grid, *args, **constants):
-    """The autotuned (or pinned) kernel on the tensors' GPU; one small configuration in the interpreter."""
+    """The autotuned (or fixed) kernel on the tensors' GPU."""
     if _recorded is not None:
         _recorded.append((kernel, tuned, args, constants))
         return
-    config = _INTERPRETER_CONFIG if _interpreting() else pinned(name)
+    config = _fixed_config(name)
     with torch.cuda.device_of(args[0]):
         if config is None:
             tuned[grid](*args, **constants)
@@ -290,9 +310,7 @@ def _launch(kernel, tuned, name, grid, *args, **constants):
 
 def _narrowest_n(name: str) -> int:
     """The smallest BLOCK_N a launch of ``name`` may use: it sizes the per-N-tile partials."""
-    if _interpreting():
-        return _INTERPRETER_CONFIG.kwargs["BLOCK_N"]
-    config = pinned(name)
+    config = _fixed_config(name)
     return min(c.kwargs["BLOCK_N"] for c in ([config] if config else CONFIGS[name]))
 
 
@@ -361,7 +379,7 @@ def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets, dot=N
         *rows.stride(),
         *weight.stride(),
         *_scores_strides(scores),
-        0 if dot_rows is None else dot_rows.stride(0),
+        *((0, 0) if dot_rows is None else dot_rows.stride()),
         HAS_GATES=scores is not None,
         GATE_GRAD=dot is not None,
         PRECISION=_precision(rows.dtype),
