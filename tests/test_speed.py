@@ -131,3 +131,54 @@ def test_gpu_path(tmp_path, capsys):
     assert all(r["status"] == "ok" for r in timed)
     assert all(r["memory_bytes"] > 0 for r in timed if r["what"] in ("train step", "forward+backward"))
     assert out["metadata"]["cuda"] and out["metadata"]["dtype"] == "bf16"
+
+
+# Every family in both scopes, as a training run computes in bf16: fp32 parameters and inputs under autocast.
+# The layer scope used to cast the layer's parameters instead, and failed for the MoE families in `attend`.
+TINY = (*speed.GROUPS["tiny"], *speed.GROUPS["tiny-rope"])
+
+
+@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_a_bf16_step_of_every_family_in_both_scopes(preset, scope):
+    build = speed.model_benches if scope == "model" else speed.layer_benches
+    benches = build(preset, 2, "cpu", torch.bfloat16)
+    for bench in benches:
+        out = bench.run()
+        if bench.what == "forward":
+            assert out.dtype == torch.bfloat16 and out.isfinite().all()
+    memory = next(b for b in benches if b.what != "forward").memory()
+    assert memory > 0
+
+
+def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
+    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--batch", "10000000000",
+            "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["scope"] != "count"]
+    assert len(rows) == 4 and all(r["status"] == "OOM" and "GiB free" in r["reason"] for r in rows)
+
+
+def test_the_batch_is_halved_until_the_whole_group_fits(monkeypatch):
+    group = ("tiny-transformer", "tiny-switchhead")
+    # memory for batch 8 of the larger member: 64 and 32 are refused by the estimate, 16 by a real OOM
+    free = max(speed.estimated_bytes(p, 8, "model", torch.float32) for p in group)
+    monkeypatch.setattr(speed, "free_memory", lambda device: free)
+    real = speed.model_benches
+
+    def benches(preset, batch, *args):
+        if batch > 8:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return real(preset, batch, *args)
+
+    monkeypatch.setattr(speed, "model_benches", benches)
+    assert speed.fitted_batch(group, 64, "cpu", torch.float32) == 8
+    monkeypatch.setattr(speed, "free_memory", lambda device: 0)
+    assert speed.fitted_batch(group, 64, "cpu", torch.float32) == 0
+
+
+def test_the_estimate_is_a_lower_bound_of_the_saved_activations():
+    """The estimate refuses cases, so it must not exceed what a step really keeps."""
+    for preset in ("tiny-transformer", "tiny-switchhead"):
+        layer = speed.layer_benches(preset, 2, "cpu", torch.float32)[1]
+        assert speed.estimated_bytes(preset, 2, "layer", torch.float32) <= layer.memory()

@@ -37,6 +37,15 @@ def is_oom(error: BaseException) -> bool:
     )
 
 
+def free_memory(device: str) -> int:
+    """Bytes that can still be allocated on ``device``: the GPU's free memory, or the system's available memory."""
+    if device == "cuda":
+        return torch.cuda.mem_get_info()[0]
+    with open("/proc/meminfo") as f:  # MemAvailable counts reclaimable caches, unlike the free pages
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemAvailable"].split()[0]) * 1024
+
+
 def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:
     """A measurement, or "OOM" where it does not fit in this machine's memory."""
     try:
@@ -125,20 +134,21 @@ def flop_counter_macs(cfg: ModelConfig) -> int:
 
 
 def saved_floats(cfg: ModelConfig) -> int:
-    """Floats autograd keeps for the backward of one forward pass of the layer."""
+    """Floats autograd keeps for the backward of one forward pass of the layer (in fp32: 4 bytes each)."""
     layer, x, mem, window = layer_and_inputs(cfg)
-    return count_saved_floats(lambda: layer(x, mem, window), layer)
+    return count_saved_bytes(lambda: layer(x, mem, window), layer) // 4
 
 
-def count_saved_floats(forward: Callable, module: nn.Module) -> int:
-    """Elements of the distinct floating-point storages saved by ``forward()``, parameters excluded."""
+def count_saved_bytes(forward: Callable, module: nn.Module) -> int:
+    """Bytes of the distinct floating-point storages saved by ``forward()``, parameters excluded (under autocast
+    the saved tensors mix dtypes: each counts at its own width)."""
     parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
     storages = {}
 
     def pack(t):
         storage = t.untyped_storage()
         if t.is_floating_point() and storage.data_ptr() not in parameters:
-            storages[storage.data_ptr()] = storage.nbytes() // t.element_size()
+            storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

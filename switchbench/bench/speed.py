@@ -24,9 +24,12 @@ from switchbench.models.lm import ATTENTIONS, LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
+from . import precision
 from .accounting import exact_cost, model_macs
 from .command import DTYPES, device_from_args, slug
-from .measure import count_op_calls, count_saved_floats, is_oom
+from .measure import count_op_calls, count_saved_bytes, free_memory, is_oom
+from .params import parameter_counts
+from .precision import autocast
 from .published import WALLCLOCK
 from .results import save_run, writable_folder
 
@@ -50,6 +53,9 @@ GROUPS = {
     "tiny-rope": ("tiny-transformer-rope", "tiny-switchhead-rope"),
 }
 GPU_GROUPS = ("47m", "45m-rope", "262m", "244m-rope")
+# The paper's batch per GPU (64 sequences over 1 GPU at 47M and 8 GPUs at 262M, Table 5): each GPU group starts
+# there and halves until every member's training step fits the card.
+PAPER_GPU_BATCH = {"47m": 64, "45m-rope": 64, "262m": 8, "244m-rope": 8}
 CPU_GROUPS = ("tiny", "tiny-rope")
 # The CI gate: one SwitchHead against one dense attention layer at the 47M shapes, and the exact cost ratios.
 GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2")
@@ -83,26 +89,26 @@ def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp:
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    autocast = torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
-    with torch.no_grad(), autocast:
+    mixed = autocast(device, dtype)
+    with torch.no_grad(), mixed:
         state = model(inputs).state  # a full cache, as in training after the first chunk
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
+        with mixed:
             loss = trained(inputs, state).loss(targets)
         loss.backward()
         optimizer.step()
 
     def forward():
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), mixed:
             return model(inputs, state).logits
 
     def memory():
         if device == "cuda":
             return _cuda_peak(train_step)
-        with autocast:
-            return count_saved_floats(lambda: trained(inputs, state).loss(targets), model) * _bytes(dtype)
+        with mixed:
+            return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
     macs = batch * model_macs(cfg)
     return [
@@ -112,28 +118,31 @@ def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp:
 
 
 def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> list[Bench]:
-    """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL)."""
+    """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
+    precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
     cfg = PRESETS[preset]
-    layer = ATTENTIONS[cfg.attention](cfg).to(device, dtype)
+    layer = ATTENTIONS[cfg.attention](cfg).to(device)
     gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype).requires_grad_()
-    mem = (
-        torch.randn(batch, cfg.mem_len, cfg.d_model, generator=gen).to(device, dtype) if cfg.mem_len else None
-    )
+    x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device).requires_grad_()
+    mem = torch.randn(batch, cfg.mem_len, cfg.d_model, generator=gen).to(device) if cfg.mem_len else None
     window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, device)
-    grad = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype)
+    grad = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype)  # the output's dtype
+    mixed = autocast(device, dtype)
 
     def forward():
-        with torch.no_grad():
+        with torch.no_grad(), mixed:
             return layer(x, mem, window)[0]
 
     def forward_backward():
-        layer(x, mem, window)[0].backward(grad)
+        with mixed:
+            out = layer(x, mem, window)[0]
+        out.backward(grad)
 
     def memory():
         if device == "cuda":
             return _cuda_peak(forward_backward)
-        return count_saved_floats(lambda: layer(x, mem, window), layer) * _bytes(dtype)
+        with mixed:
+            return count_saved_bytes(lambda: layer(x, mem, window), layer)
 
     macs = batch * exact_cost(cfg).macs
     return [
@@ -143,8 +152,44 @@ def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> l
     ]  # fmt: skip
 
 
-def _bytes(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:
+    """A lower bound of what one step of ``preset`` holds: activations (from the exact count of floats kept for
+    backward, at the compute dtype's width) and, for a training step, fp32 weights, gradients and AdamW's
+    two moments, and the logits. Used to refuse a case before it starts, never to size one."""
+    cfg = PRESETS[preset]
+    width = torch.empty((), dtype=dtype).element_size()
+    # Half the exact count: it counts per sequence what the batch shares (the projected positions).
+    activations = batch * exact_cost(cfg).mem * width // 2
+    if scope == "layer":
+        return activations
+    logits = batch * cfg.T * cfg.vocab * (width + 4)  # the logits and their fp32 loss
+    return cfg.n_layers * activations + logits + 16 * parameter_counts(cfg)["total"]
+
+
+def too_large(preset: str, batch: int, scope: str, device: str, dtype: torch.dtype) -> str | None:
+    """Why ``preset`` cannot run at ``batch`` on ``device`` (its lower bound exceeds the free memory), or None."""
+    need, free = estimated_bytes(preset, batch, scope, dtype), free_memory(device)
+    if need <= free:
+        return None
+    return f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+
+
+def fitted_batch(presets: tuple[str, ...], batch: int, device: str, dtype: torch.dtype) -> int:
+    """The largest batch, halving from ``batch``, at which one training step of every member of the group runs
+    (the estimate first, then a real step: an OOM halves); 0 when not even one sequence fits."""
+    while batch >= 1:
+        try:
+            if all(too_large(p, batch, "model", device, dtype) is None for p in presets):
+                for preset in presets:
+                    model_benches(preset, batch, device, dtype)[0].run()
+                    _release()
+                return batch
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            _release()
+        batch //= 2
+    return 0
 
 
 def _cuda_peak(step: Callable) -> float:
@@ -301,7 +346,12 @@ def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict
     for row in rows:
         if "tflops" in row:
             row["fraction_of_matmul_peak"] = row["tflops"] / peak
-    return environment(device) | {"dtype": dtype_name, "matmul_peak_tflops": peak, **settings}
+    return environment(device) | {
+        "dtype": dtype_name,
+        "precision": precision.describe(dtype_name),
+        "matmul_peak_tflops": peak,
+        **settings,
+    }
 
 
 def count_ratios() -> list[dict]:
@@ -323,13 +373,15 @@ def run(
     scopes: tuple[str, ...],
     device: str,
     dtype: torch.dtype,
-    batch: int,
+    batch: int | None,
     rounds: int,
     warmup: int,
     ddp: bool = False,
     clock: str = "wall",
 ) -> list[dict]:
-    """Every group and scope timed interleaved; OOMs recorded; the exact cost ratios of the presets added."""
+    """Every group and scope timed interleaved at one batch per group (``batch``, or on a GPU the paper's batch
+    per GPU halved until the group fits); a case too large for the free memory, or that runs out of it, is an
+    "OOM" row; the exact cost ratios of the presets added."""
     from tqdm import tqdm
 
     timer, rows = Timer(device, clock), []
@@ -337,31 +389,37 @@ def run(
         total=len(groups) * len(scopes) * (rounds + warmup), desc="timing", unit="round", disable=None
     ) as bar:
         for group, presets in groups.items():
+            size = batch or fitted_batch(presets, PAPER_GPU_BATCH.get(group, 64), device, dtype)
             for scope in scopes:
                 benches = []
                 for preset in presets:
-                    try:
-                        if scope == "model":
-                            benches += model_benches(preset, batch, device, dtype, ddp)
-                        else:
-                            benches += layer_benches(preset, batch, device, dtype)
-                    except (RuntimeError, MemoryError) as error:
-                        if not is_oom(error):
-                            raise
-                        rows.append(
-                            {
-                                "group": group,
-                                "preset": preset,
-                                "scope": scope,
-                                "what": "build",
-                                "status": "OOM",
-                            }
-                        )
-                        _release()
-                rows += [r | {"group": group} for r in time_group(benches, timer, rounds, warmup, bar)]
+                    failed = _build(benches, preset, scope, size, device, dtype, ddp)
+                    if failed:
+                        rows.append({"preset": preset, "scope": scope, "what": "build", "status": "OOM",
+                                     "reason": failed, "group": group, "batch": size})  # fmt: skip
+                timed = time_group(benches, timer, rounds, warmup, bar)
+                rows += [r | {"group": group, "batch": size} for r in timed]
                 del benches
                 _release()
     return rows + [r | {"group": "count"} for r in count_ratios()]
+
+
+def _build(benches: list, preset: str, scope: str, batch: int, device: str, dtype, ddp: bool) -> str | None:
+    """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
+    reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
+    if reason:
+        return reason
+    try:
+        if scope == "model":
+            benches += model_benches(preset, batch, device, dtype, ddp)
+        else:
+            benches += layer_benches(preset, batch, device, dtype)
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+        _release()
+        return "out of memory while building"
+    return None
 
 
 def register(commands) -> None:
@@ -370,7 +428,10 @@ def register(commands) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
     parser.add_argument(
-        "--batch", type=int, help="sequences per step, over all processes (default 64 GPU, 2 CPU)"
+        "--batch",
+        type=int,
+        help="sequences per step, over all processes (default on a GPU: the paper's batch per GPU, halved until "
+        "each group fits; 2 on the CPU)",
     )
     parser.add_argument(
         "--groups", nargs="+", help="preset groups (default: 47M and 262M on a GPU, tiny on CPU)"
@@ -403,7 +464,11 @@ def _run(args) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
-    batch = args.batch if args.batch is not None else 4 if args.quick else 64 if device == "cuda" else 2
+    batch = args.batch
+    if batch is None and device == "cpu":
+        batch = 4 if args.quick else 2
+    elif batch is None and world > 1:
+        batch = 64  # processes fit their share; fitting a batch is for one GPU
     rounds = args.rounds if args.rounds is not None else GATE_ROUNDS if args.quick else 20
     gate = args.quick and device == "cpu"
     threads = args.threads if args.threads is not None or not gate else GATE_THREADS
@@ -412,7 +477,7 @@ def _run(args) -> int:
         raise ValueError(
             "--clock thread times the CPU with one intra-op thread: use --device cpu --threads 1"
         )
-    if batch < world or batch % world:
+    if batch is not None and (batch < world or batch % world):
         raise ValueError(f"batch must be a positive multiple of the {world} processes; got {batch}")
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
@@ -422,8 +487,9 @@ def _run(args) -> int:
         if device == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     with intra_op_threads(threads):
+        per_process = None if batch is None else batch // world
         rows = run(
-            groups, scopes, device, DTYPES[dtype_name], batch // world, rounds, args.warmup, world > 1, clock
+            groups, scopes, device, DTYPES[dtype_name], per_process, rounds, args.warmup, world > 1, clock
         )
         if world > 1:
             torch.distributed.destroy_process_group()
@@ -433,7 +499,8 @@ def _run(args) -> int:
             rows,
             device,
             dtype_name,
-            batch=batch,
+            batch=batch if batch is not None else "fitted per group",
+            batches={r["group"]: r["batch"] * world for r in rows if "batch" in r},
             processes=world,
             rounds=rounds,
             warmup=args.warmup,
@@ -442,12 +509,14 @@ def _run(args) -> int:
             groups={g: list(p) for g, p in groups.items()},
         )
     folder = Path(args.out) / slug(metadata["device"])
-    path = save_run(folder, f"{dtype_name}-b{batch}" + ("-quick" if args.quick else ""), metadata, rows)
+    label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
+    path = save_run(folder, label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return 0
     print(
-        f"{metadata['device']}, {dtype_name}, batch {batch}, {world} process(es), {metadata['threads']} "
+        f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world} process(es), "
+        f"{metadata['threads']} "
         f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
         f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured)"
     )

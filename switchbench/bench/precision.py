@@ -1,0 +1,14 @@
+"""The one precision policy of everything timed or trained: parameters and inputs in fp32, the computation under
+``torch.autocast`` to the run's dtype (fp32: autocast off), as mixed-precision training runs. A whole model and
+a single layer follow it alike, so their numbers compare."""
+
+import torch
+
+
+def autocast(device: str, dtype: torch.dtype) -> torch.autocast:
+    return torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
+
+
+def describe(dtype_name: str) -> str:
+    """How a run with ``--dtype dtype_name`` computes, for its metadata."""
+    return "fp32" if dtype_name == "fp32" else f"fp32 parameters and inputs, autocast to {dtype_name}"
