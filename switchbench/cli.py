@@ -1,6 +1,7 @@
 """The ``switchbench`` command line: it only collects the commands, each declared beside what it runs."""
 
 import argparse
+import os
 import sys
 
 from switchbench import main_job
@@ -9,6 +10,7 @@ from switchbench.bench import gate, kernel_check, kernels, params, scaling, spee
 from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
 
+DEBUG = "SWITCHBENCH_DEBUG"
 COMMANDS = (params, tables, scaling, speed, gate, kernels, kernel_check, train, analyze, report, main_job)
 
 
@@ -23,6 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # files are written whole or not at all: nothing to clean up
         print(f"switchbench {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # a bug or the machine (a driver, a compiler): one line, the rest on request
+        if os.environ.get(DEBUG):
+            raise
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        print(f"switchbench {args.command}: failed: {type(error).__name__}: {first} ({DEBUG}=1 shows the traceback)",
+              file=sys.stderr)  # fmt: skip
+        return 3
 
 
 def _parser() -> argparse.ArgumentParser:

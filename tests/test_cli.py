@@ -1,0 +1,27 @@
+"""The command line's last line of defence: an unexpected failure is one line and exit 3, never a traceback."""
+
+import pytest
+
+from switchbench.bench import kernels
+from switchbench.cli import main
+
+
+def _compiler_error(*args, **kwargs):
+    raise RuntimeError("Both operands must be same dtype. Got fp32 and bf16\nat tl.dot(a, b)")
+
+
+def test_an_unexpected_failure_is_one_line_and_exit_3(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(kernels, "run", _compiler_error)
+    assert main(["kernel-bench", "--device", "cpu", "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "switchbench kernel-bench: failed: RuntimeError: Both operands must be same dtype. Got fp32 and bf16 "
+        "(SWITCHBENCH_DEBUG=1 shows the traceback)"
+    ]
+
+
+def test_the_traceback_on_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "run", _compiler_error)
+    monkeypatch.setenv("SWITCHBENCH_DEBUG", "1")
+    with pytest.raises(RuntimeError, match="same dtype"):
+        main(["kernel-bench", "--device", "cpu", "--out", str(tmp_path)])
