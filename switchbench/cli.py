@@ -6,12 +6,25 @@ import sys
 
 from switchbench import main_job
 from switchbench.analysis import analyze, train
-from switchbench.bench import gate, kernel_check, kernels, params, scaling, speed, tables
+from switchbench.bench import gate, kernel_check, kernel_tune, kernels, params, scaling, speed, tables
 from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
 
 DEBUG = "SWITCHBENCH_DEBUG"
-COMMANDS = (params, tables, scaling, speed, gate, kernels, kernel_check, train, analyze, report, main_job)
+COMMANDS = (
+    params,
+    tables,
+    scaling,
+    speed,
+    gate,
+    kernels,
+    kernel_tune,
+    kernel_check,
+    train,
+    analyze,
+    report,
+    main_job,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -325,8 +325,11 @@ def test_autotuned_path_matches_float64(monkeypatch):
         monkeypatch.setattr(tuned, "cache", {})
         monkeypatch.setattr(tuned, "cache_results", False)
         monkeypatch.setitem(tuned.__dict__, "do_bench", last_wins)  # not through the cached property
+    monkeypatch.setattr(kernels, "_chosen", {})
     _assert_matches_float64(WIDE)
     assert last_wins.calls > len(kernels.CONFIGS["scatter_matmul"])  # several candidates per kernel ran
+    chosen = kernels.chosen()  # what kernel-tune would keep: the last candidate of each launch
+    assert chosen[("scatter_matmul", "64x32x144 float32 gate_grad gates")] == "M128 N128 K64 w8 s3"
 
 
 def test_a_launch_is_idempotent(monkeypatch):
@@ -341,3 +344,38 @@ def test_a_launch_is_idempotent(monkeypatch):
 
     monkeypatch.setattr(kernels, "_launch", twice)
     _assert_matches_float64(CASES["switchhead-o"])
+
+
+def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monkeypatch):
+    from switchbench.models import expert_matmul_triton as kernels
+
+    key = kernels.shape_key(3000, 1024, 112, torch.bfloat16, gates=True, gate_grad=False)
+    assert key == "4096x1024x112 bfloat16 gates"
+    label = kernels.config_label(kernels.CONFIGS["scatter_matmul"][3])
+    table = {"device": "NVIDIA H100 80GB HBM3", "configs": {"scatter_matmul": {key: label}}}
+    monkeypatch.setattr(kernels, "tuned_tables", lambda: (table,))
+    kernels._ahead_of_time.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)
+    assert kernels._ahead_of_time("scatter_matmul", key, gpu) is kernels.CONFIGS["scatter_matmul"][3]
+    assert kernels._ahead_of_time("scatter_matmul", key.replace("gates", "gate_grad"), gpu) is None
+    assert kernels._ahead_of_time("scatter_matmul", key, torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    kernels._ahead_of_time.cache_clear()
+    assert kernels._ahead_of_time("scatter_matmul", key, gpu) is None
+    kernels._ahead_of_time.cache_clear()
+
+
+def test_the_shipped_table_names_known_configurations():
+    from switchbench.bench.kernel_tune import TABLE, merged
+    from switchbench.models import expert_matmul_triton as kernels
+
+    assert TABLE.read_text() == (kernels.importlib.resources.files("switchbench.models") / "data" /
+                                 kernels.TUNED_FILE).read_text()  # fmt: skip
+    for table in kernels.tuned_tables():
+        for kernel, labels in table["configs"].items():
+            for label in labels.values():
+                kernels.by_label(kernel, label, "test")
+    before = {"tables": [{"device": "A", "configs": {}}, {"device": "B", "configs": {}}]}
+    after = merged(before, "B", {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}})
+    assert [t["device"] for t in after["tables"]] == ["A", "B"] and after["tables"][1]["configs"]

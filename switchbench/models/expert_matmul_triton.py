@@ -13,10 +13,15 @@ is 16-byte aligned: the loads vectorise and pipeline (cp.async) and the masks st
 
 Tiles run N-fastest, so the CTAs that share a gathered A tile run together and it is read from DRAM once.
 Autotuning is keyed on the token-slot count rounded up to a power of two (capped: every large batch shares
-one tuning) and cached on disk; SWITCHBENCH_TRITON_CONFIG pins a configuration instead (see ``pinned``).
+one tuning) and cached on disk. SWITCHBENCH_TRITON_CONFIG pins a configuration instead (see ``pinned``); a GPU
+whose name is in the package's table of configurations tuned ahead of time (``switchbench kernel-tune``) uses
+those, so its first training step does not stall on autotuning.
 """
 
 import contextlib
+import functools
+import importlib.resources
+import json
 import os
 
 import torch
@@ -225,12 +230,52 @@ def pinned(kernel: str):
     for entry in os.environ.get(ENV_CONFIG, "").split(";"):
         name, _, label = entry.partition("=")
         if name.strip() == kernel:
-            for config in CONFIGS[kernel]:
-                if config_label(config) == label.strip():
-                    return config
-            choices = ", ".join(config_label(c) for c in CONFIGS[kernel])
-            raise ValueError(f"{ENV_CONFIG}: {label.strip()!r} is not a {kernel} config; one of: {choices}")
+            return by_label(kernel, label.strip(), ENV_CONFIG)
     return None
+
+
+def by_label(kernel: str, label: str, where: str):
+    """The configuration of ``kernel`` that ``label`` names; a ValueError naming ``where`` it came from."""
+    for config in CONFIGS[kernel]:
+        if config_label(config) == label:
+            return config
+    choices = ", ".join(config_label(c) for c in CONFIGS[kernel])
+    raise ValueError(f"{where}: {label!r} is not a {kernel} config; one of: {choices}")
+
+
+# Configurations tuned ahead of time, per GPU name: package data written by `switchbench kernel-tune`.
+TUNED_FILE = "tuned_configs.json"
+_chosen: dict[tuple[str, str], str] = {}  # (kernel, shape key) -> label, of this process's autotuned launches
+
+
+@functools.cache
+def tuned_tables() -> tuple[dict, ...]:
+    text = importlib.resources.files("switchbench.models").joinpath("data", TUNED_FILE).read_text()
+    return tuple(json.loads(text)["tables"])
+
+
+@functools.cache
+def _ahead_of_time(name: str, key: str, device: torch.device):
+    """The configuration tuned ahead of time for ``name`` at ``key`` on this GPU, or None."""
+    if device.type != "cuda":
+        return None
+    gpu = torch.cuda.get_device_name(device)
+    for table in tuned_tables():
+        label = table["configs"].get(name, {}).get(key) if table["device"] == gpu else None
+        if label:
+            return by_label(name, label, f"{TUNED_FILE} ({gpu})")
+    return None
+
+
+def chosen() -> dict[tuple[str, str], str]:
+    """What the autotuner chose in this process, by kernel and shape key (kernel-tune writes it out)."""
+    return dict(_chosen)
+
+
+def shape_key(m: int, d_in: int, d_out: int, dtype: torch.dtype, **flags: bool) -> str:
+    """The tuning key of a launch: the slot-count bucket, the widths, the dtype and the variant's flags."""
+    on = [name.lower() for name, value in sorted(flags.items()) if value]
+    return " ".join([f"{_bucket(m)}x{d_in}x{d_out}", str(dtype).removeprefix("torch."), *on])
 
 
 def prune(configs, named_args, **constexprs) -> list:
@@ -289,20 +334,22 @@ def _interpreting() -> bool:
 
 
 def _fixed_config(name: str):
-    """The configuration every launch of ``name`` uses, or None (the autotuner picks per shape): the pinned one,
-    else in the interpreter one small configuration (timing there means nothing)."""
+    """The configuration every launch of ``name`` uses, or None (per shape: tuned ahead of time, or autotuned):
+    the pinned one, else in the interpreter one small configuration (timing there means nothing)."""
     return pinned(name) or (_INTERPRETER_CONFIG if _interpreting() else None)
 
 
-def _launch(kernel, tuned, name, grid, *args, **constants):
-    """The autotuned (or fixed) kernel on the tensors' GPU."""
+def _launch(kernel, tuned, name, grid, key, *args, **constants):
+    """The kernel on the tensors' GPU: with the fixed configuration, the one tuned ahead of time for this GPU
+    and ``key``, or the autotuner's choice (remembered for kernel-tune)."""
     if _recorded is not None:
         _recorded.append((kernel, tuned, args, constants))
         return
-    config = _fixed_config(name)
+    config = _fixed_config(name) or _ahead_of_time(name, key, args[0].device)
     with torch.cuda.device_of(args[0]):
         if config is None:
             tuned[grid](*args, **constants)
+            _chosen[name, key] = config_label(tuned.best_config)
         else:
             options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
             kernel[grid(config.kwargs)](*args, **constants, **config.kwargs, **options)
@@ -355,11 +402,13 @@ def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets, dot=N
     def grid(meta):
         return ((triton.cdiv(m, meta["BLOCK_M"]) + n_experts) * triton.cdiv(d_out, meta["BLOCK_N"]),)
 
+    key = shape_key(m, d_in, d_out, rows.dtype, gates=scores is not None, gate_grad=dot is not None)
     _launch(
         _scatter_matmul_kernel,
         _scatter_matmul_tuned,
         "scatter_matmul",
         grid,
+        key,
         rows,
         weight,
         y,
@@ -402,6 +451,7 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
         _grouped_outer_tuned,
         "grouped_outer",
         grid,
+        shape_key(m, d_in, d_out, x_rows.dtype, gates=scores is not None),
         x_rows,
         grad_rows,
         dw,
