@@ -182,3 +182,47 @@ def test_the_estimate_is_a_lower_bound_of_the_saved_activations():
     for preset in ("tiny-transformer", "tiny-switchhead"):
         layer = speed.layer_benches(preset, 2, "cpu", torch.float32)[1]
         assert speed.estimated_bytes(preset, 2, "layer", torch.float32) <= layer.memory()
+
+
+def test_each_row_stands_beside_its_mac_floor_and_attention_kernel():
+    def bench(preset, flops, kernel):
+        return speed.Bench(
+            preset, "model", "train step", lambda: None, flops, lambda: None, attention=lambda: kernel
+        )
+
+    rows = speed.time_group(
+        [bench("dense", 1e6, "flash"), bench("moe", 4e5, "flash"), bench("other", 5e5, "math")],
+        speed.Timer("cpu"), rounds=3, warmup=0,
+    )  # fmt: skip
+    assert [r["ratio_macs"] for r in rows] == [1.0, 0.4, 0.5]
+    assert rows[1]["time_over_floor"] == pytest.approx(rows[1]["ratio_time"] / 0.4)
+    assert [r["attention"] for r in rows] == ["flash", "flash", "math"]
+    assert all(r["attention_mixed"] for r in rows)  # one member on the math path taints the group
+    same = speed.time_group(
+        [bench("dense", 1e6, "flash"), bench("moe", 4e5, "flash")], speed.Timer("cpu"), 1, 0
+    )
+    assert not any("attention_mixed" in r for r in same)
+
+
+def test_the_attention_kernel_is_read_off_the_dispatched_operators():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from switchbench.bench.measure import attention_kernel
+
+    rope = speed.layer_benches("tiny-transformer-rope", 2, "cpu", torch.float32)[0]
+    assert rope.attention() == "flash (CPU)"
+    with sdpa_kernel(SDPBackend.MATH):
+        assert attention_kernel(rope.run) == "math"
+    xl = speed.layer_benches("tiny-transformer", 2, "cpu", torch.float32)[0]
+    assert xl.attention() == "explicit softmax"
+
+
+@pytest.mark.slow
+def test_compiled_groups_are_recorded_as_such(tmp_path, capsys):
+    argv = ["speed", "--device", "cpu", "--groups", "tiny-rope", "--scopes", "layer", "--rounds", "1", "--warmup",
+            "1", "--compile", "aot_eager", "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metadata"]["compile"] == "aot_eager" and out["saved"].endswith("-compiled-aot_eager.json")
+    timed = [r for r in out["rows"] if r["scope"] == "layer"]
+    assert all(r["status"] == "ok" and r["attention"] == "flash (CPU)" for r in timed)

@@ -26,7 +26,7 @@ EXACT = ("ratio_memory", "ratio_macs", "op_calls")
 TOLERANCES = {TIME: 0.15, "ratio_memory": 0.0, "ratio_macs": 0.0, "op_calls": 0.0}
 CONFIDENCE = 0.95
 # Settings a time ratio depends on: a run and its baseline must agree on them to be compared.
-COMPARABLE = ("device", "dtype", "batch", "threads", "clock")
+COMPARABLE = ("device", "dtype", "batch", "threads", "clock", "compile")
 ROW_FIELDS = ("preset", "scope", "what", "status")
 
 

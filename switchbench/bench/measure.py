@@ -171,6 +171,28 @@ def count_op_calls(fn: Callable) -> int:
     return sum(event.name.split("::")[0] in ("aten", "switchbench") for event in prof.events())
 
 
+# Scaled-dot-product attention's backends, by the operator the dispatcher picks (the same names on every device).
+SDPA_BACKENDS = {
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "aten::_scaled_dot_product_efficient_attention": "memory-efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cuDNN",
+    "aten::_scaled_dot_product_fused_attention_overrideable": "fused (other)",
+    "aten::_scaled_dot_product_attention_math": "math",
+}
+
+
+def attention_kernel(fn: Callable) -> str:
+    """The attention kernel ``fn()`` runs: an SDPA backend, "math" when SDPA fell back to its unfused path, or
+    "explicit softmax" when the model computes the logits itself (Transformer-XL, attention maps)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    found = {SDPA_BACKENDS[e.name] for e in prof.events() if e.name in SDPA_BACKENDS}
+    return " + ".join(sorted(found)) or "explicit softmax"
+
+
 @cache
 def cost_views(cfg: ModelConfig) -> dict:
     """Every count of one configuration: the paper's convention and printed equations, the exact analytic count,

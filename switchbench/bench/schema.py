@@ -49,7 +49,7 @@ RUN_ROWS = {
     "kernels": {"case": TEXT, "impl": TEXT, "pass": TEXT},
 }
 OPTIONAL_NUMBERS = (
-    "ms", "ms_iqr", "tflops", "memory_bytes", "ratio_time", "ratio_memory", "ratio_macs",
+    "ms", "ms_iqr", "tflops", "memory_bytes", "ratio_time", "ratio_memory", "ratio_macs", "time_over_floor",
     "fraction_of_matmul_peak", "vs_dense", "max_rel_error",
 )  # fmt: skip
 # A checkpoint's payload: the model and its configuration, and the state a resumed run continues from.

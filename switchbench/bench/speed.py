@@ -9,6 +9,7 @@ times one intra-op thread by its CPU time, which other processes on the machine 
 """
 
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -27,7 +28,7 @@ from switchbench.models.window import make_window
 from . import precision
 from .accounting import exact_cost, model_macs
 from .command import DTYPES, device_from_args, slug
-from .measure import count_op_calls, count_saved_bytes, free_memory, is_oom
+from .measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
 from .params import parameter_counts
 from .precision import autocast
 from .published import WALLCLOCK
@@ -78,13 +79,21 @@ class Bench:
         [], float | None
     ]  # bytes: peak allocated (GPU) or kept for backward (CPU); None: not measured
     op_calls: Callable[[], int | None] = lambda: None  # operator calls of one run(); None: not counted
+    attention: Callable[[], str | None] = lambda: (
+        None
+    )  # the attention kernel run() takes; None: not looked at
 
 
-def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False) -> list[Bench]:
-    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried."""
+def model_benches(
+    preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False, compile: str | None = None
+) -> list[Bench]:
+    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
+    under ``torch.compile`` with the ``compile`` backend when given."""
     cfg = PRESETS[preset].replace(dropout=0.0)
     model = LanguageModel(cfg).to(device)
     trained = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    if compile:
+        trained = torch.compile(trained, backend=compile)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
@@ -102,7 +111,7 @@ def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp:
 
     def forward():
         with torch.no_grad(), mixed:
-            return model(inputs, state).logits
+            return trained(inputs, state).logits
 
     def memory():
         if device == "cuda":
@@ -111,17 +120,21 @@ def model_benches(preset: str, batch: int, device: str, dtype: torch.dtype, ddp:
             return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
     macs = batch * model_macs(cfg)
+    kernel = functools.cache(lambda: attention_kernel(forward))
     return [
-        Bench(preset, "model", "train step", train_step, 6 * macs, memory),
-        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None),
+        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=kernel),
+        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=kernel),
     ]
 
 
-def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> list[Bench]:
+def layer_benches(
+    preset: str, batch: int, device: str, dtype: torch.dtype, compile: str | None = None
+) -> list[Bench]:
     """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
     precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
     cfg = PRESETS[preset]
-    layer = ATTENTIONS[cfg.attention](cfg).to(device)
+    module = ATTENTIONS[cfg.attention](cfg).to(device)
+    layer = torch.compile(module, backend=compile) if compile else module
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device).requires_grad_()
     mem = torch.randn(batch, cfg.mem_len, cfg.d_model, generator=gen).to(device) if cfg.mem_len else None
@@ -142,13 +155,15 @@ def layer_benches(preset: str, batch: int, device: str, dtype: torch.dtype) -> l
         if device == "cuda":
             return _cuda_peak(forward_backward)
         with mixed:
-            return count_saved_bytes(lambda: layer(x, mem, window), layer)
+            return count_saved_bytes(lambda: layer(x, mem, window), module)
 
     macs = batch * exact_cost(cfg).macs
+    kernel = functools.cache(lambda: attention_kernel(forward))
     return [
-        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward)),
+        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward),
+              kernel),
         Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory,
-              lambda: count_op_calls(forward_backward)),
+              lambda: count_op_calls(forward_backward), kernel),
     ]  # fmt: skip
 
 
@@ -283,14 +298,16 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
                 "memory_bytes": _memory(bench),
             }
-            op_calls = bench.op_calls()
-            if op_calls is not None:
-                row["op_calls"] = op_calls
+            measured = {"op_calls": bench.op_calls(), "attention": bench.attention()}
+            row |= {name: value for name, value in measured.items() if value is not None}
             if base is not None and base not in failed:
                 paired = [a / b for a, b in zip(times[i], times[base], strict=True)]
-                row |= {"ratio_time": statistics.median(paired), "ratio_time_rounds": paired}
+                floor = bench.flops / benches[base].flops  # the exact MAC ratio: what compute alone allows
+                row |= {"ratio_time": statistics.median(paired), "ratio_time_rounds": paired,
+                        "ratio_macs": floor, "time_over_floor": statistics.median(paired) / floor}  # fmt: skip
                 row["baseline"] = baseline
         rows.append(row)
+    _flag_mixed_attention(rows)
     for row in rows:  # memory ratios need every row's memory first
         base = next(
             (
@@ -303,6 +320,16 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
         if row.get("memory_bytes") and base and base.get("memory_bytes"):
             row["ratio_memory"] = row["memory_bytes"] / base["memory_bytes"]
     return rows
+
+
+def _flag_mixed_attention(rows: list[dict]) -> None:
+    """Mark every row of a scope whose members ran different attention kernels (a fused dense baseline against
+    a math-path model, or the reverse): its time ratios compare kernels, not architectures."""
+    for scope in {r["scope"] for r in rows}:
+        members = [r for r in rows if r["scope"] == scope and "attention" in r]
+        if len({r["attention"] for r in members}) > 1:
+            for r in members:
+                r["attention_mixed"] = True
 
 
 def _iqr(values: list[float]) -> float:
@@ -378,6 +405,7 @@ def run(
     warmup: int,
     ddp: bool = False,
     clock: str = "wall",
+    compile: str | None = None,
 ) -> list[dict]:
     """Every group and scope timed interleaved at one batch per group (``batch``, or on a GPU the paper's batch
     per GPU halved until the group fits); a case too large for the free memory, or that runs out of it, is an
@@ -393,7 +421,7 @@ def run(
             for scope in scopes:
                 benches = []
                 for preset in presets:
-                    failed = _build(benches, preset, scope, size, device, dtype, ddp)
+                    failed = _build(benches, preset, scope, size, device, dtype, ddp, compile)
                     if failed:
                         rows.append({"preset": preset, "scope": scope, "what": "build", "status": "OOM",
                                      "reason": failed, "group": group, "batch": size})  # fmt: skip
@@ -404,16 +432,18 @@ def run(
     return rows + [r | {"group": "count"} for r in count_ratios()]
 
 
-def _build(benches: list, preset: str, scope: str, batch: int, device: str, dtype, ddp: bool) -> str | None:
+def _build(
+    benches: list, preset: str, scope: str, batch: int, device: str, dtype, ddp: bool, compile
+) -> str | None:
     """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
     if reason:
         return reason
     try:
         if scope == "model":
-            benches += model_benches(preset, batch, device, dtype, ddp)
+            benches += model_benches(preset, batch, device, dtype, ddp, compile)
         else:
-            benches += layer_benches(preset, batch, device, dtype)
+            benches += layer_benches(preset, batch, device, dtype, compile)
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
@@ -452,6 +482,13 @@ def register(commands) -> None:
         choices=["wall", "thread"],
         help="CPU timing: wall-clock, or the timing thread's CPU time (needs --threads 1; default with --quick)",
     )
+    parser.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="every member under torch.compile (default backend inductor), as a practitioner would train",
+    )
     parser.add_argument("--quick", action="store_true", help="the CI gate: 47M attention layers on the CPU")
     parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -488,9 +525,8 @@ def _run(args) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     with intra_op_threads(threads):
         per_process = None if batch is None else batch // world
-        rows = run(
-            groups, scopes, device, DTYPES[dtype_name], per_process, rounds, args.warmup, world > 1, clock
-        )
+        rows = run(groups, scopes, device, DTYPES[dtype_name], per_process, rounds, args.warmup, world > 1, clock,
+                   args.compile)  # fmt: skip
         if world > 1:
             torch.distributed.destroy_process_group()
         if rank != 0:
@@ -506,10 +542,12 @@ def _run(args) -> int:
             warmup=args.warmup,
             threads=torch.get_num_threads(),
             clock=clock,
+            compile=args.compile or "eager",
             groups={g: list(p) for g, p in groups.items()},
         )
     folder = Path(args.out) / slug(metadata["device"])
     label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
+    label += f"-compiled-{args.compile}" if args.compile else ""
     path = save_run(folder, label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
@@ -551,6 +589,9 @@ def _printed(r: dict) -> dict:
         "what": r["what"],
         "ms": f"{r['ms']:.2f}" if "ms" in r else r["status"],
         "rel. time": f"{r['ratio_time']:.2f}" if "ratio_time" in r else "",
+        "MAC floor": f"{r['ratio_macs']:.2f}" if "ratio_macs" in r else "",
+        "time/floor": f"{r['time_over_floor']:.2f}" if "time_over_floor" in r else "",
+        "attention": r.get("attention", "") + (" (mixed!)" if r.get("attention_mixed") else ""),
         "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
         "rel. memory": f"{r['ratio_memory']:.2f}" if "ratio_memory" in r else "",
         "op calls": r.get("op_calls", ""),
