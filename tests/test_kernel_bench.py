@@ -140,3 +140,21 @@ def test_gradients_are_reset_before_every_timed_call():
 
     times = kernels.timer("cpu")(step, grad_to_none=[leaf])
     assert len(times) == 5 and seen == [True] * 6  # the warm-up call, then each timed one
+
+
+def test_the_kernel_only_peer_is_checked_against_its_float64_loop(monkeypatch):
+    """grouped_mm on rows already in expert order (no sort, gather or unsort timed), checked in its output and
+    the gradients of its sorted rows and weight before it is timed."""
+    case = kernels.Case("tiny", tokens=9, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2,
+                        d_in=24, d_out=16, gated=True)  # fmt: skip
+    rows = kernels.measure(case, "grouped_mm-kernel", "cpu", torch.bfloat16)
+    assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["max_rel_error"] < 1e-2
+    got = kernels.outputs(case, kernels.make_inputs(case, "cpu", torch.bfloat16), "grouped_mm-kernel")
+    assert set(got) == {"out", "grad_sorted", "grad_weight"} and got["out"].shape == (9 * 4, 16)
+    off_by_one = dict(
+        kernels.IMPLEMENTATIONS, **{"grouped_mm-kernel": lambda c, i: 1.05 * kernels._grouped_mm_kernel(c, i)}
+    )
+    monkeypatch.setattr(kernels, "IMPLEMENTATIONS", off_by_one)
+    assert {r["status"] for r in kernels.measure(case, "grouped_mm-kernel", "cpu", torch.bfloat16)} == {
+        "wrong"
+    }

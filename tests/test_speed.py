@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from switchbench.bench import speed
 from switchbench.cli import main
@@ -226,3 +227,27 @@ def test_compiled_groups_are_recorded_as_such(tmp_path, capsys):
     assert out["metadata"]["compile"] == "aot_eager" and out["saved"].endswith("-compiled-aot_eager.json")
     timed = [r for r in out["rows"] if r["scope"] == "layer"]
     assert all(r["status"] == "ok" and r["attention"] == "flash (CPU)" for r in timed)
+
+
+class _MatmulDtypes(TorchDispatchMode):
+    """The input dtypes of every matmul-like operator, as dispatched (after autocast)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in ("mm", "bmm", "addmm", "baddbmm", "_grouped_mm"):
+            self.seen.append((func.__name__, {a.dtype for a in args if isinstance(a, torch.Tensor)}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("preset", ["tiny-switchhead", "tiny-moa", "tiny-switchall", "tiny-transformer"])
+def test_a_bf16_training_step_runs_no_fp32_matmul(preset):
+    """Routers included: each is one GEMM in the autocast dtype (fp32 accumulation inside it), its logits cast
+    to fp32 after. An fp32 matmul would run as a SIMT GEMM without tensor cores on a GPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    step = speed.model_benches(preset, 2, device, torch.bfloat16)[0]
+    with _MatmulDtypes() as spy:
+        step.run()
+    assert spy.seen and all(dtypes == {torch.bfloat16} for _, dtypes in spy.seen), spy.seen

@@ -91,6 +91,8 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     out["dense"] = weight[0].to(device, dtype).requires_grad_()
     rows = x[:, :1].expand(case.tokens, case.slots, case.d_in).reshape(-1, case.d_in)
     out["rows"] = rows.to(device, dtype).requires_grad_()
+    out["sorted"] = _sorted_rows(case, out)[0].detach().requires_grad_()  # for the kernel-only peer
+    out["ends"] = out["routing"].offsets[1:].to(torch.int32)
     return out
 
 
@@ -131,6 +133,18 @@ def _grouped_mm(case: Case, inputs: dict):
     return _unsorted(case, inputs, torch.nn.functional.grouped_mm(rows, inputs["weight"], offs=ends), token)
 
 
+def _grouped_mm_kernel(case: Case, inputs: dict):
+    """The grouped GEMM alone, on rows already gathered in expert order: no sort, gather, gate or unsort."""
+    return torch.nn.functional.grouped_mm(inputs["sorted"], inputs["weight"], offs=inputs["ends"])
+
+
+def _sorted_loop(case: Case, inputs: dict):
+    """The reference of the kernel-only peer: one float64 matmul per expert over the same sorted rows."""
+    ends, rows = inputs["routing"].offsets.tolist(), inputs["sorted"]
+    pairs = zip(ends[:-1], ends[1:], inputs["weight"], strict=True)
+    return torch.cat([rows[a:b].double() @ w.double() for a, b, w in pairs]).to(rows.dtype)
+
+
 def _loop(case: Case, inputs: dict):
     """One matmul (cuBLAS on a GPU) per expert over its sorted rows."""
     rows, token = _sorted_rows(case, inputs)
@@ -141,7 +155,7 @@ def _loop(case: Case, inputs: dict):
 
 def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
     """Why ``impl`` cannot run ``case`` here, or None."""
-    if impl != "grouped_mm":
+    if impl not in ("grouped_mm", "grouped_mm-kernel"):
         return None
     if not hasattr(torch.nn.functional, "grouped_mm"):
         return f"torch {torch.__version__} has no torch.nn.functional.grouped_mm"
@@ -157,9 +171,12 @@ IMPLEMENTATIONS = {
     "torch": _expert("torch"),
     "grouped_mm": _grouped_mm,
     "loop": _loop,
+    "grouped_mm-kernel": _grouped_mm_kernel,
     "dense": _dense,
 }
 EXPERT_IMPLS = ("triton", "torch", "grouped_mm", "loop")  # the ones that compute the expert matmul itself
+# A peer timed kernel to kernel (its glue left out), and the reference it is checked against.
+KERNEL_ONLY = {"grouped_mm-kernel": _sorted_loop}
 PASSES = ("forward", "forward+backward")
 
 
@@ -189,17 +206,24 @@ def timer(device: str) -> Callable[..., list[float]]:
 
 
 def _leaves(inputs: dict) -> list[torch.Tensor]:
-    return [inputs[name] for name in ("x", "weight", "scores", "rows", "dense") if inputs[name] is not None]
+    names = ("x", "weight", "scores", "rows", "dense", "sorted")
+    return [inputs[name] for name in names if inputs[name] is not None]
 
 
-def outputs(case: Case, inputs: dict, impl: str, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Output of ``impl`` and the gradients of x, weight and scores for a seeded output gradient."""
+def outputs(case: Case, inputs: dict, impl: str | Callable, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Output of ``impl`` and the gradients of its inputs (x, weight and scores; the sorted rows and weight for a
+    kernel-only peer) for a seeded output gradient."""
     for leaf in _leaves(inputs):
         leaf.grad = None
-    out = IMPLEMENTATIONS[impl](case, inputs)
+    out = (IMPLEMENTATIONS[impl] if isinstance(impl, str) else impl)(case, inputs)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
     out.backward(grad)
-    names = [name for name in ("x", "weight", "scores") if inputs[name] is not None]
+    sorted_rows = impl in KERNEL_ONLY or impl in KERNEL_ONLY.values()
+    names = (
+        ["sorted", "weight"]
+        if sorted_rows
+        else [n for n in ("x", "weight", "scores") if inputs[n] is not None]
+    )
     result = {"out": out.detach().float()} | {f"grad_{n}": inputs[n].grad.float() for n in names}
     for leaf in _leaves(inputs):
         leaf.grad = None
@@ -207,9 +231,10 @@ def outputs(case: Case, inputs: dict, impl: str, seed: int = 1) -> dict[str, tor
 
 
 def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype) -> tuple[float, str | None]:
-    """Largest error of ``impl`` against the PyTorch path over the output and every gradient, each relative
-    to its reference's largest value; and what is wrong, or None when every one is within tolerance."""
-    reference, got = outputs(case, inputs, "torch"), outputs(case, inputs, impl)
+    """Largest error of ``impl`` against the PyTorch path (a kernel-only peer: its own reference) over the output
+    and every gradient, each relative to its reference's largest value; and what is wrong, or None when every
+    one is within tolerance."""
+    reference, got = outputs(case, inputs, KERNEL_ONLY.get(impl, "torch")), outputs(case, inputs, impl)
     tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     worst, wrong = 0.0, None
     for name, ref in reference.items():
@@ -242,9 +267,8 @@ def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict
         return _untimed(case, impl, "skipped", skipped=reason)
     inputs = make_inputs(case, device, dtype)
     fn = IMPLEMENTATIONS[impl]
-    error, wrong = (
-        check(case, inputs, impl, dtype) if impl in EXPERT_IMPLS and impl != "torch" else (0.0, None)
-    )
+    checked = impl in KERNEL_ONLY or (impl in EXPERT_IMPLS and impl != "torch")
+    error, wrong = check(case, inputs, impl, dtype) if checked else (0.0, None)
     if wrong:
         return _untimed(case, impl, "wrong", error=wrong, max_rel_error=error)
     out = fn(case, inputs)
