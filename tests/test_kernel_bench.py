@@ -44,7 +44,18 @@ def test_a_wrong_kernel_is_not_timed(monkeypatch):
 
 @pytest.mark.slow
 def test_cli_writes_results_without_overwriting(tmp_path, capsys):
-    argv = ["kernel-bench", "--sizes", "47m", "--dtype", "fp32", "--out", str(tmp_path), "--json"]
+    argv = [
+        "kernel-bench",
+        "--sizes",
+        "47m",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
@@ -103,7 +114,18 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     monkeypatch.setattr(
         kernels, "cases", lambda size, batch: [kernels.Case("tiny", 8, 1, 2, 1, 3, 1, 16, 16, True)]
     )
-    argv = ["kernel-bench", "--sizes", "47m", "--dtype", "fp32", "--out", str(tmp_path), "--json"]
+    argv = [
+        "kernel-bench",
+        "--sizes",
+        "47m",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 1
     captured = capsys.readouterr()
     rows = json.loads(Path(json.loads(captured.out)["saved"]).read_text())["rows"]

@@ -496,7 +496,7 @@ def register(commands) -> None:
 
 
 def _run(args) -> int:
-    device = device_from_args(args.device)
+    device = device_from_args(args.device or ("cpu" if args.quick else None))  # the gate is the CPU's
     writable_folder(Path(args.out))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
