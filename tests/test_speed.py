@@ -251,3 +251,20 @@ def test_a_bf16_training_step_runs_no_fp32_matmul(preset):
     with _MatmulDtypes() as spy:
         step.run()
     assert spy.seen and all(dtypes == {torch.bfloat16} for _, dtypes in spy.seen), spy.seen
+
+
+@pytest.mark.parametrize(
+    ("preset", "routers_per_layer"), [("tiny-switchhead", 2), ("tiny-moa", 1), ("tiny-switchall", 3)]
+)
+def test_one_sort_per_router_per_training_step(preset, routers_per_layer):
+    """Every projection a router drives reuses its one sort of the slots by expert; the backward sorts nothing."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from switchbench.models.presets import PRESETS
+
+    step = speed.model_benches(preset, 2, "cpu", torch.float32)[0]
+    step.run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step.run()
+    sorts = sum(e.name == "aten::sort" for e in prof.events())
+    assert sorts == routers_per_layer * PRESETS[preset].n_layers
