@@ -164,7 +164,8 @@ def _exact_projections(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: in
     """Routers and the Q, K, V, O projections; memory: the layer inputs, router scores, the O input."""
     inputs = T * dm + (S * dm if S > T else 0)  # current tokens; the window [memory; current] is a new tensor
     # The heads' outputs made [T, H d_head]-contiguous for the O projection. With RoPE, SDPA keeps its output
-    # anyway; with one head or one token, and no padded channels to drop, it already has this layout: no copy.
+    # anyway, and it has this layout already (no copy) with one head and one token, or with one of them when SDPA
+    # padded no channels that had to be dropped.
     laid_out = H * T == 1 or ((H == 1 or T == 1) and sdpa_width(dh) == dh)
     o_input = 0 if cfg.pos == "rope" and laid_out else T * H * dh
     if cfg.attention == "dense":
