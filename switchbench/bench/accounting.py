@@ -11,6 +11,7 @@ the one that reproduces the published cells.
 
 from dataclasses import dataclass
 
+from switchbench.models.attention_rope import sdpa_width
 from switchbench.models.config import ModelConfig
 
 
@@ -163,8 +164,10 @@ def _exact_projections(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: in
     """Routers and the Q, K, V, O projections; memory: the layer inputs, router scores, the O input."""
     inputs = T * dm + (S * dm if S > T else 0)  # current tokens; the window [memory; current] is a new tensor
     # The heads' outputs made [T, H d_head]-contiguous for the O projection. With RoPE, SDPA keeps its output
-    # anyway; with one head or one token that output already has this layout and no copy is made.
-    o_input = 0 if cfg.pos == "rope" and (H == 1 or T == 1) else T * H * dh
+    # anyway, and it has this layout already (no copy) with one head and one token, or with one of them when SDPA
+    # padded no channels that had to be dropped.
+    laid_out = H * T == 1 or ((H == 1 or T == 1) and sdpa_width(dh) == dh)
+    o_input = 0 if cfg.pos == "rope" and laid_out else T * H * dh
     if cfg.attention == "dense":
         return (T + 2 * S) * dm * H * dh + T * H * dh * dm, inputs + o_input
     if cfg.attention == "moa":
@@ -184,8 +187,8 @@ def _exact_projections(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: in
 def _exact_core(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> Cost:
     """Attention of H query heads over S keys with H_k key heads (1 for MoA); XL adds projected positions."""
     Hk = 1 if cfg.attention == "moa" else H
-    macs = 2 * H * T * S * dh  # q k^T and A v
     if cfg.pos == "xl":
+        macs = 2 * H * T * S * dh  # q k^T and A v
         D = S if cfg.causal else S + T - 1  # distances 0..S-1, and the negative ones without a causal mask
         macs += D * dm * Hk * dh + H * T * dh * D  # position projection, q r^T
         # sinusoids, projected positions, q, k, the attention map (after softmax), v
@@ -196,9 +199,10 @@ def _exact_core(cfg: ModelConfig, H: int, dh: int, dm: int, T: int, S: int) -> C
         return Cost(macs, mem)
     half = int(dh * 0.5) // 2  # rotated channel pairs
     rotation = 2 * (T + S) * half  # cos and sin of the query and key positions
-    # rotated q and k, v, the output and its logsumexp, and the boolean mask made additive
-    sdpa = T * H * dh + S * Hk * dh + S * Hk * dh + T * H * dh + H * T + (T * S if cfg.causal else 0)
-    return Cost(macs, rotation + sdpa)
+    dp = sdpa_width(dh)  # SDPA runs on heads zero-padded to this width
+    # q and k rotated, v and the output (all four padded), its logsumexp, and the boolean mask made additive
+    sdpa = T * H * dp + S * Hk * dp + S * Hk * dp + T * H * dp + H * T + (T * S if cfg.causal else 0)
+    return Cost(2 * H * T * S * dp, rotation + sdpa)
 
 
 def model_macs(cfg: ModelConfig) -> int:

@@ -33,5 +33,26 @@ class RoPEAttention(nn.Module):
         if return_maps:
             logits = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
             return attend(logits, v, window.mask, return_maps)
-        k, v = k.expand(*q.shape[:2], *k.shape[2:]), v.expand(*q.shape[:2], *v.shape[2:])
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=window.mask), None
+        return padded_sdpa(q, k, v, window.mask), None
+
+
+def sdpa_width(d_head: int) -> int:
+    """The head width scaled-dot-product attention runs at: d_head rounded up to a multiple of 8."""
+    return -(-d_head // 8) * 8
+
+
+def padded_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Scaled-dot-product attention of q [B, H, t, d_head] over k, v [B, Hk, S, d_head] -> [B, H, t, d_head].
+
+    The heads are zero-padded to a multiple of 8 channels: with a mask and any other width the fused GPU kernels
+    refuse them and SDPA falls back to its math kernel (the full [t, S] scores in float32). Zero channels add
+    nothing to q k^T, the scale stays that of the true width, and the output's zero channels are dropped.
+    """
+    d_head = q.shape[-1]
+    pad = sdpa_width(d_head) - d_head
+    if pad:
+        q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
+    B, H = q.shape[:2]  # MoA has one key head, shared by the H query heads
+    k, v = k.expand(B, H, -1, -1), v.expand(B, H, -1, -1)  # [B, H, S, d_head + pad]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d_head))
+    return out[..., :d_head] if pad else out

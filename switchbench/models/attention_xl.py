@@ -9,6 +9,7 @@ constant and u = v = 0.
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .initialization import init_projection_
@@ -23,6 +24,21 @@ def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float3
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, device=distances.device, dtype=dtype) / d_model)
     angles = distances[:, None].to(dtype) * inv_freq[None, :]
     return torch.cat([angles.sin(), angles[:, : d_model // 2].cos()], dim=-1)  # exactly d_model columns
+
+
+def relative_shift(scores: Tensor, S: int) -> Tensor:
+    """Scores [B, H, t, D] of the distances S - 1, S - 2, ... (column c: distance S - 1 - c) -> [B, H, t, S] whose
+    entry (i, j) is the score of distance i + S - t - j: query i against key j, the queries being the last t keys.
+
+    Views, not indexing (whose backward is a slow accumulating scatter): the rows, zero-padded to width W = S + t,
+    flattened and read back in rows of W - 1 from offset t - 1, start one column further left each. Entry (i, j)
+    reads column t - 1 - i + j of padded row i: distance S - t + i - j. Future keys (negative distances, causal
+    windows only) read the padding; they are masked.
+    """
+    *batch, t, D = scores.shape
+    W = S + t
+    flat = F.pad(scores, (0, W - D)).flatten(-2)  # [B, H, t * W]
+    return flat[..., t - 1 : t - 1 + t * (W - 1)].view(*batch, t, W - 1)[..., :S]  # [B, H, t, S]
 
 
 class XLAttention(nn.Module):
@@ -53,15 +69,12 @@ class XLAttention(nn.Module):
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys, D distances
         t, S = q.shape[2], k.shape[2]
         lowest = 0 if window.causal else 1 - t  # causal: negative distances are masked anyway
-        distances = torch.arange(lowest, S, device=q.device)  # [D]; the largest is S - 1
+        distances = torch.arange(S - 1, lowest - 1, -1, device=q.device)  # [D], decreasing
         encodings = sinusoids(distances, self.d_model, torch.promote_types(q.dtype, torch.float32))
         r = self.pos_proj(encodings.to(q.dtype))  # [D, Hk * d_head]
         r = r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
-        index = (window.q_pos[:, None] - window.k_pos[None, :] - lowest).clamp_(min=0)  # [t, S]
-        rows = torch.arange(t, device=q.device)[:, None]
         q_content, q_position = self._scaled_queries(q)  # [B, H, t, d_head] each
-        # Indexing rather than gather: its backward keeps only the indices, not the [B, H, t, D] scores.
-        pos = (q_position @ r)[:, :, rows, index]  # [B, H, t, S]
+        pos = relative_shift(q_position @ r, S)  # [B, H, t, S]
         return attend(q_content @ k.transpose(-1, -2) + pos, v, window.mask, return_maps)
 
     def _scaled_queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
