@@ -4,12 +4,25 @@ import argparse
 import sys
 
 from switchbench import main_job
-from switchbench.analysis import analyze, train
+from switchbench.analysis import analyze, quality, train
 from switchbench.bench import gate, kernel_check, kernels, params, scaling, speed, tables
 from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
 
-COMMANDS = (params, tables, scaling, speed, gate, kernels, kernel_check, train, analyze, report, main_job)
+COMMANDS = (
+    params,
+    tables,
+    scaling,
+    speed,
+    gate,
+    kernels,
+    kernel_check,
+    train,
+    quality,
+    analyze,
+    report,
+    main_job,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
