@@ -172,21 +172,24 @@ def _train(plan: Plan, family: str, seed: int, progress: bool) -> dict:
 
 
 def _costs(plan: Plan, cfg: ModelConfig, task: LMTask) -> dict:
-    """What a run of ``cfg`` costs whatever its seed: its parameters, training MACs and training-step memory.
-
-    Training MACs are 3x the exact forward count of every step's chunk (the backward as twice the forward, the
-    usual convention), a chunk that starts the streams again having no XL memory to attend to."""
-    carried = sum(task.continues(step) for step in range(plan.steps))
-    forward = carried * model_macs(cfg) + (plan.steps - carried) * model_macs(cfg.replace(context_blocks=0))
+    """What a run of ``cfg`` costs whatever its seed: its parameters, training MACs and training-step memory."""
     counts = parameter_counts(cfg)
     return {
         "params": counts["total"],
         "layer_params": counts["per_layer"]["attention_plus_mlp"],
         "steps": plan.steps,
         "tokens": plan.steps * plan.tokens_per_step,
-        "train_macs": 3 * plan.batch * forward,
+        "train_macs": training_macs(cfg, plan.batch, plan.steps, task),
         "memory_bytes": step_memory(cfg, plan.batch, plan.device),
     }
+
+
+def training_macs(cfg: ModelConfig, batch: int, steps: int, task: LMTask) -> int:
+    """3x the exact forward MACs of every step's chunk (the backward as twice the forward, the usual convention);
+    a chunk that starts the streams again has no XL memory to attend to."""
+    carried = sum(task.continues(step) for step in range(steps))
+    forward = carried * model_macs(cfg) + (steps - carried) * model_macs(cfg.replace(context_blocks=0))
+    return 3 * batch * forward
 
 
 def step_memory(cfg: ModelConfig, batch: int, device: str) -> int:
@@ -268,7 +271,9 @@ def register(commands) -> None:
     parser.add_argument(
         "--device", choices=["cuda", "cpu"], help="default: cuda when available (the 47M models)"
     )
-    parser.add_argument("--threads", type=int, help="intra-op threads (default: PyTorch's)")
+    parser.add_argument(
+        "--threads", type=int, help="intra-op threads (default: PyTorch's; 1 with --quick on the CPU)"
+    )
     parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
     add_json(parser)
     parser.set_defaults(run=_run)
@@ -293,13 +298,16 @@ def _run(args) -> None:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     plan = plan_from_args(args, device)
+    # One thread for --quick on the CPU, as the speed gate: on a shared machine, busy neighbours stall a pool of
+    # one thread per core (the quick run took several times longer with two threads on two busy cores).
+    threads = 1 if args.threads is None and args.quick and device == "cpu" else args.threads
     started = time.perf_counter()
-    with intra_op_threads(args.threads):
+    with intra_op_threads(threads):
         rows = run(plan, progress=not args.json)
-        threads = torch.get_num_threads()
+        used = torch.get_num_threads()
     summary = summarize(rows)
     metadata = environment(device) | plan.describe() | {
-        "threads": threads,
+        "threads": used,
         "wall_seconds": time.perf_counter() - started,
         "confidence": CONFIDENCE,
         "interval": "mean over seeds ± Student t quantile x standard error; the difference to dense with Welch's "
