@@ -81,7 +81,7 @@ class Budget:
 
 
 BUDGETS = {
-    # A 2-core CPU: --quick about 2 minutes, the default about an hour (README). The text is about 88 KB of
+    # One CPU thread: --quick about 4 minutes, the default about an hour (README). The text is about 88 KB of
     # training bytes, so the default reads it about 11 times; the held-out bytes are never trained on.
     ("cpu", True): Budget(tokens=100_000, seeds=2, batch=16, lr=1e-3, clip=1.0),
     ("cpu", False): Budget(tokens=1_000_000, seeds=5, batch=16, lr=1e-3, clip=1.0),
@@ -193,9 +193,9 @@ def training_macs(cfg: ModelConfig, batch: int, steps: int, task: LMTask) -> int
 
 
 def step_memory(cfg: ModelConfig, batch: int, device: str) -> int:
-    """Bytes a training step holds at its peak: weights, gradients and AdamW's moments, and the activations autograd
-    keeps for the backward (measured with saved-tensor hooks), on a chunk with a full XL memory. The CPU has no
-    allocator statistics; on a GPU the run's allocator peak is reported beside it."""
+    """Bytes a training step holds when its forward pass ends: weights, gradients and AdamW's moments, and the
+    activations autograd keeps for the backward (measured with saved-tensor hooks), on a chunk with a full XL
+    memory. The CPU has no allocator statistics; on a GPU the run's allocator peak is reported beside it."""
     torch.manual_seed(0)
     model = LanguageModel(cfg).to(device)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=torch.Generator().manual_seed(0)).to(
@@ -272,7 +272,7 @@ def register(commands) -> None:
         "--device", choices=["cuda", "cpu"], help="default: cuda when available (the 47M models)"
     )
     parser.add_argument(
-        "--threads", type=int, help="intra-op threads (default: PyTorch's; 1 with --quick on the CPU)"
+        "--threads", type=int, help="intra-op threads (default: 1 on the CPU, PyTorch's on a GPU machine)"
     )
     parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
     add_json(parser)
@@ -285,8 +285,9 @@ def plan_from_args(args, device: str) -> Plan:
     families = [f for f in FAMILIES if f in (args.families or FAMILIES)]
     batch = budget.batch if args.batch is None else args.batch
     tokens = budget.tokens if args.tokens is None else args.tokens
-    if min(batch, tokens, 1 if args.steps is None else args.steps) < 1:
-        raise ValueError("--batch, --tokens and --steps must be >= 1")
+    for flag, value in (("--batch", batch), ("--tokens", tokens), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1; got {value}")
     steps = args.steps or math.ceil(tokens / (batch * models["dense"][1].T))
     return Plan({f: models[f] for f in families}, budget.seeds if args.seeds is None else args.seeds, steps, batch,
                 budget.lr, budget.clip, device, args.text, args.hf_dataset)  # fmt: skip
@@ -298,9 +299,9 @@ def _run(args) -> None:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     plan = plan_from_args(args, device)
-    # One thread for --quick on the CPU, as the speed gate: on a shared machine, busy neighbours stall a pool of
-    # one thread per core (the quick run took several times longer with two threads on two busy cores).
-    threads = 1 if args.threads is None and args.quick and device == "cpu" else args.threads
+    # One thread on the CPU unless asked, as the speed gate: on a shared machine busy neighbours stall a pool of one
+    # thread per core (a tiny run took several times longer with two threads on two busy cores).
+    threads = 1 if args.threads is None and device == "cpu" else args.threads
     started = time.perf_counter()
     with intra_op_threads(threads):
         rows = run(plan, progress=not args.json)
