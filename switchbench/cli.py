@@ -5,7 +5,7 @@ import os
 import sys
 
 from switchbench import main_job
-from switchbench.analysis import analyze, train
+from switchbench.analysis import analyze, quality, train
 from switchbench.bench import gate, kernel_check, kernel_tune, kernels, params, scaling, speed, tables
 from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
@@ -21,6 +21,7 @@ COMMANDS = (
     kernel_tune,
     kernel_check,
     train,
+    quality,
     analyze,
     report,
     main_job,

@@ -130,3 +130,26 @@ def similarity(rows: list[dict], title: str) -> Figure:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
+    """Held-out bits per byte against training MACs and against wall-clock: one point per run (its marker the
+    seed), and each family's mean with its interval as an open diamond with error bars, drawn under the runs."""
+    palette = dict(zip(summary["family"], sns.color_palette(n_colors=len(summary)), strict=True))
+    runs = runs.assign(seed=runs["seed"].astype(str))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2, sharey=True)
+    for ax, (x, label) in zip(axes, (("train_macs", "training MACs (exact count)"),
+                                     ("train_seconds", "wall-clock of the training steps (s)")), strict=True):  # fmt: skip
+        for row in summary.itertuples():
+            ax.errorbar(getattr(row, x), row.bpb_mean, yerr=[[row.bpb_mean - row.bpb_low], [row.bpb_high - row.bpb_mean]],
+                        fmt="D", color=palette[row.family], markerfacecolor="none", markersize=11, capsize=5,
+                        elinewidth=1, zorder=2)  # fmt: skip
+        sns.scatterplot(data=runs, x=x, y="val_bits_per_byte", hue="family", style="seed", palette=palette, s=40,
+                        zorder=3, ax=ax, legend=ax is axes[-1])  # fmt: skip
+        ax.set(xlabel=label, ylabel="held-out bits per byte")
+        ax.grid(alpha=0.3)
+    axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -4,6 +4,7 @@ Seeded, resumable (a batch depends only on the seed and the step), logged to CSV
 """
 
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from tqdm import tqdm
 from switchbench.bench.command import add_json, device_from_args, emit
 from switchbench.bench.results import writable_folder, write_csv
 from switchbench.bench.schema import read_table
+from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
 from . import checkpoint, listops, text
@@ -52,16 +54,15 @@ class TrainConfig:
     device: str = "cpu"
     text: str | None = None  # lm: a text file instead of the embedded default
     hf_dataset: str | None = None  # lm: a Hugging Face dataset saved on disk
+    model: ModelConfig | None = None  # a configuration that is no preset, named by ``preset``
 
     def __post_init__(self):
         if self.task not in ("listops", "lm"):
             raise ValueError(f"task must be one of listops, lm; got {self.task!r}")
-        if self.preset not in PRESETS:
+        if self.model is None and self.preset not in PRESETS:
             raise ValueError(f"unknown preset {self.preset!r}")
-        if PRESETS[self.preset].causal != (self.task == "lm"):
-            raise ValueError(
-                f"preset {self.preset} is for {'lm' if PRESETS[self.preset].causal else 'listops'}"
-            )
+        if self.model_config.causal != (self.task == "lm"):
+            raise ValueError(f"preset {self.preset} is for {'lm' if self.model_config.causal else 'listops'}")
         for name in ("steps", "batch", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
@@ -72,6 +73,10 @@ class TrainConfig:
             raise ValueError(f"seed must be in [0, 2**64); got {self.seed}")
         if self.task == "listops" and (self.text or self.hf_dataset):
             raise ValueError("--text and --hf-dataset are for --task lm; ListOps generates its own data")
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self.model or PRESETS[self.preset]
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -123,10 +128,15 @@ class LMTask:
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
 
+    def continues(self, step: int) -> bool:
+        """Whether the chunk of ``step`` follows the previous step's, so that the XL memory carries over; back at
+        the start of the streams it does not (the memory would be of their end)."""
+        return step % self.chunks != 0
+
     def loss(self, model, step: int, state=None):
         i = step % self.chunks
-        if i == 0:
-            state = None  # back at the start of the streams: the memory would be of the end
+        if not self.continues(step):
+            state = None
         chunk = self.train[:, i * self.T : (i + 1) * self.T + 1]
         out = model(chunk[:, :-1], state)
         return out.loss(chunk[:, 1:]), None, out.state
@@ -144,11 +154,13 @@ class LMTask:
 
 
 def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = True) -> dict:
-    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last evaluation.
+    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last log row: the step,
+    the training loss, the evaluation and ``train_seconds``, the wall-clock of the training steps so far
+    (evaluations and checkpoints left out).
 
     A non-finite loss stops the run with a ValueError; the last checkpoint, of finite weights, is kept."""
     out = Path(out)
-    model_cfg = PRESETS[cfg.preset]
+    model_cfg = cfg.model_config
     torch.manual_seed(cfg.seed)
     n_classes = listops.N_CLASSES if cfg.task == "listops" else None
     model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
@@ -167,10 +179,12 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         start = saved["step"]
         # The log is written before the checkpoint: rows past the checkpoint's step are redone.
         log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
-    state, result, kept = None, {}, start
+    state, kept = None, start
+    seconds = log_rows[-1].get("train_seconds", 0.0) if log_rows else 0.0
     model.train()
     for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
                      total=cfg.steps):  # fmt: skip
+        started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
         loss, accuracy, state = task.loss(model, step, state)
@@ -180,12 +194,17 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         optimizer.step()
-        row = {"step": step + 1, "loss": loss.item(), "train_accuracy": accuracy}
+        row = {
+            "step": step + 1,
+            "loss": loss.item(),
+            "train_accuracy": accuracy,
+        }  # item() waits for the step (GPU)
+        seconds += time.perf_counter() - started
+        row["train_seconds"] = seconds
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             model.eval()
-            result = task.evaluate(model)
+            row |= task.evaluate(model)
             model.train()
-            row |= result
             if not all(p.isfinite().all() for p in model.parameters()):
                 raise ValueError(_diverged(step + 1, "the weights are not finite", out, kept))
             log_rows.append(row)
@@ -195,7 +214,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
                             step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
             kept = step + 1
-    return result or (log_rows[-1] if log_rows else {})
+    return log_rows[-1] if log_rows else {}
 
 
 def _diverged(step: int, what: str, out: Path, saved: int) -> str:

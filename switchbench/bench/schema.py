@@ -42,11 +42,25 @@ CSV_COLUMNS = {
         "pearson": NUMBER,
         "js_distance": NUMBER,
     },
+    "quality_summary": {
+        "family": TEXT,
+        "runs": INTEGER,
+        "bpb_mean": NUMBER,
+        "bpb_low": NUMBER,
+        "bpb_high": NUMBER,
+    },
 }
 # The keys each row of a run's JSON must have; the optional ones are checked where present (None allowed).
 RUN_ROWS = {
     "speed": {"preset": TEXT, "scope": TEXT, "what": TEXT, "status": TEXT},
     "kernels": {"case": TEXT, "impl": TEXT, "pass": TEXT},
+    "quality": {
+        "family": TEXT,
+        "preset": TEXT,
+        "seed": INTEGER,
+        "val_bits_per_byte": NUMBER,
+        "train_macs": NUMBER,
+    },
 }
 OPTIONAL_NUMBERS = (
     "ms", "ms_iqr", "tflops", "memory_bytes", "ratio_time", "ratio_memory", "ratio_macs", "time_over_floor",

@@ -88,6 +88,22 @@ def load_kernels(results: Path) -> dict | None:
     return {"runs": [_run(path, "kernels")]} if path is not None else None
 
 
+def load_quality(results: Path) -> dict | None:
+    """The newest quality run of each device folder: its runs, its summary per family and its figure."""
+    folders = sorted(p for p in (results / "quality").glob("*") if p.is_dir())
+    runs = [_quality(path, results) for path in map(newest, folders) if path is not None]
+    return {"runs": runs} if runs else None
+
+
+def _quality(path: Path, results: Path) -> dict:
+    stem = path.with_suffix("")
+    return _run(path, "quality") | {
+        "summary": _rows(stem.with_name(f"{stem.name}-summary.csv"), "quality_summary"),
+        "image": _image(stem.with_suffix(".png")),
+        "csv": stem.with_suffix(".csv").relative_to(results).as_posix(),
+    }
+
+
 def load_analyses(results: Path) -> list[dict] | None:
     folders = sorted(p for p in (results / "analysis").glob("*") if p.is_dir())
     return [_analysis(folder, results) for folder in folders] or None
@@ -131,6 +147,7 @@ SECTIONS = (
     Section("sweep", "Cost vs length", load_sweep),
     Section("speed", "Wall-clock", load_speed),
     Section("kernels", "Kernel", load_kernels),
+    Section("quality", "Quality", load_quality),
     Section("analysis", "Routing", load_analyses),
 )
 

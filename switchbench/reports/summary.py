@@ -8,10 +8,17 @@ import re
 import statistics
 from dataclasses import dataclass
 
-from switchbench.bench.published import CLAIMS
+from switchbench.bench.published import CLAIMS, TABLES
 from switchbench.bench.results import read_csv
 
 HEADLINE = ("table2", "c4-262m-switchhead-h4")  # the abstract's 44% / 27%: C4 262M, Table 2
+# Quality at equal parameters, WikiText-103: each family's published rows (table, metric, heads or None for the
+# only row) and the verdicts that agree with the paper's claim; None: the paper reports the rows, claims nothing.
+QUALITY_CLAIMS = {
+    "switchhead": (1, "val_ppl", None, ("matches", "better")),
+    "switchall": (3, "test_ppl", None, ("matches", "better")),
+    "moa": (1, "val_ppl", 4, None),
+}
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,8 @@ def lines(loaded: dict) -> list[Line]:
         out += _wallclock(loaded["speed"], claims["wallclock_ratio"])
     if "kernels" in loaded:
         out += _kernel(loaded["kernels"], claims["kernel_fraction"])
+    if "quality" in loaded:
+        out += _quality(loaded["quality"])
     for analysis in loaded.get("analysis", []):
         out += _accuracy(analysis, claims["listops_accuracy"])
         out += _similarity(analysis, claims["attention_similarity"])
@@ -121,6 +130,45 @@ def _kernel(kernels: dict, claim: dict) -> list[Line]:
         out.append(Line(f"expert matmul vs cuBLAS, forward, median of {len(fractions)} cases, {run['metadata']['device']}",
                         f"about {claim['value']:.0%}", _pct(ours), verdict, ok, "#kernels"))  # fmt: skip
     return out
+
+
+def _quality(quality: dict) -> list[Line]:
+    """Per family of each device's newest run: the difference in held-out bits per byte to dense with its interval
+    and verdict, beside the paper's WikiText-103 perplexities of the same family and of dense."""
+    out = []
+    for run in quality["runs"]:
+        meta = run["metadata"]
+        device = meta.get("device", "?") + ("" if run["gpu"] else " (CPU)")
+        for row in run["summary"]:
+            if row["family"] not in QUALITY_CLAIMS or row.get("vs_dense") is None:
+                continue
+            agreeing = QUALITY_CLAIMS[row["family"]][3]
+            ours = (
+                f"{row['vs_dense']:+.3f} bits/byte [{row['vs_dense_low']:+.3f}, {row['vs_dense_high']:+.3f}]"
+            )
+            verdict = {"matches": "matches: the interval holds 0", "better": "better: the interval is below 0",
+                       "worse": "worse: the interval is above 0"}[row["verdict"]]  # fmt: skip
+            out.append(Line(f"held-out bits per byte, {row['family']} minus dense at equal parameters ({row['preset']}, "
+                            f"{row['runs']} seeds, {meta['tokens_per_run']:,} tokens), {device}",
+                            _published_quality(row["family"]), ours, verdict,
+                            None if agreeing is None else row["verdict"] in agreeing, "#quality"))  # fmt: skip
+    return out
+
+
+def _published_quality(family: str) -> str:
+    """'12.27 vs 12.31 (47M), 9.55 vs 9.66 (262M) val ppl': the family's WikiText-103 perplexity and dense's."""
+    table, metric, heads, _ = QUALITY_CLAIMS[family]
+    rows = [r for r in read_csv(TABLES).to_dict("records")
+            if (r["table"], r["dataset"], r["metric"]) == (table, "wikitext103", metric)]  # fmt: skip
+    cells = []
+    for size in ("47M", "262M"):
+        ours = [
+            r for r in rows if (r["params"], r["model"]) == (size, family) and heads in (None, r["n_heads"])
+        ]
+        dense = [r for r in rows if (r["params"], r["model"]) == (size, "transformer")]
+        if ours and dense:
+            cells.append(f"{ours[0]['value']:.2f} vs {dense[0]['value']:.2f} ({size})")
+    return ", ".join(cells) + f" {metric.replace('_', ' ')}" + (f", {heads} heads" if heads else "")
 
 
 def final_accuracy(log: list[dict]) -> dict[str, float]:

@@ -1,0 +1,349 @@
+"""Quality at equal parameters, against compute: parameter-matched dense, SwitchHead, MoA and SwitchAll byte-level
+language models, each trained for the same number of tokens with several seeds, compared on held-out bits per byte
+with intervals across seeds, beside each run's training MACs (exact count), wall-clock and memory.
+
+Every run is ``train.train``'s LM task (the embedded text, a file or a saved Hugging Face dataset) in a temporary
+folder: only its numbers are kept. Seeds change the initialisation (and dropout); the batches and the held-out
+bytes are the same for every run.
+"""
+
+import json
+import math
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from switchbench.bench.accounting import model_macs
+from switchbench.bench.command import add_json, device_from_args, format_table, slug
+from switchbench.bench.environment import environment
+from switchbench.bench.measure import count_saved_floats
+from switchbench.bench.params import parameter_counts
+from switchbench.bench.results import (
+    frame,
+    new_run_stem,
+    save_figure,
+    writable_folder,
+    write_atomic,
+    write_csv,
+)
+from switchbench.bench.speed import intra_op_threads
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import LanguageModel, count_parameters
+from switchbench.models.presets import PRESETS
+
+from . import plots
+from .intervals import difference_interval, mean_interval
+from .train import LMTask, TrainConfig, train
+
+FAMILIES = ("dense", "switchhead", "moa", "switchall")  # dense first: the baseline of every difference
+CONFIDENCE = 0.95
+ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two moments, all fp32
+
+# CPU models: 4 layers of d_model 128, chunks of 64 bytes and one chunk of XL memory. Matched as the paper matches
+# its models: the attention + MLP weights of a layer equal the dense block's (212,992), the MLP width (SwitchAll:
+# the σ-MoE expert size) taking up the difference. SwitchHead has half the heads with V and O experts (E 4, k 2),
+# MoA 4 active of 8 query experts, SwitchAll SwitchHead's attention and 16 MLP experts of which 4 are active.
+_CPU = dict(d_model=128, n_layers=4, T=64, context_blocks=1, vocab=256)
+CPU_MODELS = {
+    "dense": ("bytes-920k-transformer-h4", ModelConfig(**_CPU, model="transformer", n_heads=4, d_head=32, d_ff=512)),
+    "switchhead": ("bytes-920k-switchhead-h2",
+                   ModelConfig(**_CPU, model="switchhead", n_heads=2, d_head=32, n_experts=4, k=2, d_ff=472)),
+    "moa": ("bytes-920k-moa-h4", ModelConfig(**_CPU, model="moa", n_heads=4, d_head=32, n_experts=8, d_ff=524)),
+    "switchall": ("bytes-920k-switchall-h2",
+                  ModelConfig(**_CPU, model="switchall", n_heads=2, d_head=32, n_experts=4, k=2, mlp_experts=16,
+                              mlp_expert_size=29, mlp_k=4)),
+}  # fmt: skip
+# GPU models: the paper's WikiText-103 47M rows (MoA with 4 active heads, its best row there), reading bytes.
+GPU_PRESETS = {
+    "dense": "wikitext103-47m-transformer-h10",
+    "switchhead": "wikitext103-47m-switchhead-h2",
+    "moa": "wikitext103-47m-moa-h4",
+    "switchall": "wikitext103-47m-switchall-h2",
+}
+GPU_MODELS = {
+    family: (f"{name}-bytes", PRESETS[name].replace(vocab=256)) for family, name in GPU_PRESETS.items()
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The defaults of one device and mode; every run of every family trains the same."""
+
+    tokens: int  # per run, rounded up to whole steps
+    seeds: int  # per family: 0, 1, ...
+    batch: int  # streams of the text, read chunk after chunk
+    lr: float
+    clip: float
+
+
+BUDGETS = {
+    # One CPU thread: --quick about 4 minutes, the default about an hour (README). The text is about 88 KB of
+    # training bytes, so the default reads it about 11 times; the held-out bytes are never trained on.
+    ("cpu", True): Budget(tokens=100_000, seeds=2, batch=16, lr=1e-3, clip=1.0),
+    ("cpu", False): Budget(tokens=1_000_000, seeds=5, batch=16, lr=1e-3, clip=1.0),
+    # The paper's small-model optimiser settings and batch; not timed here.
+    ("cuda", True): Budget(tokens=1_000_000, seeds=2, batch=64, lr=2.5e-4, clip=0.1),
+    ("cuda", False): Budget(tokens=16_000_000, seeds=3, batch=64, lr=2.5e-4, clip=0.1),
+}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one invocation trains: every family's model, ``seeds`` times, ``steps`` steps each."""
+
+    models: dict[str, tuple[str, ModelConfig]]  # family -> (name, configuration)
+    seeds: int
+    steps: int
+    batch: int
+    lr: float
+    clip: float
+    device: str = "cpu"
+    text: str | None = None
+    hf_dataset: str | None = None
+
+    def __post_init__(self):
+        if self.seeds < 2:
+            raise ValueError(f"--seeds must be >= 2: an interval across seeds needs two; got {self.seeds}")
+        if len({cfg.T for _, cfg in self.models.values()}) != 1:
+            raise ValueError("the models of a plan must read chunks of one length (equal tokens per step)")
+        for family in self.models:
+            self.train_config(family, 0)  # checks steps, batch, lr and clip
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch * next(iter(self.models.values()))[1].T
+
+    def train_config(self, family: str, seed: int) -> TrainConfig:
+        name, cfg = self.models[family]
+        return TrainConfig("lm", name, steps=self.steps, batch=self.batch, lr=self.lr, warmup=max(1, self.steps // 10),
+                           clip=self.clip, seed=seed, eval_every=self.steps, device=self.device, text=self.text,
+                           hf_dataset=self.hf_dataset, model=cfg)  # fmt: skip
+
+    def describe(self) -> dict:
+        first = self.train_config(next(iter(self.models)), 0)
+        return {
+            "families": list(self.models),
+            "models": {
+                family: {"name": name, "config": cfg.to_dict()} for family, (name, cfg) in self.models.items()
+            },
+            "seeds": self.seeds,
+            "steps": self.steps,
+            "batch": self.batch,
+            "tokens_per_run": self.steps * self.tokens_per_step,
+            "lr": self.lr,
+            "warmup": first.warmup,
+            "clip": self.clip,
+            "text": self.hf_dataset or self.text or "The Tempest (Shakespeare; embedded, 98 KB)",
+        }
+
+
+def run(plan: Plan, progress: bool = True) -> list[dict]:
+    """One row per run. Within a seed the families run one after another, so that a change in the machine's load
+    falls on all of them alike."""
+    first = plan.train_config(next(iter(plan.models)), 0)
+    task = LMTask(first, first.model_config)  # reads and checks the text before any training
+    costs = {family: _costs(plan, cfg, task) for family, (_, cfg) in plan.models.items()}
+    return [
+        {"family": family, "preset": plan.models[family][0], "seed": seed}
+        | costs[family]
+        | _train(plan, family, seed, progress)
+        for seed in range(plan.seeds)
+        for family in plan.models
+    ]
+
+
+def _train(plan: Plan, family: str, seed: int, progress: bool) -> dict:
+    """The run's held-out quality and what it measured."""
+    if plan.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    with tempfile.TemporaryDirectory(prefix="switchbench-quality-") as folder:
+        last = train(plan.train_config(family, seed), Path(folder), progress=progress)
+    bpb = last["val_bits_per_byte"]
+    return {
+        "val_bits_per_byte": bpb,
+        "val_perplexity": 2**bpb,  # per byte
+        "train_seconds": last["train_seconds"],
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated() if plan.device == "cuda" else None,
+    }
+
+
+def _costs(plan: Plan, cfg: ModelConfig, task: LMTask) -> dict:
+    """What a run of ``cfg`` costs whatever its seed: its parameters, training MACs and training-step memory."""
+    counts = parameter_counts(cfg)
+    return {
+        "params": counts["total"],
+        "layer_params": counts["per_layer"]["attention_plus_mlp"],
+        "steps": plan.steps,
+        "tokens": plan.steps * plan.tokens_per_step,
+        "train_macs": training_macs(cfg, plan.batch, plan.steps, task),
+        "memory_bytes": step_memory(cfg, plan.batch, plan.device),
+    }
+
+
+def training_macs(cfg: ModelConfig, batch: int, steps: int, task: LMTask) -> int:
+    """3x the exact forward MACs of every step's chunk (the backward as twice the forward, the usual convention);
+    a chunk that starts the streams again has no XL memory to attend to."""
+    carried = sum(task.continues(step) for step in range(steps))
+    forward = carried * model_macs(cfg) + (steps - carried) * model_macs(cfg.replace(context_blocks=0))
+    return 3 * batch * forward
+
+
+def step_memory(cfg: ModelConfig, batch: int, device: str) -> int:
+    """Bytes a training step holds when its forward pass ends: weights, gradients and AdamW's moments, and the
+    activations autograd keeps for the backward (measured with saved-tensor hooks), on a chunk with a full XL
+    memory. The CPU has no allocator statistics; on a GPU the run's allocator peak is reported beside it."""
+    torch.manual_seed(0)
+    model = LanguageModel(cfg).to(device)
+    tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=torch.Generator().manual_seed(0)).to(
+        device
+    )
+    with torch.no_grad():
+        state = model(tokens[:, :-1]).state
+    saved = count_saved_floats(lambda: model(tokens[:, :-1], state).loss(tokens[:, 1:]), model)
+    return 4 * (saved + ADAMW_FLOATS * count_parameters(model))
+
+
+def summarize(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
+    """Per family: the mean bits per byte with its t-interval; against dense (when it ran) the difference of the
+    means with Welch's interval and the verdict, and the ratios of the mean costs."""
+    runs = {
+        family: [r for r in rows if r["family"] == family]
+        for family in dict.fromkeys(r["family"] for r in rows)
+    }
+    dense = runs.get("dense")
+    return [_family_summary(family, chosen, dense, confidence) for family, chosen in runs.items()]
+
+
+def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, confidence: float) -> dict:
+    bpb = [r["val_bits_per_byte"] for r in runs]
+    mean = mean_interval(bpb, confidence)
+    row = {"family": family, "preset": runs[0]["preset"], "runs": len(runs), "bpb_mean": mean.estimate,
+           "bpb_low": mean.low, "bpb_high": mean.high, "bpb_std": statistics.stdev(bpb)}  # fmt: skip
+    if dense is not None and family != "dense":
+        difference = difference_interval(bpb, [r["val_bits_per_byte"] for r in dense], confidence)
+        row |= {"vs_dense": difference.estimate, "vs_dense_low": difference.low, "vs_dense_high": difference.high,
+                "vs_dense_df": difference.df, "verdict": difference.verdict()}  # fmt: skip
+    elif family == "dense":
+        row["verdict"] = "baseline"
+    for cost in ("train_macs", "train_seconds", "memory_bytes"):
+        row[cost] = statistics.fmean(r[cost] for r in runs)
+        if dense is not None:
+            row[f"{cost}_vs_dense"] = row[cost] / statistics.fmean(r[cost] for r in dense)
+    return row
+
+
+def save(folder: Path, label: str, metadata: dict, rows: list[dict], summary: list[dict]) -> Path:
+    """LABEL.png/.svg (the figure), LABEL.csv (the runs), LABEL-summary.csv and LABEL.json (all three, written
+    last) under ``folder``, LABEL numbered past earlier runs; returns the JSON path."""
+    stem = new_run_stem(folder, label)
+    title = (f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
+             f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval")  # fmt: skip
+    save_figure(plots.quality(frame(rows), frame(summary), title), stem)
+    write_csv(stem.with_suffix(".csv"), rows)
+    write_csv(stem.with_name(f"{stem.name}-summary.csv"), summary)
+    payload = {"metadata": metadata, "rows": rows, "summary": summary}
+    return write_atomic(stem.with_suffix(".json"), json.dumps(payload, indent=2, allow_nan=False))
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "quality", help="quality at equal parameters against compute: held-out bits per byte across seeds"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="2 seeds, 100k tokens a run (a few minutes on a CPU)"
+    )
+    parser.add_argument(
+        "--families", nargs="+", choices=FAMILIES, help="default: all; differences are to dense"
+    )
+    parser.add_argument(
+        "--seeds", type=int, help="seeds per family (default 5 on a CPU, 3 on a GPU, 2 with --quick)"
+    )
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--tokens", type=int, help="training tokens per run, rounded up to whole steps")
+    budget.add_argument("--steps", type=int, help="training steps per run")
+    parser.add_argument("--batch", type=int, help="sequences per step (default 16 on a CPU, 64 on a GPU)")
+    parser.add_argument("--text", help="a text file instead of the embedded default")
+    parser.add_argument("--hf-dataset", help="a Hugging Face dataset saved on disk (save_to_disk)")
+    parser.add_argument(
+        "--device", choices=["cuda", "cpu"], help="default: cuda when available (the 47M models)"
+    )
+    parser.add_argument(
+        "--threads", type=int, help="intra-op threads (default: 1 on the CPU, PyTorch's on a GPU machine)"
+    )
+    parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def plan_from_args(args, device: str) -> Plan:
+    budget = BUDGETS[(device, args.quick)]
+    models = CPU_MODELS if device == "cpu" else GPU_MODELS
+    families = [f for f in FAMILIES if f in (args.families or FAMILIES)]
+    batch = budget.batch if args.batch is None else args.batch
+    tokens = budget.tokens if args.tokens is None else args.tokens
+    for flag, value in (("--batch", batch), ("--tokens", tokens), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1; got {value}")
+    steps = args.steps or math.ceil(tokens / (batch * models["dense"][1].T))
+    return Plan({f: models[f] for f in families}, budget.seeds if args.seeds is None else args.seeds, steps, batch,
+                budget.lr, budget.clip, device, args.text, args.hf_dataset)  # fmt: skip
+
+
+def _run(args) -> None:
+    device = device_from_args(args.device)
+    out = writable_folder(Path(args.out))
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1; got {args.threads}")
+    plan = plan_from_args(args, device)
+    # One thread on the CPU unless asked, as the speed gate: on a shared machine busy neighbours stall a pool of one
+    # thread per core (a tiny run took several times longer with two threads on two busy cores).
+    threads = 1 if args.threads is None and device == "cpu" else args.threads
+    started = time.perf_counter()
+    with intra_op_threads(threads):
+        rows = run(plan, progress=not args.json)
+        used = torch.get_num_threads()
+    summary = summarize(rows)
+    metadata = environment(device) | plan.describe() | {
+        "threads": used,
+        "wall_seconds": time.perf_counter() - started,
+        "confidence": CONFIDENCE,
+        "interval": "mean over seeds ± Student t quantile x standard error; the difference to dense with Welch's "
+        "interval (Welch–Satterthwaite degrees of freedom); 'matches' when that interval holds 0",
+        "train_macs": "3 x the exact forward MAC count of every step (backward counted as twice the forward)",
+        "memory": "memory_bytes: weights, gradients, AdamW moments and the activations kept for backward of one "
+        "step (saved-tensor hooks); peak_allocated_bytes: the CUDA allocator's peak over the run",
+    }  # fmt: skip
+    label = f"{plan.seeds}seeds-{plan.steps}steps" + ("-quick" if args.quick else "")
+    path = save(out / slug(metadata["device"]), label, metadata, rows, summary)
+    if args.json:
+        print(
+            json.dumps({"metadata": metadata, "rows": rows, "summary": summary, "saved": str(path)}, indent=2)
+        )
+        return
+    print(f"{metadata['device']}, {plan.seeds} seeds x {metadata['tokens_per_run']:,} tokens per run, "
+          f"{metadata['wall_seconds']:.0f} s in all")  # fmt: skip
+    print(format_table([_printed(r) for r in summary]))
+    print(f"bits per byte on held-out text: mean over seeds [{CONFIDENCE:.0%} t-interval]; vs dense: difference "
+          f"of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0\nsaved {path}")  # fmt: skip
+
+
+def _printed(r: dict) -> dict:
+    difference = (f"{r['vs_dense']:+.3f} [{r['vs_dense_low']:+.3f}, {r['vs_dense_high']:+.3f}]"
+                  if "vs_dense" in r else "")  # fmt: skip
+    return {
+        "family": r["family"],
+        "model": r["preset"],
+        "seeds": r["runs"],
+        "bits/byte": f"{r['bpb_mean']:.3f} [{r['bpb_low']:.3f}, {r['bpb_high']:.3f}]",
+        "vs dense": difference,
+        "verdict": r.get("verdict", ""),
+        "training MACs": f"{r['train_macs']:.3g}",
+        "rel. MACs": f"{r['train_macs_vs_dense']:.2f}" if "train_macs_vs_dense" in r else "",
+        "seconds": f"{r['train_seconds']:.1f}",
+        "rel. time": f"{r['train_seconds_vs_dense']:.2f}" if "train_seconds_vs_dense" in r else "",
+        "memory": f"{r['memory_bytes'] / 2**20:.1f} MiB",
+    }
