@@ -20,7 +20,7 @@ import torch
 from switchbench.bench.accounting import model_macs
 from switchbench.bench.command import add_json, device_from_args, format_table, slug
 from switchbench.bench.environment import environment
-from switchbench.bench.measure import count_saved_floats
+from switchbench.bench.measure import count_saved_bytes
 from switchbench.bench.params import parameter_counts
 from switchbench.bench.results import (
     frame,
@@ -203,8 +203,8 @@ def step_memory(cfg: ModelConfig, batch: int, device: str) -> int:
     )
     with torch.no_grad():
         state = model(tokens[:, :-1]).state
-    saved = count_saved_floats(lambda: model(tokens[:, :-1], state).loss(tokens[:, 1:]), model)
-    return 4 * (saved + ADAMW_FLOATS * count_parameters(model))
+    saved = count_saved_bytes(lambda: model(tokens[:, :-1], state).loss(tokens[:, 1:]), model)
+    return saved + 4 * ADAMW_FLOATS * count_parameters(model)
 
 
 def summarize(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
