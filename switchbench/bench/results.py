@@ -54,7 +54,7 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
         raise ValueError(f"{flag} {folder} {where}, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {folder}: {existing} is not writable")
-    _try_writing(folder, existing, f".{folder.name or 'switchbench'}.", flag, folder)
+    _try_writing(folder, existing, ".switchbench-probe.", flag, folder)
     return folder
 
 
@@ -74,9 +74,9 @@ def writable_file(path: Path, flag: str = "--out") -> Path:
 
 
 def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Path) -> None:
-    """Make the folders from ``existing`` down to ``folder`` and a temporary file in it (named as
-    replace_together names its own, so one left by a kill is removed by the next write), then remove all of
-    them; a one-line ValueError where the file system refuses."""
+    """Make the folders from ``existing`` down to ``folder`` and a temporary file in it (for a file, named as
+    replace_together names its temporary, so one left by a kill is removed by the next write), then remove all
+    of them; a one-line ValueError where the file system refuses."""
     missing = [folder, *folder.parents]
     missing = missing[: missing.index(existing)]
     made, doing = [], ""
