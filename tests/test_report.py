@@ -1,5 +1,5 @@
-"""The HTML report: rendered from a fixture folder and from a quick main job, escaped, and checked in a real
-headless Chromium with the network cut off."""
+"""The HTML report: rendered from a fixture folder, escaped, and checked in a real headless Chromium with the
+network cut off (the report of a quick main job is checked in test_main_job.py)."""
 
 import csv
 import json
@@ -137,7 +137,7 @@ def test_cli_report_on_a_missing_folder(capsys, tmp_path):
     assert "no results folder" in capsys.readouterr().err
 
 
-def _browse(report: Path, screenshot: Path) -> dict:
+def browse(report: Path, screenshot: Path) -> dict:
     """Open the report from a file URL in headless Chromium with every network request refused."""
     from playwright.sync_api import sync_playwright
 
@@ -184,39 +184,8 @@ def _non_blank(png: Path) -> bool:
 def test_report_in_a_real_browser(fixture_results, tmp_path):
     pytest.importorskip("playwright")
     report = write_report(fixture_results, tmp_path / "report.html", {"device": "cpu"})
-    seen = _browse(report, tmp_path / "screen.png")
+    seen = browse(report, tmp_path / "screen.png")
     assert seen["errors"] == [] and seen["external"] == [] and seen["failed"] == []
     assert len(seen["images"]) == 7 and all(seen["images"])
     assert _non_blank(tmp_path / "screen.png")
     assert seen["first"] == "summary" and seen["scroll"] <= seen["width"] == WIDTH
-
-
-@pytest.mark.slow
-def test_report_from_a_quick_main_job(tmp_path):
-    """switchbench all --quick end to end into a temporary folder, then the report in the browser if present."""
-    results = tmp_path / "results"
-    assert (
-        main(["all", "--quick", "--results", str(results), "--runs", str(tmp_path / "runs"), "--json"]) == 0
-    )
-    report = results / "report.html"
-    page = report.read_text()
-    for section in (
-        "Compute and memory",
-        "Cost against context length",
-        "Wall-clock",
-        "What the experts learn",
-    ):
-        assert section in page
-    assert {p.name for p in (tmp_path / "runs").iterdir()} == {
-        "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1"
-    }  # fmt: skip
-    assert (
-        "listops-listops" not in page
-        and "listops-listops" not in (results / "analysis" / "listops" / "summary.csv").read_text()
-    )
-    assert (results / "analysis" / "listops" / "similarity.csv").exists() and 'id="similarity"' in page
-    if CHROMIUM is not None:
-        pytest.importorskip("playwright")
-        seen = _browse(report, tmp_path / "screen.png")
-        assert seen["errors"] == [] and seen["external"] == [] and all(seen["images"])
-        assert seen["first"] == "summary" and seen["scroll"] <= seen["width"]

@@ -64,9 +64,16 @@ def _layer(name: str) -> int:
 
 
 def analyze(
-    paths: list[Path], out: Path, source: str | None = None, example: int | None = None, sample: int = SAMPLE
+    paths: list[Path],
+    out: Path,
+    source: str | None = None,
+    example: int | None = None,
+    sample: int = SAMPLE,
+    provenance: dict | None = None,
 ) -> list[Path]:
-    """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics."""
+    """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics.
+    ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json."""
+    started = environment("cpu") | (provenance or {})  # before this run's own files change the checkout
     runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
     if len({r["task"] for r in runs}) > 1:
         raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
@@ -95,7 +102,7 @@ def analyze(
         written += _similarity(runs, sample_maxima, tokens, out)
     written += _curves(logs, runs[0]["task"], out)
 
-    metadata = environment("cpu") | {
+    metadata = started | {
         "command": "switchbench analyze",
         "checkpoints": [
             {"path": str(p), "step": r["step"], "train": r["train"]} for p, r in zip(paths, runs, strict=True)
