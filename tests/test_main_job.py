@@ -140,7 +140,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         "What the experts learn",
     ):
         assert section in page
-    assert head in page and 'id="speed"' in page
+    assert head in page and 'id="speed"' in page and "150 training steps, quick run" in page
     assert {p.name for p in runs.iterdir()} == {
         "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1"
     }  # fmt: skip
