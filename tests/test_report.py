@@ -131,7 +131,7 @@ def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
     similar = lines["attention maxima alike, d vs m (mean over layers)"]
     assert similar.ours == "r = 0.60, JS distance 0.30 (two dense seeds: r = 0.80, JS 0.20)"
     assert similar.verdict == "differs: r -0.20 below two seeds" and similar.link == "#similarity"
-    assert lines["experts never chosen, m"].ours == "1 in 1 of 1 routers"
+    assert lines["experts never chosen, m"].ours == "1 expert, in 1 of 1 routers"
 
 
 def test_an_unreadable_section_is_left_out_with_a_note(fixture_results, tmp_path, capsys):

@@ -114,3 +114,16 @@ def test_every_section_says_where_its_numbers_come_from(fixture_results, tmp_pat
     assert "no device" in _section(page, "sweep")
     analysis = _section(page, "analysis")
     assert "(100 training steps, on cpu)" in analysis and "Analysed on test cpu, commit abc" in analysis
+
+
+def test_the_attention_maxima_figure_links_its_full_size_and_prints_its_tokens(fixture_results, tmp_path):  # noqa: F811
+    path = fixture_results / "analysis" / "listops" / "metadata.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"tokens": ["[MAX", "2", "9", "]"]}))
+    caption = _section(_page(fixture_results, tmp_path), "analysis").split("attention maxima")[1]
+    assert '<a href="results/analysis/listops/attention_maxima.svg">full size, SVG</a>' in caption
+    assert "<code>[MAX 2 9 ]</code>" in caption
+
+
+def test_unused_experts_read_as_a_phrase(fixture_results):  # noqa: F811
+    lines = {line.claim: line.ours for line in summary.lines(collect(fixture_results))}
+    assert lines["experts never chosen, m"] == "1 expert, in 1 of 1 routers"  # not "1 in 1 of 1 routers"

@@ -94,7 +94,7 @@ def analyze(
         ]  # [B, T, T]
         written += _statistics(run, records, tokens, rows, out)
     title = "Attention maxima over heads, per layer (post-softmax, first sequence)"
-    written += save_figure(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
+    written += save_figure(plots.attention_maxima(maxima, title), out / "attention_maxima")
     for name, table in rows.items():
         if table:
             written.append(write_csv(out / f"{name}.csv", table))
@@ -109,6 +109,7 @@ def analyze(
         ],
         "input": source,
         "example": example,
+        "tokens": list(labels),  # the plotted sequence, which the attention-maxima figure counts in positions
         "sample": sample,
     }
     written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))

@@ -217,7 +217,9 @@ def _dead_experts(analysis: dict) -> list[Line]:
     for model in dict.fromkeys(r["model"] for r in analysis["summary"]):
         routers = [r for r in analysis["summary"] if r["model"] == model]
         dead = [len(str(r["dead_experts"]).split()) for r in routers if r["dead_experts"] not in (None, "")]
-        ours = f"{sum(dead)} in {len(dead)} of {len(routers)} routers"
+        unused = sum(dead)
+        ours = (f"{unused} expert{'s' if unused != 1 else ''}, in {len(dead)} of {len(routers)} routers" if unused
+                else f"none, in {len(routers)} routers")  # fmt: skip
         out.append(Line(f"experts never chosen, {model}", "not reported", ours,
                         "none" if not dead else "some experts unused", None, "#usage"))  # fmt: skip
     return out
