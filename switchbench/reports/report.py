@@ -226,7 +226,7 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
     """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
     env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count)
-    env.globals["trained"] = labels.trained
+    env.globals.update(trained=labels.trained, reference_min_r=summary.REFERENCE_MIN_R)
     env.tests["numeric"] = _numeric
     sections = [(s, loaded[s.name]) for s in SECTIONS if s.name in loaded]
     return env.get_template("report.html.j2").render(
