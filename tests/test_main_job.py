@@ -118,7 +118,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     clone = copy_of_the_checkout(tmp_path)
     head = git(clone, "rev-parse", "HEAD").strip()
     job = subprocess.run([sys.executable, "-m", "switchbench", "all", "--quick"], cwd=clone, capture_output=True,
-                         text=True, env=os.environ | {"PYTHONPATH": str(clone)}, timeout=1800)  # fmt: skip
+                         text=True, env=os.environ | {"PYTHONPATH": str(clone)})  # fmt: skip
     assert job.returncode == 0, job.stderr[-2000:]
     assert "results-quick/" in job.stdout.splitlines()[-1]
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
