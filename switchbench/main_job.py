@@ -1,6 +1,8 @@
 """``switchbench all``: the main job, a declared sequence of steps over the embedded default.
 
 Tables and the cost sweep, speed on this device, the ListOps analysis pair trained and analysed, the report.
+A quick run writes to folders of its own (``results-quick/``, ``runs-quick/``, ignored by git), so it never
+replaces the committed results with shorter runs; a full run refreshes ``results/``.
 """
 
 import argparse
@@ -16,6 +18,7 @@ from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, run_name, train
 from switchbench.bench import scaling, speed, tables
 from switchbench.bench.command import DTYPES, add_json, device_from_args, slug
+from switchbench.bench.environment import commit
 from switchbench.bench.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
 
@@ -25,14 +28,16 @@ RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))
 
 @dataclass(frozen=True)
 class Step:
-    """A step of the main job; ``run(args, results folder, runs folder)`` returns what the JSON log keeps."""
+    """A step of the main job; ``run(args, results folder, runs folder)`` returns what the JSON log keeps.
+    ``args.provenance`` (quick or not, training steps, the commit when the job started) goes into the metadata
+    of every file the step writes."""
 
     name: str
     run: Callable[[argparse.Namespace, Path, Path], object]
 
 
 def _tables(args, results: Path, runs: Path) -> list[str]:
-    return [str(p) for p in tables.write_tables(results / "tables", tables.all_tables())]
+    return [str(p) for p in tables.write_tables(results / "tables", tables.all_tables(), args.provenance)]
 
 
 def _sweep(args, results: Path, runs: Path) -> list[str]:
@@ -53,7 +58,7 @@ def _speed(args, results: Path, runs: Path) -> str:
     with speed.intra_op_threads(threads):
         rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2, clock=clock)
         metadata = speed.describe(rows, device, dtype, batch=batch, processes=1, rounds=rounds, warmup=2,
-                                  threads=torch.get_num_threads(), clock=clock)  # fmt: skip
+                                  threads=torch.get_num_threads(), clock=clock) | args.provenance  # fmt: skip
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
@@ -74,11 +79,13 @@ def _run_names() -> list[str]:
 def _analysis(args, results: Path, runs: Path) -> int:
     sample = 64 if args.quick else 256
     checkpoints = [runs / name / "checkpoint.pt" for name in _run_names()]
-    return len(analyze(checkpoints, results / "analysis" / "listops", sample=sample))
+    return len(
+        analyze(checkpoints, results / "analysis" / "listops", sample=sample, provenance=args.provenance)
+    )
 
 
 def _report(args, results: Path, runs: Path) -> str:
-    return str(write_report(results, results / "report.html", report_environment()))
+    return str(write_report(results, results / "report.html", report_environment() | args.provenance))
 
 
 def _steps(args) -> int:
@@ -101,16 +108,33 @@ STEPS = (
 def register(commands) -> None:
     parser = commands.add_parser("all", help="the main job: tables, sweep, speed, training, analysis, report")
     parser.add_argument("--quick", action="store_true", help="a few minutes on a 2-core CPU")
-    parser.add_argument("--results", default="results", help="where results and the report go")
-    parser.add_argument("--runs", default="runs", help="where the analysis models are trained")
+    parser.add_argument(
+        "--results", help="where results and the report go (default: results, or results-quick with --quick)"
+    )
+    parser.add_argument(
+        "--runs", help="where the analysis models are trained (default: runs, or runs-quick with --quick)"
+    )
     add_json(parser)
     parser.set_defaults(run=_run)
 
 
+def _provenance(args) -> dict:
+    """What every file of the job says about it, recorded once before the first step writes: a commit read
+    later would count the job's own results as changes to the checkout."""
+    return {
+        "job": "switchbench all" + (" --quick" if args.quick else ""),
+        "quick": args.quick,
+        "training_steps": _steps(args),
+        "commit": commit(),
+    }
+
+
 def _run(args) -> None:
-    results = writable_folder(Path(args.results), "--results")
-    runs, log = writable_folder(Path(args.runs), "--runs"), {}
+    own = "-quick" if args.quick else ""  # a quick run never replaces the results of a full one
+    results = writable_folder(Path(args.results or f"results{own}"), "--results")
+    runs, log = writable_folder(Path(args.runs or f"runs{own}"), "--runs"), {}
     writable_file(results / "report.html", "--results")
+    args = argparse.Namespace(**vars(args), provenance=_provenance(args))
     for step in STEPS:
         start = time.perf_counter()
         if not args.json:
@@ -125,4 +149,6 @@ def _run(args) -> None:
         result = log[f"training {name}"]
         print(f"{name}: validation accuracy {result['val_accuracy']:.1%} "
               f"(majority class {result['majority_class']:.1%})")  # fmt: skip
-    print(f"report: {log['report']}")
+    print(
+        f"report: {log['report']} (all of this run's results are under {results}/, its models under {runs}/)"
+    )

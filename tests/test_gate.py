@@ -118,6 +118,21 @@ def test_committed_baseline_is_single_thread_and_gates_switchhead():
     assert all(baseline["ratios"][k]["op_calls"] > 0 for k in SWITCHHEAD_TIMES)
 
 
+def test_the_readme_states_the_committed_baseline_as_the_gate_prints_it(tmp_path, capsys):
+    """One paragraph of the README speaks of the committed baseline, and its time ratios and limits are the
+    numbers `switchbench check` prints for results/baselines/cpu.json."""
+    paragraphs = (BASELINE.parents[2] / "README.md").read_text().split("\n\n")
+    statements = [p for p in paragraphs if "committed baseline" in p.lower()]
+    assert len(statements) == 1, statements
+    run = _write(tmp_path / "run.json", _run_like(_committed()))
+    assert main(["check", str(run), "--baseline", str(BASELINE)]) == 0
+    printed = capsys.readouterr().out
+    committed = _committed()
+    for entry in (committed["ratios"][k] for k in SWITCHHEAD_TIMES):
+        for value in (entry["ratio_time"], entry["ratio_time"] * (1 + committed["tolerances"]["ratio_time"])):
+            assert f"{value:.4f}" in printed and f"{value:.4f}" in statements[0], f"{value:.4f}"
+
+
 def test_check_json_reports_each_quantity(tmp_path, capsys):
     run = _write(tmp_path / "run.json", _run_like(_committed()))
     assert main(["check", str(run), "--baseline", str(BASELINE), "--json"]) == 0

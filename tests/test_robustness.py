@@ -48,8 +48,12 @@ def real_cpu_oom():
 # Output locations: checked before any work
 
 
+class WorkReached(Exception):
+    """Raised in place of a command's work: the output location was accepted."""
+
+
 def _no_work(*args, **kwargs):
-    raise AssertionError("the work started before the output location was checked")
+    raise WorkReached
 
 
 # command: (argv with OUT for the output, the work the command must not reach, whether OUT is a file)
@@ -62,21 +66,25 @@ WRITERS = {
     "quality": (["quality", "--device", "cpu", "--out", "OUT"], (quality, "run"), False),
     "analyze": (["analyze", "some/checkpoint.pt", "--out", "OUT"], (analyze, "analyze"), False),
     "all": (["all", "--quick", "--results", "OUT", "--runs", "RUNS"], (main_job, "STEPS"), False),
+    "all --runs": (["all", "--quick", "--results", "RESULTS", "--runs", "OUT"], (main_job, "STEPS"), False),
     "report": (["report", "--results", "RESULTS", "--out", "OUT"], (report, "write_report"), True),
     "check --write": (["check", "RUN", "--baseline", "OUT", "--write"], (gate, "load_run"), True),
 }
+PROC = Path("/proc")
 
 
 def _bad_location(tmp_path: Path, case: str, is_file: bool, monkeypatch) -> tuple[Path, str]:
     """An output location of kind ``case`` for a command writing a folder (or a file); the expected message."""
     existing = tmp_path / "existing"
     existing.write_text("earlier results\n")
-    if case == "existing file" and not is_file:
-        return existing, "is a file"
-    if case == "a folder" and is_file:
-        return tmp_path, "is a folder"
+    if case == "existing file":
+        return (existing, "") if is_file else (existing, "is a file")
+    if case == "a folder":
+        return (tmp_path, "is a folder") if is_file else (tmp_path / "new" / "out", "")
     if case == "inside a file":
         return existing / "sub", "a file, not a folder"
+    if case == "under /proc":  # the mode bits let root write; the file system refuses everyone
+        return PROC / ("switchbench-nope.json" if is_file else "switchbench-nope"), str(PROC)
     locked = tmp_path / "locked"
     locked.mkdir()
     (locked / "kept.csv").write_text("a,b\n1,2\n")
@@ -90,20 +98,42 @@ def _bad_location(tmp_path: Path, case: str, is_file: bool, monkeypatch) -> tupl
     return locked / "sub", "is not writable"
 
 
-@pytest.mark.parametrize("case", ["existing file", "inside a file", "read-only folder", "a folder"])
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file (with its bytes) and folder under ``folder``."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in folder.rglob("*")}
+
+
+@pytest.mark.parametrize(
+    "case", ["existing file", "inside a file", "read-only folder", "a folder", "under /proc"]
+)
 @pytest.mark.parametrize("command", list(WRITERS))
 def test_output_locations_are_checked_before_any_work(command, case, tmp_path, monkeypatch, capsys):
+    """A bad location is one line and exit 2 before the work; a good one reaches the work, and the check
+    leaves nothing behind in either case (not even the folders it made to try writing there)."""
     argv, (module, work), is_file = WRITERS[command]
-    if case == ("existing file" if is_file else "a folder"):
-        pytest.skip("a valid location for this command")
+    if case == "under /proc" and not PROC.is_dir():
+        pytest.skip("no /proc on this system")
     monkeypatch.setattr(module, work, _no_work if work != "STEPS" else (main_job.Step("work", _no_work),))
     results_folder = tmp_path / "results"
     results_folder.mkdir()
     out, message = _bad_location(tmp_path, case, is_file, monkeypatch)
-    before = snapshot(tmp_path)
+    before = tree(tmp_path)
     where = {"OUT": str(out), "RUNS": str(tmp_path / "runs"), "RESULTS": str(results_folder), "RUN": "r.json"}
-    fails_cleanly(capsys, [where.get(a, a) for a in argv], says=message)
-    assert snapshot(tmp_path) == before
+    argv = [where.get(a, a) for a in argv]
+    if case == ("existing file" if is_file else "a folder"):  # a valid location
+        with pytest.raises(WorkReached):
+            main(argv)
+    else:
+        fails_cleanly(capsys, argv, says=message)
+    assert tree(tmp_path) == before
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["existing folder", "folders to make"])
+def test_checking_a_location_leaves_nothing_behind(nested, tmp_path):
+    folder = tmp_path / "a" / "b" if nested else tmp_path
+    results.writable_folder(folder)
+    results.writable_file(folder / "report.html")
+    assert list(tmp_path.iterdir()) == []
 
 
 # Out of memory on the CPU is a result row; the sweep goes on

@@ -64,9 +64,16 @@ def _layer(name: str) -> int:
 
 
 def analyze(
-    paths: list[Path], out: Path, source: str | None = None, example: int | None = None, sample: int = SAMPLE
+    paths: list[Path],
+    out: Path,
+    source: str | None = None,
+    example: int | None = None,
+    sample: int = SAMPLE,
+    provenance: dict | None = None,
 ) -> list[Path]:
-    """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics."""
+    """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics.
+    ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json."""
+    started = environment("cpu") | (provenance or {})  # before this run's own files change the checkout
     runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
     if len({r["task"] for r in runs}) > 1:
         raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
@@ -87,7 +94,7 @@ def analyze(
         ]  # [B, T, T]
         written += _statistics(run, records, tokens, rows, out)
     title = "Attention maxima over heads, per layer (post-softmax, first sequence)"
-    written += save_figure(plots.attention_maxima(maxima, labels, labels, title), out / "attention_maxima")
+    written += save_figure(plots.attention_maxima(maxima, title), out / "attention_maxima")
     for name, table in rows.items():
         if table:
             written.append(write_csv(out / f"{name}.csv", table))
@@ -95,13 +102,14 @@ def analyze(
         written += _similarity(runs, sample_maxima, tokens, out)
     written += _curves(logs, runs[0]["task"], out)
 
-    metadata = environment("cpu") | {
+    metadata = started | {
         "command": "switchbench analyze",
         "checkpoints": [
             {"path": str(p), "step": r["step"], "train": r["train"]} for p, r in zip(paths, runs, strict=True)
         ],
         "input": source,
         "example": example,
+        "tokens": list(labels),  # the plotted sequence, which the attention-maxima figure counts in positions
         "sample": sample,
     }
     written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))

@@ -10,29 +10,40 @@ from matplotlib.figure import Figure
 
 LAST = 128  # positions shown of long inputs
 TICK_LIMIT = 64  # more token labels than this are unreadable
+# Inches per map of a grid: six layers and the row labels fit the report's width (about 12 inches).
+PANEL = 2.0
 
 
 def _ticks(labels) -> list | bool:
     return list(labels) if len(labels) <= TICK_LIMIT else False
 
 
-def attention_maxima(models: dict[str, list[np.ndarray]], dst_labels, src_labels, title: str) -> Figure:
-    """One row per model, one map per layer: the element-wise max over heads of the post-softmax attention."""
+def attention_maxima(models: dict[str, list[np.ndarray]], title: str) -> Figure:
+    """One row per model (named above it), one map per layer: the element-wise max over heads of the
+    post-softmax attention. Axes count positions: at the size that fits the report, token labels would be
+    unreadable; the tokens are in the analysis' metadata and in each head's selection figure."""
     n_layers = max(len(maps) for maps in models.values())
-    fig = Figure(figsize=(3 * n_layers, 3.2 * len(models)))
-    axes = fig.subplots(len(models), n_layers, squeeze=False)
-    for row, (name, maps) in enumerate(models.items()):
-        for layer, ax in enumerate(axes[row]):
+    fig = Figure(figsize=(PANEL * n_layers + 0.6, (PANEL + 0.45) * len(models) + 0.4), layout="constrained")
+    rows = fig.subfigures(len(models), 1, squeeze=False)[:, 0]
+    for row, (name, maps) in zip(rows, models.items(), strict=True):
+        row.suptitle(name, fontsize=10, fontweight="bold")
+        for layer, ax in enumerate(row.subplots(1, n_layers, squeeze=False)[0]):
             if layer >= len(maps):
                 ax.axis("off")
                 continue
             image = maps[layer][-LAST:, -LAST:]
-            sns.heatmap(image, ax=ax, cmap="Blues", vmin=0, vmax=max(float(image.max()), 1e-9), cbar=False,
-                        xticklabels=_ticks(src_labels[-LAST:]), yticklabels=_ticks(dst_labels[-LAST:]))  # fmt: skip
-            ax.tick_params(labelsize=6)
-            ax.set(title=f"{name}: layer {layer}", xlabel="source", ylabel="destination")
-    fig.suptitle(title)
-    fig.tight_layout()
+            first = len(maps[layer]) - len(image)  # the position of the first row and column shown
+            extent = (first - 0.5, first + len(image) - 0.5, first + len(image) - 0.5, first - 0.5)
+            ax.imshow(image, cmap="Blues", vmin=0, vmax=max(float(image.max()), 1e-9), extent=extent,
+                      interpolation="nearest")  # fmt: skip
+            ax.locator_params(nbins=4)
+            ax.tick_params(labelsize=8)
+            ax.set_title(f"layer {layer}", fontsize=9)
+            if layer == 0:
+                ax.set_ylabel("destination", fontsize=8)
+            if row is rows[-1]:
+                ax.set_xlabel("source position", fontsize=8)
+    fig.suptitle(title, fontsize=11)
     return fig
 
 
@@ -54,6 +65,8 @@ def expert_selection(att: np.ndarray, dst_gates: np.ndarray, src_gates: np.ndarr
     ax_att.set_title(title, fontsize=9)
     ax_dst = fig.add_subplot(grid[0, 0], sharey=ax_att)
     gates = ax_dst.imshow(dst_gates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    ax_dst.xaxis.tick_top()  # above the strip: below it, its labels would meet the source strip's
+    ax_dst.xaxis.set_label_position("top")
     ax_dst.set_xticks(range(n_e), [str(e) for e in range(n_e)], fontsize=6)
     ax_dst.set_xlabel("O expert", fontsize=7)
     if len(dst_labels) <= TICK_LIMIT:
@@ -67,6 +80,8 @@ def expert_selection(att: np.ndarray, dst_gates: np.ndarray, src_gates: np.ndarr
         ax_src.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=6)
     ax_src.set_xlabel("source", fontsize=7)
     fig.colorbar(gates, cax=fig.add_subplot(grid[0, 2]), label="gate")
+    # The strips' token ticks are shared with the map: on the map itself they would run into the source strip.
+    ax_att.tick_params(bottom=False, left=False, labelbottom=False, labelleft=False)
     return fig
 
 
@@ -105,11 +120,12 @@ def cooccurrence_grid(maps: dict[tuple[int, int], np.ndarray], title: str) -> Fi
 
 def training_curves(logs: pd.DataFrame, metric: str, title: str) -> Figure:
     """``metric`` against step, one line per ``model`` of the concatenated training logs."""
-    fig = Figure(figsize=(6, 3.5))
+    fig = Figure(figsize=(8, 3.5), layout="constrained")
     ax = fig.subplots()
     sns.lineplot(data=logs.dropna(subset=[metric]), x="step", y=metric, hue="model", marker="o", ax=ax)
     ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=title)
     ax.grid(alpha=0.3)
+    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)  # outside the data
     return fig
 
 
@@ -118,7 +134,7 @@ def similarity(rows: list[dict], title: str) -> Figure:
     table = pd.DataFrame(rows)
     table["pair"] = table["model_a"] + " vs " + table["model_b"]
     table["compared"] = table["baseline"].map({True: "another seed", False: "another architecture"})
-    fig = Figure(figsize=(8, 2.8))
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, (measure, label) in zip(axes, (("pearson", "Pearson r (1: alike)"),
                                            ("js_distance", "JS distance (0: alike)")), strict=True):  # fmt: skip
@@ -126,9 +142,11 @@ def similarity(rows: list[dict], title: str) -> Figure:
                      legend=ax is axes[0])  # fmt: skip
         ax.set(xlabel="layer", ylabel=label, ylim=(min(0.0, float(table[measure].min()) - 0.05), 1))
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    # The legend below both panels, outside the data: inside, it covers lines wherever they run.
+    handles, names = axes[0].get_legend_handles_labels()
+    axes[0].get_legend().remove()
+    fig.legend(handles, names, loc="outside lower center", ncol=2, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=10)
     return fig
 
 

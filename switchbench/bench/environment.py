@@ -16,7 +16,7 @@ def environment(device: str) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": _version("triton"),
-        "commit": _commit(),
+        "commit": commit(),
     }
     if device == "cuda":
         info["cuda"] = torch.version.cuda
@@ -37,7 +37,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _commit() -> str | None:
+def commit() -> str | None:
+    """The checkout's commit, with ``-dirty`` when it has changes; None outside a git checkout."""
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)

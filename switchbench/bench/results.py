@@ -44,7 +44,9 @@ def replace_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path
 
 def writable_folder(folder: Path, flag: str = "--out") -> Path:
     """``folder`` if results can be written under it (it is, or can be made, a writable folder), else a
-    one-line ValueError."""
+    one-line ValueError. The folder is made and a file created in it, then both removed: what is checked is
+    what the work will do, so a place the mode bits allow but the file system refuses (/proc, a read-only
+    mount) is found here, and a command that stops later leaves no empty folder behind."""
     folder = Path(folder)
     existing = _nearest_existing(folder, flag)
     if not existing.is_dir():
@@ -52,11 +54,13 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
         raise ValueError(f"{flag} {folder} {where}, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {folder}: {existing} is not writable")
+    _try_writing(folder, existing, ".switchbench-probe.", flag, folder)
     return folder
 
 
 def writable_file(path: Path, flag: str = "--out") -> Path:
-    """``path`` if a file can be written there, else a one-line ValueError."""
+    """``path`` if a file can be written there, else a one-line ValueError; checked as
+    :func:`writable_folder` checks, by making its folder and a temporary file beside it, then removing them."""
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name")
@@ -65,7 +69,34 @@ def writable_file(path: Path, flag: str = "--out") -> Path:
         raise ValueError(f"{flag} {path} is inside {existing}, a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ValueError(f"{flag} {path}: {existing} is not writable")
+    _try_writing(path.parent, existing, f".{path.name}.", flag, path)
     return path
+
+
+def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Path) -> None:
+    """Make the folders from ``existing`` down to ``folder`` and a temporary file in it (for a file, named as
+    replace_together names its temporary, so one left by a kill is removed by the next write), then remove all
+    of them; a one-line ValueError where the file system refuses."""
+    missing = [folder, *folder.parents]
+    missing = missing[: missing.index(existing)]
+    made, doing = [], ""
+    try:
+        for step in reversed(missing):
+            doing = f"cannot make {step}"
+            try:
+                step.mkdir()
+            except FileExistsError:  # made meanwhile, or a/.. on the way to a/../b
+                continue
+            made.append(step)
+        doing = f"cannot create a file in {folder}"
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TEMP_SUFFIX)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as error:
+        raise ValueError(f"{flag} {given}: {doing}: {error.strerror}") from None
+    finally:
+        for step in reversed(made):
+            step.rmdir()
 
 
 def _remove_stale_temps(path: Path) -> None:

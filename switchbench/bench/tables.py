@@ -189,10 +189,10 @@ def all_tables() -> dict[str, list[dict]]:
     return {f"table{t}": table_rows(t) for t in TABLES} | {"macmatched": mac_matched_rows()}
 
 
-def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
-    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`, and metadata.json naming them: all
-    written first, then renamed into place with metadata.json last, so a run stopped while writing leaves the
-    earlier set as it was."""
+def write_tables(folder: Path, built: dict[str, list[dict]], provenance: dict | None = None) -> list[Path]:
+    """CSV, Markdown and LaTeX of the tables built by :func:`all_tables`, and metadata.json naming them (with
+    ``provenance``, the main job's mode and starting commit): all written first, then renamed into place with
+    metadata.json last, so a run stopped while writing leaves the earlier set as it was."""
     writers = {}
     for name, rows in built.items():
         table, shown = frame(rows), _printable(frame(rows))
@@ -203,7 +203,7 @@ def write_tables(folder: Path, built: dict[str, list[dict]]) -> list[Path]:
             folder / f"{name}.md": lambda tmp, text=markdown: tmp.write_text(text),
             folder / f"{name}.tex": lambda tmp, text=latex: tmp.write_text(text),
         }
-    metadata = environment("cpu") | {
+    metadata = (environment("cpu") | (provenance or {})) | {
         "command": "switchbench tables",
         "published": "switchbench/bench/data/published_tables.csv",
         "files": [p.name for p in writers],

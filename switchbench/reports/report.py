@@ -7,6 +7,7 @@ its template ``sections/<name>.html.j2``; a section whose files cannot be read i
 """
 
 import base64
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.results import newest, read_csv, writable_file, write_atomic
 from switchbench.bench.schema import read_run, read_table
 
-from . import summary
+from . import labels, summary
 
 STRONGEST = 12  # token preferences shown before the disclosure
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
@@ -47,9 +48,25 @@ def _image(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
+def _metadata(path: Path) -> dict:
+    """A results folder's metadata.json (what made its files, where, from which commit), or {}."""
+    if not path.exists():
+        return {}
+    metadata = json.loads(path.read_text())
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return metadata
+
+
 def _run(path: Path, kind: str) -> dict:
     run = read_run(path, kind)
-    return run | {"file": str(path), "gpu": "cuda" in run.get("metadata", {})}
+    metadata, gpu = run.get("metadata", {}), "cuda" in run.get("metadata", {})
+    return run | {
+        "file": str(path),
+        "gpu": gpu,
+        "timing": labels.timing(metadata, gpu),
+        "job": labels.job(metadata),
+    }
 
 
 def load_tables(results: Path) -> dict | None:
@@ -60,7 +77,10 @@ def load_tables(results: Path) -> dict | None:
         for name, title in TABLES.items()
         if (folder / f"{name}.csv").exists()
     }  # fmt: skip
-    return tables or None
+    if not tables:
+        return None
+    metadata = _metadata(folder / "metadata.json")
+    return {"tables": tables, "metadata": metadata, "job": labels.job(metadata)}
 
 
 def load_sweep(results: Path) -> dict | None:
@@ -116,8 +136,11 @@ def _analysis(run: Path, results: Path) -> dict:
     def images(pattern: str) -> list[tuple[str, str]]:
         return [(p.stem, _image(p)) for p in sorted(run.glob(pattern))]
 
+    metadata = _metadata(run / "metadata.json")
     found = {
         "name": run.name,
+        "metadata": metadata,
+        "training": labels.training(metadata),
         "folder": run.relative_to(results).as_posix(),
         "maxima": _image(run / "attention_maxima.png"),
         "curves": _image(run / "training_curves.png"),
@@ -145,7 +168,7 @@ def _by_layer(rows: list[dict]) -> list[dict]:
 SECTIONS = (
     Section("tables", "Compute and memory", load_tables),
     Section("sweep", "Cost vs length", load_sweep),
-    Section("speed", "Wall-clock", load_speed),
+    Section("speed", "Speed", load_speed),
     Section("kernels", "Kernel", load_kernels),
     Section("quality", "Quality", load_quality),
     Section("analysis", "Routing", load_analyses),
@@ -192,6 +215,19 @@ def _percent(value) -> str:
     return "" if number is None or number != number else f"{100 * number:.1f}%"
 
 
+def _count(value) -> str:
+    """A count in the units the paper's tables use: 527M, 0.82M, 7.44G (three significant digits)."""
+    number = _float(value)
+    if number is None:
+        return "" if value is None else str(value)
+    if number != number:
+        return "–"
+    rounded = float(f"{number:.3g}")  # 999.6M is 1G
+    if abs(rounded) >= 1e9:
+        return f"{rounded / 1e9:.3g}G"
+    return f"{rounded / 1e6:.3g}M" if abs(rounded) >= 1e4 else f"{rounded:.3g}"
+
+
 def _mib(value) -> str:
     number = _float(value)
     if number is None:
@@ -206,7 +242,8 @@ def _numeric(value) -> bool:
 def render(loaded: dict, environment: dict, link: str = ".") -> str:
     """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
-    env.filters.update(number=_number, percent=_percent, mib=_mib)
+    env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count)
+    env.globals.update(trained=labels.trained, reference_min_r=summary.REFERENCE_MIN_R)
     env.tests["numeric"] = _numeric
     sections = [(s, loaded[s.name]) for s in SECTIONS if s.name in loaded]
     return env.get_template("report.html.j2").render(

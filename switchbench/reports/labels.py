@@ -1,0 +1,49 @@
+"""How each number of the report was obtained, in words, from the metadata saved beside it: the clock and threads
+of a timing, the steps and mode of a training, the device and the run that made it."""
+
+from pathlib import PurePath
+
+
+def timing(metadata: dict, gpu: bool) -> str:
+    """What a time was measured with: 'CUDA events', or the CPU clock and the intra-op threads."""
+    if gpu:
+        return "GPU time (CUDA events)"
+    clock = {"thread": "the timing thread's CPU time", "wall": "wall-clock"}.get(metadata.get("clock"))
+    threads = metadata.get("threads")
+    if clock is None:
+        return "clock and threads not recorded"
+    return f"{clock}, {threads} intra-op thread{'s' if threads != 1 else ''}" if threads else clock
+
+
+def job(metadata: dict) -> str:
+    """'quick run of switchbench all' and the like, or '' for a command run on its own."""
+    if "quick" not in metadata:
+        return ""
+    return f"{'quick' if metadata['quick'] else 'full'} run of switchbench all"
+
+
+def training(metadata: dict) -> dict[str, dict]:
+    """Per trained model (its run folder's name), the steps it was trained for, on which device, in which mode,
+    from an analysis' metadata.json."""
+    out = {}
+    for checkpoint in metadata.get("checkpoints", []):
+        path = PurePath(checkpoint["path"])  # named as the analysis names it: runs/<name>/checkpoint.pt
+        name = path.parent.name if path.name == "checkpoint.pt" else path.stem
+        out[name] = {
+            "steps": checkpoint.get("step"),
+            "device": checkpoint.get("train", {}).get("device"),
+            "quick": metadata.get("quick"),
+        }
+    return out
+
+
+def trained(run: dict | None) -> str:
+    """'150 training steps, quick run, on cpu' for one model of :func:`training`."""
+    if not run or run.get("steps") is None:
+        return "training steps not recorded"
+    words = [f"{run['steps']:,} training steps"]
+    if run.get("quick") is not None:
+        words.append("quick run" if run["quick"] else "full run")
+    if run.get("device"):
+        words.append(f"on {run['device']}")
+    return ", ".join(words)
