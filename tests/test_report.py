@@ -200,3 +200,34 @@ def test_report_in_a_real_browser(fixture_results, tmp_path):
     assert len(seen["images"]) == 7 and all(seen["images"])
     assert _non_blank(tmp_path / "screen.png")
     assert seen["first"] == "summary" and seen["scroll"] <= seen["width"] == WIDTH
+
+
+def test_the_speed_headline_stands_beside_its_compute_floor(tmp_path):
+    """GPU time ratios with their MAC floor and attention kernel; a mixed group or a ratio below its floor is a
+    verdict on the baseline; RoPE groups, absent from Table 5, are read against their floor."""
+
+    def row(preset, ratio, floor, **extra):
+        return {"group": "g", "preset": preset, "scope": "model", "what": "train step", "status": "ok", "ms": 1.0,
+                "ratio_time": ratio, "ratio_macs": floor, "time_over_floor": ratio / floor,
+                "attention": "flash", **extra}  # fmt: skip
+
+    run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", "commit": "abc"}, "rows": [
+        row("c4-262m-switchhead-h4", 0.87, 0.76, ratio_memory=0.72),
+        row("wikitext103-243m-switchhead-h4", 1.41, 0.81),
+        row("c4-47m-switchhead-h2", 0.56, 0.78),
+        row("wikitext103-45m-switchhead-h2", 1.44, 0.83, attention_mixed=True),
+    ]}  # fmt: skip
+    (tmp_path / "speed" / "h100").mkdir(parents=True)
+    (tmp_path / "speed" / "h100" / "bf16-bfit.json").write_text(json.dumps(run))
+    found = {line.claim.split(" vs dense")[0]: line for line in summary.lines(collect(tmp_path))}
+    xl = found["time of c4-262m-switchhead-h4"]
+    assert (xl.paper, xl.ours, xl.verdict) == ("0.65 (262M, V100)", "0.87 (MAC floor 0.76: 1.14x it; flash)",
+                                               "differs: +0.22")  # fmt: skip
+    assert found["memory of c4-262m-switchhead-h4"].verdict == "differs: +0.11"
+    rope = found["time of wikitext103-243m-switchhead-h4"]
+    assert (rope.paper, rope.verdict, rope.reproduced) == ("not in Table 5", "1.74x its compute floor", None)
+    assert (
+        found["time of c4-47m-switchhead-h2"].verdict
+        == "baseline suspect: faster than its compute floor allows"
+    )
+    assert found["time of wikitext103-45m-switchhead-h2"].verdict.startswith("not comparable")
