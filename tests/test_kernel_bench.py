@@ -12,6 +12,21 @@ from switchbench.cli import main
 pytest.importorskip("triton")
 
 
+def _cli(out: Path) -> list[str]:
+    return [
+        "kernel-bench",
+        "--sizes",
+        "47m",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--json",
+    ]
+
+
 def test_cases_are_the_presets_shapes():
     by_name = {c.name: c for c in kernels.cases("262m", batch=64)}
     v, o = by_name["262m switchhead-v"], by_name["262m switchhead-o"]
@@ -44,18 +59,7 @@ def test_a_wrong_kernel_is_not_timed(monkeypatch):
 
 @pytest.mark.slow
 def test_cli_writes_results_without_overwriting(tmp_path, capsys):
-    argv = [
-        "kernel-bench",
-        "--sizes",
-        "47m",
-        "--dtype",
-        "fp32",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = _cli(tmp_path)
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert main(argv) == 0
@@ -114,18 +118,7 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     monkeypatch.setattr(
         kernels, "cases", lambda size, batch: [kernels.Case("tiny", 8, 1, 2, 1, 3, 1, 16, 16, True)]
     )
-    argv = [
-        "kernel-bench",
-        "--sizes",
-        "47m",
-        "--dtype",
-        "fp32",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = _cli(tmp_path)
     assert main(argv) == 1
     captured = capsys.readouterr()
     rows = json.loads(Path(json.loads(captured.out)["saved"]).read_text())["rows"]
