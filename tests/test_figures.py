@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from switchbench.analysis import plots
+from switchbench.bench import scaling
 
 REPORT_WIDTH = 1160  # pixels of the report's content column (body 1200 px less its padding)
 SAVED_DPI = 100  # bench.results.save_figure
@@ -136,6 +137,7 @@ FIGURES = {
     "expert selection": lambda: plots.expert_selection(
         *selection(), title="listops-switchhead-h2, layer 0, head 0"
     ),
+    "cost sweep": lambda: scaling.figure(scaling.sweep()),
 }
 
 

@@ -73,10 +73,11 @@ def sweep() -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], path: Path) -> list[Path]:
-    """MACs and memory against T, log-log, one panel per size and quantity; crossovers marked. PNG and SVG."""
+def figure(rows: list[dict]) -> Figure:
+    """MACs and memory against T, log-log, one panel per size and quantity; crossovers marked; one legend below
+    the panels, outside the data (inside, the curves of the larger sizes ran under it)."""
     sizes = list(SERIES)
-    fig = Figure(figsize=(6 * len(sizes), 8))
+    fig = Figure(figsize=(6 * len(sizes), 8.5), layout="constrained")
     axes = fig.subplots(2, len(sizes), squeeze=False)
     for col, size in enumerate(sizes):
         for row, (key, name, unit) in enumerate(
@@ -92,14 +93,22 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
                 if LENGTHS[0] <= crossover <= LENGTHS[-1]:
                     ax.axvline(crossover, color=line[0].get_color(), ls=":", lw=1)
             ax.set(xscale="log", yscale="log", xlabel="chunk length T (tokens)", ylabel=unit)
-            ax.set_title(f"{size.upper()} presets: {name}")
+            moa = next(label for label in SERIES[size] if label.startswith("MoA"))
+            ax.set_title(f"{size.upper()} presets: {name} (MoA {moa.split('(')[1].rstrip(')')})")
             ax.grid(True, which="major", alpha=0.3)
-            ax.legend(fontsize=8, title="dotted: T where T² terms are half", title_fontsize=8)
+    # One legend for every panel: the names without MoA's heads, which differ by size (the titles say them).
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, [n.split(" (")[0] for n in names], loc="outside lower center", ncol=len(names),
+               fontsize=9, title="dotted: T where T² terms are half", title_fontsize=9)  # fmt: skip
     fig.suptitle(
         "One attention layer, one sequence, forward pass (exact count); XL keeps C = 2 chunks, RoPE C = 1"
     )
-    fig.tight_layout()
-    return save_figure(fig, path, dpi=110)
+    return fig
+
+
+def plot(rows: list[dict], path: Path) -> list[Path]:
+    """The sweep's figure as PNG and SVG."""
+    return save_figure(figure(rows), path, dpi=110)
 
 
 def write_sweep(folder: Path, rows: list[dict]) -> list[Path]:

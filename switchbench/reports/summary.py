@@ -139,17 +139,20 @@ def _against_floor(row: dict) -> str:
 
 
 def _time_verdict(row: dict, paper: dict | None, tolerance: float, gpu: bool) -> tuple[str, bool | None]:
-    """The time ratio's verdict, once its baseline is known to be fair: same attention kernel, not below the
-    compute floor; then against Table 5 where the paper has the size."""
+    """The time ratio's verdict, once its baseline is known to be fair: same attention kernel, not clearly below
+    the compute floor (by more than the claim's tolerance); then against Table 5 where the paper has the size.
+    A CPU ratio is labelled as no measurement of the paper's GPU claim."""
+    ok = None
     if row.get("attention_mixed"):
-        return "not comparable: the group's members ran different attention kernels", None
-    if row.get("ratio_macs") is not None and row["ratio_time"] < row["ratio_macs"]:
-        return "baseline suspect: faster than its compute floor allows", None
-    if paper is None:
-        return (
+        verdict = "not comparable: the group's members ran different attention kernels"
+    elif row.get("ratio_macs") is not None and row["ratio_time"] < row["ratio_macs"] - tolerance:
+        verdict = "baseline suspect: faster than its compute floor allows"
+    elif paper is None:
+        verdict = (
             f"{row['time_over_floor']:.2f}x its compute floor" if "time_over_floor" in row else "measured"
-        ), None
-    verdict, ok = _verdict(row["ratio_time"], paper["rel_time"], tolerance, points=False)
+        )
+    else:
+        verdict, ok = _verdict(row["ratio_time"], paper["rel_time"], tolerance, points=False)
     return (verdict if gpu else f"CPU, not comparable with the paper's GPU ({verdict})"), ok
 
 
