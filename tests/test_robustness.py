@@ -48,8 +48,9 @@ def real_cpu_oom():
 # Output locations: checked before any work
 
 
-class WorkReached(Exception):
-    """Raised in place of a command's work: the output location was accepted."""
+class WorkReached(BaseException):
+    """Raised in place of a command's work: the output location was accepted. A BaseException, so the command
+    line's last line of defence (an unexpected failure is one line, exit 3) lets it through."""
 
 
 def _no_work(*args, **kwargs):
