@@ -6,7 +6,17 @@ import sys
 
 from switchbench import main_job
 from switchbench.analysis import analyze, quality, train
-from switchbench.bench import gate, kernel_check, kernel_tune, kernels, params, scaling, speed, tables
+from switchbench.bench import (
+    gate,
+    kernel_check,
+    kernel_tune,
+    kernels,
+    params,
+    profile,
+    scaling,
+    speed,
+    tables,
+)
 from switchbench.bench.command import check_expert_matmul_env
 from switchbench.reports import report
 
@@ -20,6 +30,7 @@ COMMANDS = (
     kernels,
     kernel_tune,
     kernel_check,
+    profile,
     train,
     quality,
     analyze,

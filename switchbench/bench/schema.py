@@ -54,6 +54,7 @@ CSV_COLUMNS = {
 RUN_ROWS = {
     "speed": {"preset": TEXT, "scope": TEXT, "what": TEXT, "status": TEXT},
     "kernels": {"case": TEXT, "impl": TEXT, "pass": TEXT},
+    "profile": {"preset": TEXT, "what": TEXT, "kind": TEXT, "name": TEXT, "ms": NUMBER, "fraction": NUMBER},
     "quality": {
         "family": TEXT,
         "preset": TEXT,

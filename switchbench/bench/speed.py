@@ -82,6 +82,7 @@ class Bench:
     attention: Callable[[], str | None] = lambda: (
         None
     )  # the attention kernel run() takes; None: not looked at
+    module: torch.nn.Module | None = None  # what run() calls, for tools that look inside it (profile)
 
 
 def model_benches(
@@ -122,8 +123,8 @@ def model_benches(
     macs = batch * model_macs(cfg)
     kernel = functools.cache(lambda: attention_kernel(forward))
     return [
-        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=kernel),
-        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=kernel),
+        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=kernel, module=model),
+        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=kernel, module=model),
     ]
 
 
@@ -161,9 +162,9 @@ def layer_benches(
     kernel = functools.cache(lambda: attention_kernel(forward))
     return [
         Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward),
-              kernel),
+              kernel, module),
         Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory,
-              lambda: count_op_calls(forward_backward), kernel),
+              lambda: count_op_calls(forward_backward), kernel, module),
     ]  # fmt: skip
 
 

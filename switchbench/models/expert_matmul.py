@@ -28,6 +28,9 @@ from torch import Tensor
 
 IMPLS = ("torch", "triton")
 ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
+# A profiler range around each implementation's weight-gradient pass, so a profile can tell it from the input
+# gradient (both run inside the one backward op); no cost when no profiler runs.
+WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,7 +200,8 @@ class TorchExpertMatmul:
                 1, indices, (grad_rows * x_slots).sum(1).view(n, slots)
             )
             grad_rows, x_slots = grad_rows * gates, x_slots * gates
-        grad_w = torch.bmm(_pad(x_slots, rows, capacity, n_experts).transpose(1, 2), grad_pad)
+        with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+            grad_w = torch.bmm(_pad(x_slots, rows, capacity, n_experts).transpose(1, 2), grad_pad)
         return _group_sum(grad_rows, n, s_in), grad_w, grad_s
 
 

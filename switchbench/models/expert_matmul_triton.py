@@ -30,6 +30,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from .expert_matmul import WEIGHT_GRADIENT_LABEL
+
 
 @triton.jit
 def _tile(offsets_ptr, pid, n_experts, BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr):
@@ -508,7 +510,8 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     # Gated input gradients per slot; the gate gradients are the ungated ones' row-dot with x (an epilogue).
     dot = None if scores is None else (x_rows, s_in)
     grad_slots, grad_gates = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets, dot)
-    grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
+    with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+        grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
     grad_s = x.new_empty(0)
     if scores is not None:
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)

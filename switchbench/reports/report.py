@@ -108,6 +108,25 @@ def load_kernels(results: Path) -> dict | None:
     return {"runs": [_run(path, "kernels")]} if path is not None else None
 
 
+def load_profile(results: Path) -> dict | None:
+    """The newest profile of each device folder: its shares as one row per share with a cell per model."""
+    folders = sorted(p for p in (results / "profile").glob("*") if p.is_dir())
+    runs = [_profile(path) for path in map(newest, folders) if path is not None]
+    return {"runs": runs} if runs else None
+
+
+def _profile(path: Path) -> dict:
+    run = _run(path, "profile")
+    columns = list(dict.fromkeys((r["preset"], r["what"]) for r in run["rows"]))
+    shares = list(dict.fromkeys(r["name"] for r in run["rows"] if r["kind"] == "share"))
+    cells = {(r["name"], r["preset"], r["what"]): r for r in run["rows"] if r["kind"] == "share"}
+    table = [{"share": name, "cells": [cells.get((name, *column)) for column in columns]} for name in shares]
+    steps = {column: next(r for r in run["rows"] if (r["preset"], r["what"]) == column) for column in columns}
+    kernels = {column: [r for r in run["rows"] if r["kind"] == "kernel" and (r["preset"], r["what"]) == column]
+               for column in columns}  # fmt: skip
+    return run | {"columns": columns, "table": table, "steps": steps, "kernels": kernels}
+
+
 def load_quality(results: Path) -> dict | None:
     """The newest quality run of each device folder: its runs, its summary per family and its figure."""
     folders = sorted(p for p in (results / "quality").glob("*") if p.is_dir())
@@ -170,6 +189,7 @@ SECTIONS = (
     Section("sweep", "Cost vs length", load_sweep),
     Section("speed", "Speed", load_speed),
     Section("kernels", "Kernel", load_kernels),
+    Section("profile", "Profile", load_profile),
     Section("quality", "Quality", load_quality),
     Section("analysis", "Routing", load_analyses),
 )

@@ -1,0 +1,380 @@
+"""``switchbench profile``: where the time of a training step (or a forward pass) goes, in named shares.
+
+A step runs under ``torch.profiler``. Every unit of device time is counted once: on a GPU each kernel's duration,
+on the CPU each operator's self time (its time less its children's). An operator and the kernels it launched are
+never both counted. Each unit is given one share by what it belongs to:
+
+- the module it ran in, found through labels that forward hooks put around the routers, the attention core
+  and the norms for the profiled step only (the models carry no profiling code);
+- for the backward, the module of the forward operator that made the autograd node (the profiler records the
+  node's sequence number on both sides);
+- the operator itself (a sort is routing, a copy is a copy, a matmul outside any labelled module a dense GEMM);
+- the expert matmul's own passes, from its custom operators and the weight-gradient label its implementations
+  set.
+
+What no unit covers (the host between operators on the CPU, a GPU with no kernel running) is the share
+"outside kernels", so the shares add up to the profiled step.
+"""
+
+import json
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+from torch.autograd.profiler_util import FunctionEvent
+
+from switchbench.models.expert_matmul import WEIGHT_GRADIENT_LABEL
+from switchbench.models.presets import PRESETS
+
+from . import precision
+from .command import DTYPES, add_json, device_from_args, slug
+from .environment import environment
+from .results import save_run, writable_folder
+from .speed import GROUPS, PAPER_GPU_BATCH, Timer, fitted_batch, model_benches, too_large
+
+EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
+    "expert matmul: forward",
+    "expert matmul: input gradient",
+    "expert matmul: weight gradient",
+)
+SHARES = (
+    EXPERT_FORWARD,
+    EXPERT_INPUT,
+    EXPERT_WEIGHT,
+    "attention",
+    "routing",
+    "dense GEMMs",
+    "norms and elementwise",
+    "optimizer",
+    "copies and casts",
+    "other",
+    "outside kernels",
+)
+STEP_LABEL = "switchbench.profile.step"
+MODULE_LABEL = "switchbench.module:"  # + role
+EXPERT_OP, EXPERT_BACKWARD_OP = "switchbench::expert_matmul", "switchbench::expert_matmul_backward"
+OPERATORS = ("aten::", "switchbench::")  # dispatcher operators; other events are labels and autograd's own
+
+GEMMS = {
+    "aten::mm",
+    "aten::addmm",
+    "aten::bmm",
+    "aten::baddbmm",
+    "aten::matmul",
+    "aten::linear",
+    "aten::einsum",
+}
+ROUTING_OPS = {
+    "aten::sort",
+    "aten::topk",
+    "aten::argsort",
+    "aten::cumsum",
+    "aten::scatter_add_",
+    "aten::bincount",
+}
+GATHER_OPS = {
+    "aten::index", "aten::index_select", "aten::index_copy_", "aten::index_add_", "aten::gather",
+    "aten::scatter", "aten::scatter_", "aten::scatter_add_", "aten::index_put_", "aten::_index_put_impl_",
+}  # fmt: skip
+COPY_OPS = {"aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::to", "aten::cat"}
+
+
+# Which module a unit of time ran in
+
+
+def module_roles(model: nn.Module) -> dict[nn.Module, str]:
+    """The labelled modules of ``model``: routers, the attention core (scores, softmax, values, positions),
+    norms, and the MoE layers whose other work (top-k, sort, counts) is routing."""
+    roles = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf.endswith("router"):
+            roles[module] = "routing"
+        elif leaf == "attention":
+            roles[module] = "attention"
+        elif isinstance(module, nn.LayerNorm):
+            roles[module] = "norms"
+        elif any(child.endswith("router") for child, _ in module.named_children()):
+            roles[module] = "moe"
+    return roles
+
+
+class _Labels:
+    """Forward hooks that wrap each labelled module's call in a profiler range named after its role."""
+
+    def __init__(self, roles: dict[nn.Module, str]):
+        self.roles, self.open = roles, []
+
+    def __enter__(self):
+        self.handles = [
+            nn.modules.module.register_module_forward_pre_hook(self._enter),
+            nn.modules.module.register_module_forward_hook(self._exit, always_call=True),
+        ]
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+    def _enter(self, module, args):
+        if module in self.roles:
+            label = torch.profiler.record_function(MODULE_LABEL + self.roles[module])
+            label.__enter__()
+            self.open.append(label)
+
+    def _exit(self, module, args, output):
+        if module in self.roles:
+            self.open.pop().__exit__(None, None, None)
+
+
+# From profiler events to timed units with their context
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Device time ``us`` of one kernel (or, on the CPU, one operator's self time), named ``name``, run by the
+    innermost operator ``op`` inside ``context`` (labels and operators, outermost first)."""
+
+    us: float
+    name: str
+    op: str
+    context: tuple[str, ...]
+
+
+def _chain(event: FunctionEvent) -> list[FunctionEvent]:
+    """``event`` and its ancestors, outermost first."""
+    chain = []
+    while event is not None:
+        chain.append(event)
+        event = event.cpu_parent
+    return chain[::-1]
+
+
+def _backward_node(chain: list[FunctionEvent]) -> FunctionEvent | None:
+    return next(
+        (e for e in reversed(chain) if e.name.startswith("autograd::engine::evaluate_function")), None
+    )
+
+
+def _forward_contexts(events: Iterable[FunctionEvent]) -> dict[tuple[int, int], tuple[str, ...]]:
+    """(thread, sequence number) of each autograd node -> the labels and expert ops around the forward operator
+    that made it (the last forward event that carries the number; earlier ones only read the counter)."""
+    contexts = {}
+    for event in sorted(events, key=lambda e: e.time_range.start):
+        if event.sequence_nr < 0:
+            continue
+        chain = _chain(event)
+        if _backward_node(chain) is None:
+            names = tuple(e.name for e in chain if e.name.startswith((MODULE_LABEL, EXPERT_OP)))
+            contexts[(event.thread, event.sequence_nr)] = names
+    return contexts
+
+
+def units(events: list[FunctionEvent], device: str) -> tuple[list[Unit], float]:
+    """The timed units under the profiled steps, and the steps' total time (µs)."""
+    steps = [e for e in events if e.name == STEP_LABEL]
+    forward = _forward_contexts(events)
+    found = []
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CPU or event.is_async:
+            continue
+        chain = _chain(event)
+        if chain[0].name != STEP_LABEL:
+            continue
+        context = _context(chain, forward)
+        op = next((e.name for e in reversed(chain) if e.name.startswith(OPERATORS)), "")
+        if device == "cuda":
+            found += [Unit(k.duration, k.name, op, context) for k in event.kernels]
+        elif event.name.startswith(OPERATORS):  # labels' and autograd's own time is the host's, outside
+            found.append(Unit(event.self_cpu_time_total, event.name, op, context))
+    return found, sum(s.time_range.elapsed_us() for s in steps)
+
+
+def _context(chain: list[FunctionEvent], forward: dict) -> tuple[str, ...]:
+    node = _backward_node(chain)
+    names = tuple(e.name for e in chain)
+    if node is None:
+        return names
+    return forward.get((node.fwd_thread, node.sequence_nr), ()) + names
+
+
+# Shares
+
+
+def share(unit: Unit) -> str:
+    """The named share of one unit of time (first rule that applies)."""
+    context, op = unit.context, unit.op
+    if any(name.startswith("Optimizer.") for name in context):
+        return "optimizer"
+    roles = [name[len(MODULE_LABEL) :] for name in context if name.startswith(MODULE_LABEL)]
+    role = roles[-1] if roles else None
+    if EXPERT_BACKWARD_OP in context or EXPERT_OP in context:
+        if op in GATHER_OPS:
+            return "routing"  # the expert matmul's own gather and scatter (the PyTorch path)
+        if WEIGHT_GRADIENT_LABEL in context:
+            return EXPERT_WEIGHT
+        return EXPERT_INPUT if EXPERT_BACKWARD_OP in context else EXPERT_FORWARD
+    if role == "routing" or op in ROUTING_OPS:
+        return "routing"
+    if role == "attention":
+        return "attention"
+    if op in COPY_OPS:
+        return "copies and casts"
+    if op in GEMMS:
+        return "dense GEMMs"
+    if role == "moe" and op:
+        return "routing"  # selection bookkeeping of an MoE layer: sigmoid, offsets, the regulariser
+    if role == "norms" or op.startswith("aten::"):
+        return "norms and elementwise"
+    return "other"
+
+
+def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[list[dict], list[dict]]:
+    """Per step: each share's time and fraction (summing to the step), and the ``top`` kernels by time."""
+    by_share: dict[str, float] = defaultdict(float)
+    kernels: dict[tuple[str, str], list[float]] = defaultdict(list)  # (kernel, share) -> times
+    for unit in found:
+        name = share(unit)
+        by_share[name] += unit.us
+        kernels[(unit.name, name)].append(unit.us)
+    by_share["outside kernels"] = max(step_us - sum(by_share.values()), 0.0)
+    total = sum(by_share.values())
+    shares = [
+        {
+            "kind": "share",
+            "name": name,
+            "ms": by_share[name] / steps / 1e3,
+            "fraction": by_share[name] / total,
+        }
+        for name in SHARES
+    ]
+    ranked = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:top]
+    top_rows = [
+        {"kind": "kernel", "name": name, "share": share_name, "ms": sum(times) / steps / 1e3,
+         "fraction": sum(times) / total, "calls": len(times) // steps}
+        for (name, share_name), times in ranked
+    ]  # fmt: skip
+    return shares, top_rows
+
+
+# Running a profile
+
+
+def profile_step(
+    step: Callable[[], object], device: str, steps: int, warmup: int, roles: dict, top: int
+) -> tuple[list[dict], dict]:
+    """Shares and top kernels of ``step`` profiled ``steps`` times after ``warmup`` calls, and the step timed
+    the same number of times without the profiler (its median in ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(warmup):
+        step()
+    timer = Timer(device)
+    unprofiled = statistics.median(timer(step) for _ in range(steps))
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    wall = 0.0
+    with _Labels(roles), profile(activities=activities) as prof:
+        for _ in range(steps):
+            start = time.perf_counter()
+            with torch.profiler.record_function(STEP_LABEL):
+                step()
+                if device == "cuda":
+                    torch.cuda.synchronize()  # the step's range covers its kernels
+            wall += time.perf_counter() - start
+    found, step_us = units(list(prof.events()), device)
+    shares, top_rows = summarise(found, step_us, steps, top)
+    timing = {
+        "ms_unprofiled": unprofiled,
+        "ms_profiled": step_us / steps / 1e3,
+        "ms_wall": 1e3 * wall / steps,
+    }
+    return shares + top_rows, timing
+
+
+def run(presets: list[str], what: list[str], batch: int, device: str, dtype: torch.dtype,
+        steps: int, warmup: int, top: int) -> list[dict]:  # fmt: skip
+    rows = []
+    for preset in presets:
+        benches = {b.what: b for b in model_benches(preset, batch, device, dtype)}
+        roles = module_roles(benches["train step"].module)
+        for name in what:
+            profiled, timing = profile_step(benches[name].run, device, steps, warmup, roles, top)
+            rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
+        del benches
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def default_batch(presets: list[str], device: str, dtype: torch.dtype) -> int:
+    """2 on the CPU; on a GPU the paper's batch per GPU of the group holding the presets (8 for any other),
+    halved until every preset's training step fits."""
+    if device != "cuda":
+        return 2
+    start = next((PAPER_GPU_BATCH[g] for g in PAPER_GPU_BATCH if set(presets) <= set(GROUPS[g])), 8)
+    return fitted_batch(tuple(presets), start, device, dtype)
+
+
+def register(commands) -> None:
+    parser = commands.add_parser("profile", help="a training step's device time in named shares, top kernels")
+    parser.add_argument("presets", nargs="+", metavar="PRESET", help="presets profiled one after the other")
+    parser.add_argument("--forward", action="store_true", help="profile the forward pass too")
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
+    parser.add_argument("--batch", type=int, help="default: 2 on the CPU; on a GPU the paper's, fitted")
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps, averaged (default 3)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
+    parser.add_argument("--out", default="results/profile", help="results go to OUT/<device>/")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    device = device_from_args(args.device)
+    unknown = [p for p in args.presets if p not in PRESETS]
+    if unknown:
+        raise ValueError(f"unknown presets: {', '.join(unknown)} (see switchbench presets)")
+    if args.steps < 1 or args.warmup < 0 or args.top < 1 or (args.batch is not None and args.batch < 1):
+        raise ValueError("--steps, --top and --batch must be >= 1 and --warmup >= 0")
+    writable_folder(Path(args.out))
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    dtype = DTYPES[dtype_name]
+    batch = args.batch or default_batch(args.presets, device, dtype)
+    for preset in args.presets:  # found before any work: a case that cannot fit is a usage error
+        reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, "model", device, dtype)
+        if reason:
+            raise ValueError(f"{preset} at batch {batch}: {reason}; try a smaller --batch")
+    what = ["train step", "forward"] if args.forward else ["train step"]
+    rows = run(args.presets, what, batch, device, dtype, args.steps, args.warmup, args.top)
+    metadata = environment(device) | {
+        "dtype": dtype_name, "precision": precision.describe(dtype_name), "batch": batch, "steps": args.steps,
+        "warmup": args.warmup, "presets": args.presets, "what": what, "compile": "eager",
+        "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
+    }  # fmt: skip
+    label = f"{dtype_name}-b{batch}-" + "-vs-".join(slug(p) for p in args.presets)
+    path = save_run(Path(args.out) / slug(metadata["device"]), label, metadata, rows)
+    if args.json:
+        print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
+        return 0
+    print(f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
+          f"counted: {metadata['counted']}")  # fmt: skip
+    print(side_by_side(rows).to_string())
+    print(f"saved {path}")
+    return 0
+
+
+def side_by_side(rows: list[dict]) -> pd.DataFrame:
+    """The shares of every (preset, what) as columns of ms and percent, one row per share."""
+    table = pd.DataFrame([r for r in rows if r["kind"] == "share"])
+    table["cell"] = [f"{r.ms:.2f} ms ({100 * r.fraction:.0f}%)" for r in table.itertuples()]
+    wide = table.pivot_table(
+        index="name", columns=["preset", "what"], values="cell", aggfunc="first", sort=False
+    )
+    return wide.reindex(SHARES)
