@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from switchbench import main_job
+from switchbench import evidence, main_job
 from switchbench.analysis import analyze, quality, train
 from switchbench.bench import (
     gate,
@@ -36,6 +36,7 @@ COMMANDS = (
     analyze,
     report,
     main_job,
+    evidence,
 )
 
 

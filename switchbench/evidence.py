@@ -1,0 +1,492 @@
+"""``switchbench evidence``: every figure a GPU owes, from one command that can be stopped and resumed.
+
+GPU time comes in short slices on nodes without internet. The chain runs its steps in order of value (the test
+suite on the GPU first, the report last), each as a ``switchbench`` (or pytest) subprocess, and keeps a state
+file beside the results: a second call skips the steps already done for the same code and resumes after the
+last one. ``--budget`` is the call's time: a step whose expected duration no longer fits is not started, a step
+that runs past the budget is stopped and started again by the next call. What each step wrote is listed in the
+state, so ``--pack`` can put this device's evidence into one archive to bring back.
+
+"The same code" is a fingerprint of the package's and the tests' Python files and pyproject.toml, not the git
+commit: committing the results a node brought back must not make the node run everything again, and a node's
+copy of the checkout may have no git history at all.
+
+On the CPU the same chain runs on tiny presets in seconds (a rehearsal of its logic; its numbers stand for
+nothing), and the steps that need CUDA are reported as missing.
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from switchbench.analysis.train import default_preset, run_name
+from switchbench.bench.command import add_json, device_from_args, slug
+from switchbench.bench.environment import commit, device_name, environment
+from switchbench.bench.results import replace_atomically, writable_file, writable_folder, write_atomic
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: package, tests, pyproject.toml
+TUNED_TABLE = ROOT / "switchbench" / "models" / "data"
+LISTOPS_RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))  # the analysis pair and a second dense seed
+GPU_PROFILE = ("c4-262m-transformer-h16", "c4-262m-switchhead-h4")
+REPORT = "report"
+
+
+class StepFailed(Exception):
+    """A command of a step exited non-zero."""
+
+
+class OutOfBudget(Exception):
+    """A command of a step was stopped at the end of the budget."""
+
+
+@dataclass
+class Context:
+    """What a step runs with: the device, where results and models go, and the call's deadline."""
+
+    device: str
+    results: Path
+    runs: Path
+    deadline: float
+    log: Path
+    gpu: bool = field(init=False)
+
+    def __post_init__(self):
+        self.gpu = self.device == "cuda"
+
+    @property
+    def tag(self) -> str:
+        return slug(device_name(self.device))
+
+    def switchbench(self, *argv: str) -> dict | None:
+        """Run ``switchbench ARGV``; with ``--json`` among them, what it printed, parsed."""
+        out = self.command([sys.executable, "-m", "switchbench", *argv])
+        return json.loads(out) if "--json" in argv else None
+
+    def command(self, argv: list[str]) -> str:
+        """Run ``argv`` to its end or to the deadline, its output streamed to the log (and stdout); -> stdout."""
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise OutOfBudget(" ".join(argv[:4]))
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        with self.log.open("a") as log:
+            log.write(f"$ {' '.join(argv)}\n")
+            log.flush()
+            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                                       start_new_session=True)  # fmt: skip
+            killed = threading.Event()
+            timer = threading.Timer(remaining, _kill, [process, killed])
+            timer.start()
+            try:
+                out = process.stdout.read()
+                process.wait()
+            finally:
+                timer.cancel()
+            log.write(out)
+        if killed.is_set():
+            raise OutOfBudget(" ".join(argv[:4]))
+        if process.returncode:
+            raise StepFailed(f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})")
+        return out
+
+
+def _kill(process: subprocess.Popen, killed: threading.Event) -> None:
+    killed.set()
+    os.killpg(process.pid, signal.SIGKILL)  # the whole session: pytest workers, compile workers
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: its name, the figures it owes, its expected seconds on a GPU (on the CPU: 20), and what it runs."""
+
+    name: str
+    owes: str
+    gpu_seconds: float
+    run: Callable[[Context], object]
+    needs_gpu: bool = False
+
+
+# The steps
+
+
+def _tests(marker: str, cpu_file: str) -> Callable[[Context], object]:
+    def run(ctx: Context):
+        folder = ctx.results / "tests" / ctx.tag
+        folder.mkdir(parents=True, exist_ok=True)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        junit = folder / f"{marker.replace(' ', '-')}-{stamp}.xml"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        if ctx.gpu:
+            argv += ["-m", marker, str(ROOT / "tests")]
+            if importlib.util.find_spec("xdist"):
+                argv += ["-n", "8"]  # one GPU shared by 8 workers: the suite's tests are small
+        else:
+            argv.append(str(ROOT / "tests" / cpu_file))
+        try:
+            ctx.command(argv)
+        finally:
+            if junit.exists():
+                write_atomic(
+                    junit.with_suffix(".json"), json.dumps(_junit_summary(junit, ctx, marker), indent=2)
+                )
+
+    return run
+
+
+def _junit_summary(junit: Path, ctx: Context, marker: str) -> dict:
+    suite = ElementTree.parse(junit).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]  # fmt: skip
+    return {"metadata": environment(ctx.device) | {"selection": marker if ctx.gpu else "rehearsal"},
+            "counts": counts, "passed": counts["tests"] - sum(v for k, v in counts.items() if k != "tests"),
+            "failed": failed, "seconds": float(suite.get("time", 0))}  # fmt: skip
+
+
+def _kernel_tune(ctx: Context):
+    ctx.switchbench("kernel-tune")
+
+
+def _kernel_bench(ctx: Context):
+    sizes = ["47m", "262m"] if ctx.gpu else ["47m"]
+    extra = [] if ctx.gpu else ["--batch", "1", "--dtype", "fp32"]
+    ctx.switchbench("kernel-bench", "--sizes", *sizes, "--device", ctx.device, "--out", str(ctx.results / "kernels"),
+                    *extra)  # fmt: skip
+
+
+def _speed(compiled: bool = False) -> Callable[[Context], object]:
+    def run(ctx: Context):
+        cpu = ["--groups", "tiny", "--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
+        # the rehearsal compiles with the 'eager' backend: Dynamo's capture without Inductor's minutes
+        flags = (["--compile"] if ctx.gpu else ["--compile", "eager"]) if compiled else []
+        ctx.switchbench("speed", "--device", ctx.device, "--out", str(ctx.results / "speed"),
+                        *([] if ctx.gpu else cpu), *flags)  # fmt: skip
+
+    return run
+
+
+def _profile(ctx: Context):
+    presets = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
+    extra = [] if ctx.gpu else ["--steps", "1", "--warmup", "0"]
+    ctx.switchbench("profile", *presets, "--forward", "--device", ctx.device,
+                    "--out", str(ctx.results / "profile"), *extra)  # fmt: skip
+
+
+def _gate_baseline(ctx: Context):
+    """Two quick runs of the gate's layers on this device, pooled into its own baseline."""
+    rounds = [] if ctx.gpu else ["--rounds", "3"]
+    out = str(ctx.results / "speed-gate")
+    runs = [ctx.switchbench("speed", "--quick", "--device", ctx.device, "--out", out, "--json", *rounds)["saved"]
+            for _ in range(2)]  # fmt: skip
+    ctx.switchbench(
+        "check", *runs, "--write", "--baseline", str(ctx.results / "baselines" / f"{ctx.tag}.json")
+    )
+
+
+def _quality(ctx: Context):
+    extra = ["--quick"] if ctx.gpu else ["--steps", "2", "--seeds", "2", "--families", "dense", "switchhead"]
+    ctx.switchbench("quality", "--device", ctx.device, "--out", str(ctx.results / "quality"), *extra)
+
+
+def _listops_runs(ctx: Context) -> list[Path]:
+    return [
+        ctx.runs / run_name("listops", default_preset("listops", model), seed) for model, seed in LISTOPS_RUNS
+    ]
+
+
+def _listops(ctx: Context):
+    """The pair and the second dense seed, trained side by side: three small models leave a GPU mostly idle."""
+    steps = ["--steps", "10000", "--eval-every", "100"] if ctx.gpu else ["--steps", "2", "--eval-every", "2",
+                                                                         "--batch", "4"]  # fmt: skip
+    commands = [
+        [sys.executable, "-m", "switchbench", "train", "--task", "listops", "--model", model, "--seed", str(seed),
+         "--device", ctx.device, "--out", str(folder), "--force", *steps]
+        for (model, seed), folder in zip(LISTOPS_RUNS, _listops_runs(ctx), strict=True)
+    ]  # fmt: skip
+    failures = []
+    threads = [threading.Thread(target=_collect, args=(ctx, argv, failures)) for argv in commands]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+
+
+def _collect(ctx: Context, argv: list[str], failures: list) -> None:
+    try:
+        ctx.command(argv)
+    except (StepFailed, OutOfBudget) as error:
+        failures.append(error)
+
+
+def _analysis(ctx: Context):
+    checkpoints = [str(folder / "checkpoint.pt") for folder in _listops_runs(ctx)]
+    ctx.switchbench("analyze", *checkpoints, "--out", str(ctx.results / "analysis" / "listops"))
+
+
+def _report(ctx: Context):
+    ctx.switchbench("report", "--results", str(ctx.results), "--out", str(ctx.results / "report.html"))
+
+
+STEPS = (
+    Step(
+        "tests",
+        "the test suite passing on this device (fast tests)",
+        300,
+        _tests("not slow", "test_config.py"),
+    ),
+    Step("tests-slow", "the slow tests on this device", 480, _tests("slow", "test_scaling.py")),
+    Step(
+        "kernel-tune", "the shipped table of tuned Triton configurations", 240, _kernel_tune, needs_gpu=True
+    ),
+    Step("kernel-bench", "expert-matmul throughput at 47M and 262M against dense", 150, _kernel_bench),
+    Step(
+        "speed", "training-step and layer times, memory and ratios of the GPU groups (eager)", 360, _speed()
+    ),
+    Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
+    Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
+    Step("speed-compiled", "the GPU groups under torch.compile", 480, _speed(compiled=True)),
+    Step("quality", "quality --quick at equal parameters on this device", 240, _quality),
+    Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops),
+    Step("analysis", "routing analysis of the ListOps models", 120, _analysis),
+    Step(REPORT, "the report over all results", 60, _report),
+)
+
+
+# State: what is done for this code, on this device
+
+
+def fingerprint() -> str:
+    """A hash of the code that produces the figures: the package's and the tests' Python files, pyproject.toml."""
+    digest = hashlib.sha256()
+    files = sorted([*ROOT.glob("switchbench/**/*.py"), *ROOT.glob("tests/**/*.py"), ROOT / "pyproject.toml"])
+    for path in files:
+        if path.is_file():
+            digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def load_state(path: Path, code: str) -> dict:
+    """The state of this device's chain; steps of other code are dropped, their durations kept as estimates."""
+    state = json.loads(path.read_text()) if path.exists() else {}
+    durations = state.get("durations", {})
+    if state.get("fingerprint") != code:
+        return {"fingerprint": code, "steps": {}, "durations": durations, "calls": []}
+    return state
+
+
+def _save_state(path: Path, state: dict) -> None:
+    write_atomic(path, json.dumps(state, indent=2))
+
+
+def _snapshot(roots: list[Path]) -> dict[Path, tuple[int, int]]:
+    files = {}
+    for root in roots:
+        if root.exists():
+            for path in root.rglob("*"):
+                if path.is_file() and not path.name.endswith(".tmp"):
+                    stat = path.stat()
+                    files[path] = (stat.st_mtime_ns, stat.st_size)
+    return files
+
+
+def _written(before: dict, after: dict) -> list[str]:
+    return sorted(str(path) for path, stamp in after.items() if before.get(path) != stamp)
+
+
+# The chain
+
+
+def plan(
+    state: dict, device: str, only: list[str] | None, retry_failed: bool
+) -> tuple[list[Step], list[str]]:
+    """The steps this call will try, in order, and a line for each step it leaves out and why."""
+    todo, notes = [], []
+    for step in STEPS:
+        done = state["steps"].get(step.name, {})
+        if only and step.name not in only:
+            continue
+        if step.needs_gpu and device != "cuda":
+            notes.append(f"{step.name}: needs a CUDA GPU")
+        elif done.get("status") == "done":
+            notes.append(f"{step.name}: done for this code ({done['finished']})")
+        elif done.get("status") == "failed" and not retry_failed:
+            notes.append(
+                f"{step.name}: failed for this code ({done['detail']}); --retry-failed runs it again"
+            )
+        else:
+            todo.append(step)
+    return todo, notes
+
+
+def expected_seconds(step: Step, state: dict, device: str) -> float:
+    """The step's last duration on this device, else its declared estimate (20 s for the CPU rehearsal)."""
+    return state["durations"].get(step.name, step.gpu_seconds if device == "cuda" else 20.0)
+
+
+def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | None = None,
+              retry_failed: bool = False, say=print) -> dict:  # fmt: skip
+    """Run what is left within ``budget`` seconds; the report (when anything ran) keeps its time at the end."""
+    state = load_state(state_path, fingerprint())
+    todo, notes = plan(state, ctx.device, only, retry_failed)
+    say(f"evidence chain on {device_name(ctx.device)} (code {state['fingerprint']}), budget {budget:.0f} s")
+    for note in notes:
+        say(f"  skip   {note}")
+    for step in todo:
+        say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
+    start, ran = time.monotonic(), []
+    ctx.deadline = start + budget
+    # the report is redrawn whenever a step ran, and keeps its time for that at the end of the budget
+    report = next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
+    reserve = expected_seconds(report, state, ctx.device) if report else 0.0
+    for step in [s for s in todo if s.name != REPORT]:
+        left = ctx.deadline - time.monotonic() - reserve
+        need = expected_seconds(step, state, ctx.device)
+        if need > left:
+            say(
+                f"stopping before {step.name}: it needs about {need:.0f} s, {max(left, 0):.0f} s of the budget left"
+            )
+            break
+        ran.append(_run_step(step, ctx, state, state_path, say))
+        if ran[-1] == "interrupted":
+            break
+    if report and (ran or report in todo):
+        ctx.deadline = max(ctx.deadline, time.monotonic() + reserve)  # the report's reserved time
+        _run_step(report, ctx, state, state_path, say)
+    missing = missing_figures(state, ctx.device)
+    say("still missing:" if missing else "every figure of the chain is done for this code")
+    for line in missing:
+        say(f"  {line}")
+    return state
+
+
+def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> str:
+    say(f"== {step.name}: {step.owes}")
+    roots = [ctx.results, ctx.runs, TUNED_TABLE]
+    before, started = _snapshot(roots), time.monotonic()
+    record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
+    try:
+        step.run(ctx)
+        status, detail = "done", ""
+    except OutOfBudget:
+        status, detail = "interrupted", "stopped at the end of the budget"
+    except StepFailed as error:
+        status, detail = "failed", str(error)
+    seconds = time.monotonic() - started
+    record |= {"status": status, "detail": detail, "seconds": round(seconds, 1),
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": _written(before, _snapshot(roots))}  # fmt: skip
+    state["steps"][step.name] = record
+    # an interrupted step ran at least this long: the next call starts it only with as much time ahead
+    state["durations"][step.name] = round(max(seconds, state["durations"].get(step.name, 0.0))
+                                          if status == "interrupted" else seconds, 1)  # fmt: skip
+    _save_state(state_path, state)
+    say(f"   {status} in {seconds:.0f} s{': ' + detail if detail else ''}")
+    return status
+
+
+def missing_figures(state: dict, device: str) -> list[str]:
+    lines = []
+    for step in STEPS:
+        done = state["steps"].get(step.name, {})
+        if done.get("status") != "done":
+            why = "needs a CUDA GPU" if step.needs_gpu and device != "cuda" else done.get("status", "not run")
+            lines.append(f"{step.owes} ({step.name}: {why})")
+    return lines
+
+
+def pack(state: dict, state_path: Path, archive: Path, results: Path) -> Path:
+    """Every file the chain wrote for this code, its state and log, in one .tar.gz; paths as seen from here."""
+    files = {Path(f) for record in state["steps"].values() for f in record.get("files", [])}
+    files |= {state_path, state_path.with_name("log.txt")}
+
+    def write(tmp: Path):
+        with tarfile.open(tmp, "w:gz") as tar:
+            for path in sorted(p for p in files if p.exists()):
+                tar.add(path, arcname=_arcname(path, results))
+
+    return replace_atomically(archive, write)
+
+
+def _arcname(path: Path, results: Path) -> str:
+    """The file's path from here (the checkout, as a node runs the chain), else from the checkout's root or the
+    results folder's parent: an archive holds no absolute paths and no '..'."""
+    path = path.resolve()
+    for base in (Path.cwd(), ROOT, results.resolve().parent):
+        if path.is_relative_to(base):
+            return path.relative_to(base).as_posix()
+    return path.name
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "evidence",
+        help="every figure a GPU owes: tests, kernels, speed, profile, gate, quality, ListOps, report",
+    )
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available; "
+                        "on the CPU a rehearsal on tiny presets")  # fmt: skip
+    parser.add_argument("--budget", type=float, default=540.0, help="seconds for this call (default 540)")
+    parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], help="these steps alone")
+    parser.add_argument("--retry-failed", action="store_true", help="run failed steps again")
+    parser.add_argument("--results", default="results", help="where the figures go (default: results)")
+    parser.add_argument("--runs", default="runs", help="where the ListOps models are trained (default: runs)")
+    parser.add_argument(
+        "--pack", metavar="FILE.tar.gz", help="then write what the chain wrote into one archive"
+    )
+    parser.add_argument("--list", action="store_true", help="print the plan and what is missing; run nothing")
+    add_json(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    device = device_from_args(args.device)
+    if args.budget <= 0:
+        raise ValueError(f"--budget must be > 0 seconds; got {args.budget}")
+    results = writable_folder(Path(args.results), "--results")
+    runs = writable_folder(Path(args.runs), "--runs")
+    if args.pack:
+        writable_file(Path(args.pack), "--pack")
+    folder = results / "evidence" / slug(device_name(device))
+    state_path = folder / "state.json"
+    if args.list:
+        state = load_state(state_path, fingerprint())
+        todo, notes = plan(state, device, args.only, args.retry_failed)
+        lines = [f"skip {n}" for n in notes] + [f"to do {s.name}: {s.owes}" for s in todo]
+        _print(args, {"plan": lines, "missing": missing_figures(state, device)})
+        return 0
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = Context(device, results, runs, 0.0, folder / "log.txt")
+    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    state = run_chain(ctx, state_path, args.budget, args.only, args.retry_failed, say)
+    packed = str(pack(state, state_path, Path(args.pack), results)) if args.pack else None
+    if packed:
+        say(f"packed {packed}")
+    failed = [name for name, record in state["steps"].items() if record["status"] == "failed"]
+    if args.json:
+        print(
+            json.dumps(
+                {"state": state, "missing": missing_figures(state, device), "packed": packed}, indent=2
+            )
+        )
+    return 1 if failed else 0
+
+
+def _print(args, payload: dict) -> None:
+    if args.json:
+        print(json.dumps(payload, indent=2))
+        return
+    print("\n".join(payload["plan"]))
+    print("still missing:" if payload["missing"] else "nothing missing")
+    print("\n".join(f"  {line}" for line in payload["missing"]))
