@@ -83,16 +83,16 @@ class Context:
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
-            process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                                       start_new_session=True)  # fmt: skip
             killed = threading.Event()
-            timer = threading.Timer(remaining, _kill, [process, killed])
-            timer.start()
-            try:
-                out = process.stdout.read()
-                process.wait()
-            finally:
-                timer.cancel()
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
+                                  start_new_session=True) as process:  # fmt: skip
+                timer = threading.Timer(remaining, _kill, [process, killed])
+                timer.start()
+                try:
+                    out = process.stdout.read()
+                    process.wait()
+                finally:
+                    timer.cancel()
             log.write(out)
         if killed.is_set():
             raise OutOfBudget(" ".join(argv[:4]))
@@ -108,13 +108,14 @@ def _kill(process: subprocess.Popen, killed: threading.Event) -> None:
 
 @dataclass(frozen=True)
 class Step:
-    """One step: its name, the figures it owes, its expected seconds on a GPU (on the CPU: 20), and what it runs."""
+    """One step: its name, the figures it owes, its expected seconds on a GPU, and what it runs."""
 
     name: str
     owes: str
     gpu_seconds: float
     run: Callable[[Context], object]
     needs_gpu: bool = False
+    cpu_seconds: float = 20.0  # the rehearsal's
 
 
 # The steps
@@ -333,8 +334,8 @@ def plan(
 
 
 def expected_seconds(step: Step, state: dict, device: str) -> float:
-    """The step's last duration on this device, else its declared estimate (20 s for the CPU rehearsal)."""
-    return state["durations"].get(step.name, step.gpu_seconds if device == "cuda" else 20.0)
+    """The step's last duration on this device, else its declared estimate."""
+    return state["durations"].get(step.name, step.gpu_seconds if device == "cuda" else step.cpu_seconds)
 
 
 def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | None = None,

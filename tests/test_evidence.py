@@ -1,0 +1,179 @@
+"""The GPU evidence chain's logic on the CPU: budget, stop, resume, skip, failures, the missing list, the archive.
+
+Most tests run the chain over stand-in steps (small Python subprocesses that write a file), so what is checked is
+the chain itself; the last one runs the real rehearsal on tiny presets end to end, stopped once by its budget."""
+
+import json
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from switchbench import evidence
+from switchbench.cli import main
+
+
+def _writer(name: str, seconds: float = 0.0, code: int = 0):
+    """A step that appends a line to results/<name>.txt after ``seconds``, then exits ``code``."""
+
+    def run(ctx: evidence.Context):
+        target = ctx.results / f"{name}.txt"
+        script = (f"import time, pathlib; time.sleep({seconds}); p = pathlib.Path({str(target)!r}); "
+                  f"p.write_text(p.read_text() + 'x' if p.exists() else 'x'); raise SystemExit({code})")  # fmt: skip
+        ctx.command([sys.executable, "-c", script])
+
+    return run
+
+
+def _steps(*steps: evidence.Step) -> tuple:
+    return (*steps, evidence.Step(evidence.REPORT, "the report", 1, _writer("report"), cpu_seconds=0.5))
+
+
+def _chain(tmp_path: Path, budget: float, **kwargs) -> dict:
+    ctx = evidence.Context("cpu", tmp_path / "results", tmp_path / "runs", 0.0, tmp_path / "log.txt")
+    ctx.results.mkdir(exist_ok=True)
+    lines = []
+    state = evidence.run_chain(ctx, tmp_path / "state.json", budget, say=lines.append, **kwargs)
+    return state | {"said": lines}
+
+
+def _runs(tmp_path: Path, name: str) -> int:
+    path = tmp_path / "results" / f"{name}.txt"
+    return len(path.read_text()) if path.exists() else 0
+
+
+def test_a_budget_stops_before_a_step_that_does_not_fit_and_the_next_call_resumes(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(
+        evidence.Step("a", "figure A", 1, _writer("a"), cpu_seconds=0.5),
+        evidence.Step("b", "figure B", 1, _writer("b"), cpu_seconds=60),
+        evidence.Step("c", "figure C", 1, _writer("c"), cpu_seconds=0.5),
+    ))  # fmt: skip
+    first = _chain(tmp_path, budget=20)
+    assert [_runs(tmp_path, n) for n in "abc"] == [1, 0, 0] and _runs(tmp_path, "report") == 1
+    assert any(line.startswith("stopping before b: it needs about 60 s") for line in first["said"])
+    assert evidence.missing_figures(first, "cpu") == ["figure B (b: not run)", "figure C (c: not run)"]
+    second = _chain(tmp_path, budget=200)
+    assert [_runs(tmp_path, n) for n in "abc"] == [1, 1, 1] and _runs(tmp_path, "report") == 2
+    assert any(line.startswith("  skip   a: done for this code") for line in second["said"])
+    assert second["said"][-1] == "every figure of the chain is done for this code"
+    third = _chain(tmp_path, budget=200)  # nothing left: nothing runs, not even the report
+    assert [_runs(tmp_path, n) for n in ("a", "b", "c", "report")] == [1, 1, 1, 2]
+    assert third["steps"]["a"]["files"] == [str(tmp_path / "results" / "a.txt")]
+
+
+def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("slow", "figure S", 1, _writer("slow", 30),
+                                                                cpu_seconds=0.1)))  # fmt: skip
+    start = time.monotonic()
+    state = _chain(tmp_path, budget=2)
+    assert time.monotonic() - start < 10 and _runs(tmp_path, "slow") == 0  # killed, nothing written
+    assert state["steps"]["slow"]["status"] == "interrupted" and state["durations"]["slow"] >= 1.5
+    assert _runs(tmp_path, "report") == 1  # the report still ran, in its reserved time
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("slow", "figure S", 1, _writer("slow"))))
+    assert _chain(tmp_path, budget=60)["steps"]["slow"]["status"] == "done" and _runs(tmp_path, "slow") == 1
+
+
+def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(
+        evidence.Step("bad", "figure X", 1, _writer("bad", code=3), cpu_seconds=0.5),
+        evidence.Step("good", "figure G", 1, _writer("good"), cpu_seconds=0.5),
+    ))  # fmt: skip
+    state = _chain(tmp_path, budget=60)
+    assert state["steps"]["bad"]["status"] == "failed" and "exited 3" in state["steps"]["bad"]["detail"]
+    assert state["steps"]["good"]["status"] == "done"  # a failure does not stop the chain
+    again = _chain(tmp_path, budget=60)
+    assert _runs(tmp_path, "bad") == 1 and any("bad: failed for this code" in line for line in again["said"])
+    _chain(tmp_path, budget=60, retry_failed=True)
+    assert _runs(tmp_path, "bad") == 2 and _runs(tmp_path, "good") == 1
+
+
+def test_new_code_runs_everything_again_with_the_old_durations_as_estimates(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("a", "figure A", 1, _writer("a"))))
+    _chain(tmp_path, budget=60)
+    monkeypatch.setattr(evidence, "fingerprint", lambda: "other code")
+    state = _chain(tmp_path, budget=60)
+    assert _runs(tmp_path, "a") == 2 and state["fingerprint"] == "other code" and "a" in state["durations"]
+
+
+def test_a_step_that_needs_a_gpu_is_missing_on_the_cpu(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("tune", "tuned table", 1, _writer("t"),
+                                                                needs_gpu=True)))  # fmt: skip
+    state = _chain(tmp_path, budget=60)
+    assert _runs(tmp_path, "t") == 0
+    assert evidence.missing_figures(state, "cpu") == ["tuned table (tune: needs a CUDA GPU)"]
+
+
+def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_paths(tmp_path, monkeypatch):
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("a", "figure A", 1, _writer("a"))))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "old.csv").write_text("an earlier run")
+    state = _chain(tmp_path, budget=60)
+    monkeypatch.chdir(tmp_path)
+    archive = evidence.pack(state, tmp_path / "state.json", tmp_path / "out.tar.gz", tmp_path / "results")
+    with tarfile.open(archive) as tar:
+        names = sorted(tar.getnames())
+    assert names == ["log.txt", "results/a.txt", "results/report.txt", "state.json"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--budget", "0"], "--budget must be > 0"),
+    (["--results", "/proc/no-such"], "--results /proc/no-such"),
+    (["--pack", "/proc/x.tar.gz"], "--pack /proc/x.tar.gz"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["evidence", "--device", "cpu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
+
+
+def test_the_fingerprint_follows_the_code_not_the_results(tmp_path, monkeypatch):
+    root = tmp_path / "checkout"
+    (root / "switchbench").mkdir(parents=True)
+    (root / "switchbench" / "a.py").write_text("x = 1")
+    (root / "pyproject.toml").write_text("")
+    monkeypatch.setattr(evidence, "ROOT", root)
+    before = evidence.fingerprint()
+    (root / "results").mkdir()
+    (root / "results" / "speed.json").write_text("{}")
+    assert evidence.fingerprint() == before
+    (root / "switchbench" / "a.py").write_text("x = 2")
+    assert evidence.fingerprint() != before
+
+
+@pytest.mark.slow
+def test_the_rehearsal_runs_every_step_on_tiny_presets_across_two_calls(tmp_path, capsys):
+    """The real chain on the CPU: a first call stopped by its budget, a second that finishes; every step but
+    kernel-tune (CUDA only) done, each with the files it owes, and the archive of all of it."""
+    common = [
+        "evidence",
+        "--device",
+        "cpu",
+        "--results",
+        str(tmp_path / "results"),
+        "--runs",
+        str(tmp_path / "runs"),
+    ]
+    assert main([*common, "--budget", "40"]) == 0
+    first = capsys.readouterr().out
+    assert "stopping before" in first and "still missing:" in first
+    assert main([*common, "--budget", "1500", "--pack", str(tmp_path / "evidence.tar.gz"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    steps = out["state"]["steps"]
+    assert {name for name, record in steps.items() if record["status"] == "done"} == {
+        s.name for s in evidence.STEPS if not s.needs_gpu
+    }
+    assert out["missing"] == [
+        "the shipped table of tuned Triton configurations (kernel-tune: needs a CUDA GPU)"
+    ]
+    results = tmp_path / "results"
+    for folder in ("kernels", "speed", "profile", "quality", "tests", "speed-gate"):
+        assert any((results / folder).rglob("*.json")), folder
+    assert (results / "baselines").glob("*.json") and (results / "report.html").exists()
+    summary = json.loads(next((results / "tests").rglob("*.json")).read_text())
+    assert summary["passed"] > 0 and summary["failed"] == []
+    with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
+        names = tar.getnames()
+    assert "results/report.html" in names and not any(n.startswith(("/", "..")) for n in names)
