@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from switchbench import main_job
+from switchbench import main_job, wheelhouse
 from switchbench.analysis import analyze, quality, train
 from switchbench.bench import gate, kernel_check, kernel_tune, kernels, params, scaling, speed, tables
 from switchbench.bench.command import check_expert_matmul_env
@@ -25,6 +25,7 @@ COMMANDS = (
     analyze,
     report,
     main_job,
+    wheelhouse,
 )
 
 
