@@ -1,9 +1,14 @@
 """``switchbench wheelhouse``: what goes into the wheelhouse of an offline GPU node, and what the node keeps."""
 
+import importlib.metadata
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from switchbench import wheelhouse
 from switchbench.cli import main
@@ -124,3 +129,88 @@ def test_a_folder_that_is_not_one_is_exit_2_in_one_line(tmp_path, capsys, where,
 def test_a_source_that_is_not_the_checkout_is_exit_2(tmp_path, capsys):
     assert main(["wheelhouse", str(tmp_path / "house"), "--source", str(tmp_path)]) == 2
     assert "no pyproject.toml there" in capsys.readouterr().err
+
+
+def _installed_with_requirements(names: list[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions ``names`` installed here, and those they require here, recursively."""
+    found, todo = {}, list(names)
+    while todo:
+        dist = importlib.metadata.distribution(todo.pop())
+        if wheelhouse.canonical(dist.metadata["Name"]) not in found:
+            found[wheelhouse.canonical(dist.metadata["Name"])] = dist
+            requirements = (Requirement(r) for r in dist.requires or [])
+            todo += [r.name for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
+    return list(found.values())
+
+
+def _node_site(folder: Path, names: list[str]) -> Path:
+    """A site folder of links to this environment's installed files of ``names`` and their requirements."""
+    folder.mkdir()
+    for dist in _installed_with_requirements(names):
+        tops = {Path(f).parts[0] for f in dist.files} - {"..", "__pycache__"}
+        for top in tops - {p.name for p in folder.iterdir()}:
+            (folder / top).symlink_to(Path(dist.locate_file(top)))
+    return folder
+
+
+def _registry_reachable(tmp_path: Path) -> bool:
+    probe = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--quiet",
+        "--dest",
+        str(tmp_path),
+        "tabulate",
+    ]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes_own_torch(tmp_path):
+    """The node is emulated by a fresh virtual environment that sees, through a .pth file, a folder of links to
+    this environment's torch with what torch requires, and the binary packages the helper says the node must
+    already have (numpy, pandas, matplotlib ...): as a venv made with --system-site-packages sees a node's own.
+    It lacks everything else, fvcore and its dependencies and switchbench included. pip reads no configuration
+    (no index, no find-links of this machine) and is given --no-index: the wheelhouse alone must complete it."""
+    if not _registry_reachable(tmp_path / "probe"):
+        pytest.skip("the package registry is unreachable: the wheelhouse is built from it")
+    house = wheelhouse.build(tmp_path / "wheelhouse", ROOT)
+    files = {wheelhouse.canonical(w.split("-")[0]): w for w in house.wheels}  # name-version-tags.whl
+    assert {"switchbench", "fvcore", "iopath", "yacs", "termcolor", "tabulate", "setuptools"} <= set(files)
+    assert all(wheelhouse.is_pure(w) and not wheelhouse.is_node_own(n) for n, w in files.items())
+    node_own = [wheelhouse.requirement_name(line) for line in house.node_must_have]
+    assert node_own[0] == "torch" and "numpy" in node_own
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    node_site = _node_site(tmp_path / "node-site", node_own)
+    Path(site, "node.pth").write_text(f"{node_site}\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_CONFIG_FILE": os.devnull}
+    pip = [python, "-m", "pip", "install", "--no-index", "--find-links", str(house.folder), "switchbench"]
+    done = subprocess.run(pip, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def on_the_node(*command):
+        return subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, env=env)
+
+    where = on_the_node(python, "-c", "import fvcore, switchbench, torch as t; print(switchbench.__file__, "
+                        "fvcore.__file__, t.__file__)").stdout.split()  # fmt: skip
+    assert where[0].startswith(site) and where[1].startswith(site)  # from the wheelhouse
+    assert where[2].startswith(str(node_site))  # the node's own
+    presets = on_the_node(venv / "bin" / "switchbench", "presets")
+    assert presets.returncode == 0 and "tiny-switchhead" in presets.stdout, presets.stderr
+    count = on_the_node(venv / "bin" / "switchbench", "count", "tiny-switchhead", "--json")
+    assert count.returncode == 0, count.stderr
+    views = json.loads(count.stdout)
+    assert (
+        views["macs_fvcore"] == views["macs_exact"] == views["macs_flop_counter"]
+    )  # fvcore of the wheelhouse
