@@ -217,8 +217,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--python-version", type=_python_version,
                         help="also fetch binary wheels for this Python (e.g. 3.12)")  # fmt: skip
     parser.add_argument("--platform", action="append", default=[], dest="platforms",
-                        help="also fetch binary wheels for this platform tag (e.g. manylinux2014_x86_64); "
-                             "repeat for several")  # fmt: skip
+                        help="also fetch binary wheels for this platform tag; pip matches tags literally, so give "
+                             "each the node accepts: --platform manylinux_2_28_x86_64 --platform "
+                             "manylinux2014_x86_64")  # fmt: skip
 
 
 def register(commands) -> None:
