@@ -4,7 +4,7 @@ import argparse
 import os
 import sys
 
-from switchbench import evidence, main_job
+from switchbench import evidence, main_job, wheelhouse
 from switchbench.analysis import analyze, quality, train
 from switchbench.bench import (
     gate,
@@ -37,6 +37,7 @@ COMMANDS = (
     report,
     main_job,
     evidence,
+    wheelhouse,
 )
 
 

@@ -1,12 +1,13 @@
 """The exact analytic count equals three independent measurements on the real modules."""
 
 import json
+import sys
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from switchbench.bench import measure
+from switchbench.bench import measure, tables
 from switchbench.bench.accounting import exact_cost, paper_cost
 from switchbench.cli import main
 from switchbench.models.config import ModelConfig
@@ -98,3 +99,45 @@ def test_cli_count(capsys):
     assert {r["preset"] for r in out["published"]} == {"c4-262m-switchhead-h4", "pes2o-262m-switchhead-h4"}
     assert out["macs_paper"] == 2_358_116_352 and out["mem_paper"] == 5_578_752
     assert out["macs_exact"] == out["macs_fvcore"] == out["macs_flop_counter"]
+
+
+@pytest.fixture
+def without_fvcore(monkeypatch):
+    """A node without fvcore: every import of it fails with ModuleNotFoundError, as when it is not installed
+    (None in sys.modules halts the import, also of a submodule imported earlier in this process)."""
+    for name in ["fvcore"] + [n for n in sys.modules if n.startswith("fvcore.")]:
+        monkeypatch.setitem(sys.modules, name, None)
+    measure.cost_views.cache_clear()
+    yield
+    measure.cost_views.cache_clear()
+
+
+def test_without_fvcore_count_says_so_and_the_other_counters_count(without_fvcore, capsys):
+    assert main(["count", "tiny-switchhead", "--json"]) == 0
+    views = json.loads(capsys.readouterr().out)
+    assert views["macs_fvcore"] == "fvcore not installed"
+    assert (
+        views["macs_exact"] == views["macs_flop_counter"] and views["mem_exact"] == views["mem_saved_floats"]
+    )
+    assert main(["count", "tiny-switchhead"]) == 0
+    assert "fvcore not installed" in capsys.readouterr().out
+
+
+def test_without_fvcore_the_tables_compare_what_was_measured_and_name_the_missing_counter(without_fvcore):
+    views = measure.cost_views(PRESETS["tiny-switchhead"])
+    assert views["macs_fvcore"] == "fvcore not installed"
+    assert tables.measured_agree(views) == "yes, without fvcore"
+    assert (
+        tables.measured_agree(views | {"macs_flop_counter": views["macs_exact"] + 1}) == "NO, without fvcore"
+    )
+    assert (
+        tables.measured_agree(views | {"macs_flop_counter": "OOM", "mem_saved_floats": "OOM"})
+        == "not measured"
+    )
+
+
+def test_the_agreement_of_a_full_measurement():
+    views = {"macs_exact": 7, "macs_fvcore": 7, "macs_flop_counter": 7, "mem_exact": 3, "mem_saved_floats": 3}
+    assert tables.measured_agree(views) == "yes"
+    assert tables.measured_agree(views | {"macs_fvcore": 8}) == "NO"
+    assert tables.measured_agree(views | {"mem_saved_floats": "OOM"}) == "yes, without saved-tensor hooks"

@@ -104,6 +104,15 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
 
 
+def test_a_row_measured_without_fvcore_says_which_counter_did_not_run(fixture_results, tmp_path):
+    path = fixture_results / "tables" / "table2.csv"
+    with open(path, newline="") as f:
+        (row,) = csv.DictReader(f)
+    _csv(path, [row | {"macs_fvcore": "fvcore not installed", "measured_agree": "yes, without fvcore"}])
+    page = write_report(fixture_results, tmp_path / "report.html", {"device": "cpu"}).read_text()
+    assert "with C = 2; measurements agree: yes, without fvcore" in page
+
+
 def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
     lines = {line.claim: line for line in summary.lines(collect(fixture_results))}
     # the abstract's 44% / 27% against the paper's convention (within the printed digit) and this implementation

@@ -3,6 +3,7 @@
 Three independent measurements: fvcore's FlopCountAnalysis (TorchScript trace, MACs), torch's FlopCounterMode
 (dispatched ops, FLOPs / 2) and saved-tensor hooks (floats autograd keeps, storages de-duplicated, parameters
 excluded). Ops neither counter knows are given formulas here; any other op that could hide MACs is an error.
+fvcore is optional: where it is not installed its cells say so, and the other two still count.
 The speed gate also counts the operator calls of a layer step with the PyTorch profiler.
 """
 
@@ -88,13 +89,27 @@ def _sdpa_macs(q_shape, k_shape) -> int:
     return 2 * int(torch.Size(batch).numel()) * t * k_shape[-2] * d_head
 
 
-def fvcore_macs(cfg: ModelConfig) -> int:
-    # Imported here: fvcore is not on every GPU machine, and the speed harness imports this module.
+def _fvcore():
+    """fvcore's counter and shape reader. Imported here: fvcore is optional on a GPU node (a source distribution
+    only, its dependencies not always there), and every command imports this module."""
     with warnings.catch_warnings():  # fvcore's import touches the deprecated torch.jit.script
         warnings.simplefilter("ignore", DeprecationWarning)
         from fvcore.nn import FlopCountAnalysis
         from fvcore.nn.jit_handles import get_shape
+    return FlopCountAnalysis, get_shape
 
+
+def fvcore_missing() -> str | None:
+    """None when fvcore can count, else the note its cells show (e.g. "fvcore not installed")."""
+    try:
+        _fvcore()
+    except ModuleNotFoundError as error:  # fvcore itself, or one of its dependencies (iopath, yacs ...)
+        return f"{(error.name or 'fvcore').split('.')[0]} not installed"
+    return None
+
+
+def fvcore_macs(cfg: ModelConfig) -> int:
+    FlopCountAnalysis, get_shape = _fvcore()
     layer, x, mem, window = layer_and_inputs(cfg)
     analysis = FlopCountAnalysis(_Traceable(layer, window), (x, mem))
     analysis.set_op_handle(
@@ -196,7 +211,8 @@ def attention_kernel(fn: Callable) -> str:
 @cache
 def cost_views(cfg: ModelConfig) -> dict:
     """Every count of one configuration: the paper's convention and printed equations, the exact analytic count,
-    and the three measurements (each "OOM" where the layer does not fit in memory)."""
+    and the three measurements (each "OOM" where the layer does not fit in memory; fvcore's a note where it is
+    not installed)."""
     paper, printed, exact = (
         accounting.paper_cost(cfg),
         accounting.printed_cost(cfg),
@@ -206,7 +222,7 @@ def cost_views(cfg: ModelConfig) -> dict:
         "macs_paper": paper.macs,
         "macs_printed_eq": None if printed is None else printed.macs,
         "macs_exact": exact.macs,
-        "macs_fvcore": _or_oom(fvcore_macs, cfg),
+        "macs_fvcore": fvcore_missing() or _or_oom(fvcore_macs, cfg),
         "macs_flop_counter": _or_oom(flop_counter_macs, cfg),
         "mem_paper": paper.mem,
         "mem_printed_eq": None if printed is None else printed.mem,
