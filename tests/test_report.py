@@ -79,6 +79,7 @@ def fixture_results(tmp_path) -> Path:
     _csv(analysis / "training_log.csv", [{"model": "m", "step": 100, "val_accuracy": 0.42}])
     (analysis / "metadata.json").write_text(json.dumps({"device": "test cpu", "commit": "abc", "checkpoints": [
         {"path": "runs/m/checkpoint.pt", "step": 100, "train": {"steps": 100, "device": "cpu"}}]}))  # fmt: skip
+    (analysis / "explorer.html").write_text("<!DOCTYPE html><title>explorer</title>")
     _png(analysis / "similarity.png", "similarity")
     _csv(analysis / "similarity.csv", [
         {"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": r, "js_distance": js, "rows": 9}
@@ -100,6 +101,7 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     assert page.count("data:image/png;base64,") == 7
     assert "http://" not in page and "https://" not in page
     assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
+    assert '<a href="results/analysis/listops/explorer.html">Routing explorer</a>' in page
 
 
 def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
