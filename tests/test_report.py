@@ -80,6 +80,9 @@ def fixture_results(tmp_path) -> Path:
     (analysis / "metadata.json").write_text(json.dumps({"device": "test cpu", "commit": "abc", "checkpoints": [
         {"path": "runs/m/checkpoint.pt", "step": 100, "train": {"steps": 100, "device": "cpu"}}]}))  # fmt: skip
     (analysis / "explorer.html").write_text("<!DOCTYPE html><title>explorer</title>")
+    _csv(root / "analysis" / "text" / "preferences.csv", [{"model": "lm", "layer": 1, "module": "attn", "head": 0,
+                                                          "side": "src", "expert": 2, "token": "␣", "lift": 4.25,
+                                                          "share": 0.8, "count": 300}])  # fmt: skip
     _png(analysis / "similarity.png", "similarity")
     _csv(analysis / "similarity.csv", [
         {"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": r, "js_distance": js, "rows": 9}
@@ -102,6 +105,15 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     assert "http://" not in page and "https://" not in page
     assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
     assert '<a href="results/analysis/listops/explorer.html">Routing explorer</a>' in page
+    beside = page[
+        page.index('id="preferences-by-task"') : page.index("<h3>listops</h3>")
+    ]  # ListOps' and text's
+    assert (
+        "<h4>listops</h4>" in beside
+        and "<h4>text</h4>" in beside
+        and "× 4.25" in beside
+        and "× 3.50" in beside
+    )
 
 
 def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
