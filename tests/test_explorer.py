@@ -19,7 +19,7 @@ from switchbench.models.presets import PRESETS
 
 LISTOPS = ("listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4")
 TEXT = ("tiny-transformer", "tiny-switchhead")
-HOSTILE = "<b>&amp;</b><!-- \"q\" 's'\n"  # bytes a page could mistake for markup; within the tiny models' 32
+HOSTILE = "<b>&amp;</b><!-- \"q\" 's'\n"  # 25 bytes a page could take for markup, within a tiny model's 32
 STEP = 1 / explorer.LEVELS  # the page keeps attention in these steps
 GATE_STEP = 1 / explorer.GATE_SCALE
 
@@ -59,7 +59,7 @@ def test_inline_data_cannot_end_its_script_element():
 
 def test_the_policy_allows_the_page_script_only_and_text_is_escaped():
     record = {"maps": torch.full((1, 1, 2, 2), 0.5)}
-    model = {"name": "<i>m</i>", "attention": "dense", "heads": 1, "experts": 0, "trained": "untrained",
+    model = {"name": "<i>m</i>", "attention": "dense", "heads": 1, "trained": "untrained",
              "sides": {}, "sequences": [explorer.layers([record])]}  # fmt: skip
     page = explorer.render("t", [{"name": "</script>", "tokens": ["<", "&"], "line_ends": []}], [model])
     script = re.search(r"<script>(.*?)</script>", page, re.S).group(1)

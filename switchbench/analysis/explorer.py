@@ -76,8 +76,8 @@ def sides(cfg: ModelConfig) -> dict[str, str]:
 
 def model(name: str, cfg: ModelConfig, trained: str, sequences: list[list[dict]]) -> dict:
     """One model's entry: ``sequences[s][layer]`` as made by :func:`layers`."""
-    return {"name": name, "attention": cfg.attention, "heads": cfg.n_heads, "experts": cfg.n_experts,
-            "trained": trained, "sides": sides(cfg), "sequences": sequences}  # fmt: skip
+    return {"name": name, "attention": cfg.attention, "heads": cfg.n_heads, "trained": trained,
+            "sides": sides(cfg), "sequences": sequences}  # fmt: skip
 
 
 def render(title: str, sequences: list[dict], models: list[dict]) -> str:
