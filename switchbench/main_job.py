@@ -1,6 +1,7 @@
 """``switchbench all``: the main job, a declared sequence of steps over the embedded default.
 
-Tables and the cost sweep, speed on this device, the ListOps analysis pair trained and analysed, the report.
+Tables and the cost sweep, speed on this device, the ListOps analysis pair and a byte-level text pair trained and
+analysed, the report.
 A quick run writes to folders of its own (``results-quick/``, ``runs-quick/``, ignored by git), so it never
 replaces the committed results with shorter runs; a full run refreshes ``results/``.
 """
@@ -24,6 +25,10 @@ from switchbench.reports.report import report_environment, write_report
 
 # The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.
 RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))
+# Beside it a byte-level text pair, whose token preferences anyone can read (spaces, punctuation, capitals, line
+# ends); the folder of each task's analysis under results/analysis/.
+TASKS = {"listops": RUNS, "lm": (("dense", 0), ("switchhead", 0))}
+FOLDERS = {"listops": "listops", "lm": "text"}
 
 
 @dataclass(frozen=True)
@@ -65,26 +70,28 @@ def _speed(args, results: Path, runs: Path) -> str:
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
-def _trainer(model: str, seed: int) -> Callable:
+def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
-        preset = default_preset("listops", model)
-        cfg = TrainConfig("listops", preset, steps=_steps(args), seed=seed, eval_every=50 if args.quick else 100,
+        preset = default_preset(task, model)
+        cfg = TrainConfig(task, preset, steps=_steps(args), seed=seed, eval_every=50 if args.quick else 100,
                           device=device_from_args(None))  # fmt: skip
-        return train(cfg, runs / run_name("listops", preset, seed), progress=not args.json)
+        return train(cfg, runs / run_name(task, preset, seed), progress=not args.json)
 
     return step
 
 
-def _run_names() -> list[str]:
-    return [run_name("listops", default_preset("listops", model), seed) for model, seed in RUNS]
+def _run_names(task: str = "listops") -> list[str]:
+    return [run_name(task, default_preset(task, model), seed) for model, seed in TASKS[task]]
 
 
-def _analysis(args, results: Path, runs: Path) -> int:
-    sample = 64 if args.quick else 256
-    checkpoints = [runs / name / "checkpoint.pt" for name in _run_names()]
-    return len(
-        analyze(checkpoints, results / "analysis" / "listops", sample=sample, provenance=args.provenance)
-    )
+def _analyser(task: str) -> Callable:
+    def step(args, results: Path, runs: Path) -> int:
+        sample = 64 if args.quick else 256  # ListOps sequences, or text chunks
+        checkpoints = [runs / name / "checkpoint.pt" for name in _run_names(task)]
+        out = results / "analysis" / FOLDERS[task]
+        return len(analyze(checkpoints, out, sample=sample, provenance=args.provenance))
+
+    return step
 
 
 def _report(args, results: Path, runs: Path) -> str:
@@ -92,8 +99,9 @@ def _report(args, results: Path, runs: Path) -> str:
 
 
 def _steps(args) -> int:
-    """ListOps training steps of the analysis pair: the paper analyses trained models, and a GPU trains the pair
-    to a useful accuracy in minutes (SwitchHead about 22 steps/s on an H100); the CPU gets what fits an hour."""
+    """Training steps of each analysed model (the ListOps pair and the text pair, whose tiny models take a tenth
+    of a ListOps step): the paper analyses trained models, and a GPU trains the ListOps pair to a useful accuracy
+    in minutes (SwitchHead about 22 steps/s on an H100); the CPU gets what fits an hour."""
     if args.quick:
         return 150
     return 10_000 if device_from_args(None) == "cuda" else 1000
@@ -104,10 +112,11 @@ STEPS = (
     Step("cost sweep", _sweep),
     Step("speed", _speed),
     *(
-        Step(f"training {name}", _trainer(model, seed))
-        for name, (model, seed) in zip(_run_names(), RUNS, strict=True)
+        Step(f"training {name}", _trainer(task, model, seed))
+        for task, pairs in TASKS.items()
+        for name, (model, seed) in zip(_run_names(task), pairs, strict=True)
     ),
-    Step("routing analysis", _analysis),
+    *(Step(f"routing analysis, {FOLDERS[task]}", _analyser(task)) for task in TASKS),
     Step("report", _report),
 )
 
@@ -123,6 +132,13 @@ def register(commands) -> None:
     )
     add_json(parser)
     parser.set_defaults(run=_run)
+
+
+def _outcome(result: dict) -> str:
+    """A trained model's last evaluation, in words."""
+    if "val_accuracy" in result:
+        return f"validation accuracy {result['val_accuracy']:.1%} (majority class {result['majority_class']:.1%})"
+    return f"validation {result['val_bits_per_byte']:.3f} bits per byte"
 
 
 def _provenance(args) -> dict:
@@ -152,10 +168,8 @@ def _run(args) -> None:
     if args.json:
         print(json.dumps(log, indent=2))
         return
-    for name in _run_names():
-        result = log[f"training {name}"]
-        print(f"{name}: validation accuracy {result['val_accuracy']:.1%} "
-              f"(majority class {result['majority_class']:.1%})")  # fmt: skip
+    for name in (name for task in TASKS for name in _run_names(task) if f"training {name}" in log):
+        print(f"{name}: {_outcome(log[f'training {name}'])}")
     print(
         f"report: {log['report']} (all of this run's results are under {results}/, its models under {runs}/)"
     )

@@ -129,7 +129,8 @@ def test_every_figure_and_table(runs, tmp_path):
     written = analyze([runs["listops-transformer-h8"], runs["listops-switchhead-h2"]], tmp_path, sample=16)
     names = {p.name for p in written}
     assert {"attention_maxima.png", "attention_maxima.svg", "training_curves.png", "usage.csv", "summary.csv",
-            "cooccurrence.csv", "preferences.csv", "training_log.csv", "similarity.csv", "similarity.png"} <= names  # fmt: skip
+            "cooccurrence.csv", "preferences.csv", "training_log.csv", "similarity.csv", "similarity.png",
+            "explorer.html"} <= names  # fmt: skip
     for layer in range(6):
         for head in range(2):
             assert f"listops-switchhead-h2-selection-layer{layer}-head{head}.png" in names
@@ -154,6 +155,7 @@ def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
     assert "listops-moa-h4,0,attn" in summary and "listops-switchall-h2,0,mlp" in summary
     lm = analyze([runs["lm"]], tmp_path / "lm", source="To be, or not to be", sample=8)
     assert any(p.name == "lm-selection-layer1-head1.png" for p in lm)
+    assert "Routing explorer: byte-level text" in (tmp_path / "lm" / "explorer.html").read_text()
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from matplotlib.text import Text
 
 from switchbench.analysis import plots
 from switchbench.bench import scaling
+from switchbench.bench.results import save_figure
 
 REPORT_WIDTH = 1160  # pixels of the report's content column (body 1200 px less its padding)
 SAVED_DPI = 100  # bench.results.save_figure
@@ -166,3 +167,20 @@ def test_the_checks_find_what_they_look_for():
     assert covered_data(titles_and_legends(fig), fig, renderer) == ["Legend covers data"]
     assert ("'" + "a long title " * 12 + "'", "'another'") in overlapping(titles_and_legends(fig), renderer)
     assert too_small(fig)
+
+
+HEAT_MAPS = {  # the figure at the most positions it shows, its heat maps, the bound on its SVG
+    "attention maxima": (lambda: plots.attention_maxima(maxima(plots.LAST), "maxima"), 3 * 6, 2**20),
+    "expert selection": (lambda: plots.expert_selection(*selection(plots.LAST), title="head"), 3, 2**18),
+}
+
+
+@pytest.mark.parametrize("figure", list(HEAT_MAPS))
+def test_a_heat_map_is_one_image_in_its_svg(figure, tmp_path):
+    """Committed SVGs stay small: each heat map is one embedded image, not a vector square per cell (seaborn's
+    heatmap wrote 6.3 MiB for the ListOps attention maxima). Random maps compress worst, so they bound real ones."""
+    draw_figure, maps, bound = HEAT_MAPS[figure]
+    svg = save_figure(draw_figure(), tmp_path / "figure")[1]
+    text = svg.read_text()
+    assert "QuadMesh" not in text and text.count("<image") >= maps
+    assert svg.stat().st_size <= bound

@@ -130,6 +130,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         json.loads((results / "tables" / "metadata.json").read_text()),
         json.loads(speed_runs[0].read_text())["metadata"],
         json.loads((results / "analysis" / "listops" / "metadata.json").read_text()),
+        json.loads((results / "analysis" / "text" / "metadata.json").read_text()),
     ):
         assert metadata.items() >= provenance.items(), metadata
     report = results / "report.html"
@@ -142,8 +143,13 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         assert section in page
     assert head in page and 'id="speed"' in page and "150 training steps, quick run" in page
     assert {p.name for p in runs.iterdir()} == {
-        "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1"
+        "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1", "lm-tiny-transformer",
+        "lm-tiny-switchhead"
     }  # fmt: skip
+    for task in ("listops", "text"):  # each analysis' explorer, linked from the report
+        assert (results / "analysis" / task / "explorer.html").exists()
+        assert f'/analysis/{task}/explorer.html">Routing explorer</a>' in page
+    assert 'id="preferences-by-task"' in page
     assert (
         "listops-listops" not in page
         and "listops-listops" not in (results / "analysis" / "listops" / "summary.csv").read_text()

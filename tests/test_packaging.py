@@ -30,6 +30,9 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
         "bench/data/published_tables.csv",
         "analysis/data/tempest.txt",
         "reports/templates/report.html.j2",
+        "analysis/templates/explorer.html.j2",
+        "analysis/templates/explorer.js",
+        "analysis/templates/explorer.css",
     ):
         assert f"switchbench/{data}" in names
 

@@ -3,7 +3,6 @@ network cut off (the report of a quick main job is checked in test_main_job.py).
 
 import csv
 import json
-import shutil
 from pathlib import Path
 
 import matplotlib
@@ -11,14 +10,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
+from browser import CHROMIUM, WIDTH, opened
 
 from switchbench.cli import main
 from switchbench.reports import summary
 from switchbench.reports.report import collect, write_report
 
 HOSTILE = "<script>alert(1)</script>"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-WIDTH = 1280  # a laptop's browser window: the page must fit it without scrolling sideways
 
 
 def _csv(path: Path, rows: list[dict]) -> None:
@@ -81,6 +79,10 @@ def fixture_results(tmp_path) -> Path:
     _csv(analysis / "training_log.csv", [{"model": "m", "step": 100, "val_accuracy": 0.42}])
     (analysis / "metadata.json").write_text(json.dumps({"device": "test cpu", "commit": "abc", "checkpoints": [
         {"path": "runs/m/checkpoint.pt", "step": 100, "train": {"steps": 100, "device": "cpu"}}]}))  # fmt: skip
+    (analysis / "explorer.html").write_text("<!DOCTYPE html><title>explorer</title>")
+    _csv(root / "analysis" / "text" / "preferences.csv", [{"model": "lm", "layer": 1, "module": "attn", "head": 0,
+                                                          "side": "src", "expert": 2, "token": "␣", "lift": 4.25,
+                                                          "share": 0.8, "count": 300}])  # fmt: skip
     _png(analysis / "similarity.png", "similarity")
     _csv(analysis / "similarity.csv", [
         {"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": r, "js_distance": js, "rows": 9}
@@ -102,6 +104,16 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     assert page.count("data:image/png;base64,") == 7
     assert "http://" not in page and "https://" not in page
     assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
+    assert '<a href="results/analysis/listops/explorer.html">Routing explorer</a>' in page
+    beside = page[
+        page.index('id="preferences-by-task"') : page.index("<h3>listops</h3>")
+    ]  # ListOps' and text's
+    assert (
+        "<h4>listops</h4>" in beside
+        and "<h4>text</h4>" in beside
+        and "× 4.25" in beside
+        and "× 3.50" in beside
+    )
 
 
 def test_a_row_measured_without_fvcore_says_which_counter_did_not_run(fixture_results, tmp_path):
@@ -159,27 +171,7 @@ def test_cli_report_on_a_missing_folder(capsys, tmp_path):
 
 def browse(report: Path, screenshot: Path) -> dict:
     """Open the report from a file URL in headless Chromium with every network request refused."""
-    from playwright.sync_api import sync_playwright
-
-    errors, external, failed = [], [], []
-    args = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run", "--disable-quic"]  # fmt: skip
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=args)
-        page = browser.new_page(viewport={"width": WIDTH, "height": 900})
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("requestfailed", lambda r: failed.append(r.url))
-
-        def guard(route):
-            if route.request.url.startswith(("file:", "data:")):
-                route.continue_()
-            else:
-                external.append(route.request.url)
-                route.abort()
-
-        page.route("**/*", guard)
-        page.goto(report.resolve().as_uri())
+    with opened(report) as (page, seen):
         layout = page.evaluate(
             "({scroll: document.documentElement.scrollWidth, width: window.innerWidth,"
             " first: document.querySelector('h2').id})"
@@ -188,8 +180,8 @@ def browse(report: Path, screenshot: Path) -> dict:
             "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)"
         )
         page.screenshot(path=str(screenshot), full_page=False)
-        browser.close()
-    return {"errors": errors, "external": external, "failed": failed, "images": images, **layout}
+    return {"errors": seen["errors"], "external": seen["external"], "failed": seen["failed"], "images": images,
+            **layout}  # fmt: skip
 
 
 def _non_blank(png: Path) -> bool:

@@ -14,7 +14,7 @@ from switchbench.bench.results import save_figure, writable_folder, write_atomic
 from switchbench.bench.schema import read_table
 from switchbench.models.observe import observe
 
-from . import checkpoint, listops, plots, similarity, stats, text
+from . import checkpoint, explorer, listops, plots, similarity, stats, text
 
 SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default
 
@@ -74,12 +74,8 @@ def analyze(
     """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics.
     ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json."""
     started = environment("cpu") | (provenance or {})  # before this run's own files change the checkout
-    runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
-    if len({r["task"] for r in runs}) > 1:
-        raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
+    runs = _load(paths)
     logs = _logs(runs, paths)  # read (and checked) before any work
-    if len({r["cfg"].T for r in runs}) > 1:
-        raise ValueError("the checkpoints read sequences of different lengths; analyse them apart")
     out, written = Path(out), []
     maxima, sample_maxima, rows = {}, {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
     # Every model reads the same inputs (those of the first run's seed), so their maps can be compared.
@@ -101,6 +97,7 @@ def analyze(
     if len(runs) > 1:
         written += _similarity(runs, sample_maxima, tokens, out)
     written += _curves(logs, runs[0]["task"], out)
+    written.append(_explorer(runs, ids, tokens, out))
 
     metadata = started | {
         "command": "switchbench analyze",
@@ -114,6 +111,60 @@ def analyze(
     }
     written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))
     return written
+
+
+def explore(
+    paths: list[Path], out: Path, source: str | None = None, example: int | None = None, sample: int = SAMPLE
+) -> Path:
+    """The routing explorer alone (``out/explorer.html``), on the sequences :func:`analyze` would give it."""
+    runs = _load(paths)
+    ids, _, tokens = _inputs(runs[0], source, example, sample)
+    return _explorer(runs, ids, tokens, Path(out))
+
+
+def _load(paths: list[Path]) -> list[dict]:
+    """The checkpoints, named, if they can be analysed together: one task, one sequence length."""
+    runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
+    if len({r["task"] for r in runs}) > 1:
+        raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
+    if len({r["cfg"].T for r in runs}) > 1:
+        raise ValueError("the checkpoints read sequences of different lengths; analyse them apart")
+    return runs
+
+
+def _explorer(runs: list[dict], ids: torch.Tensor, sample: torch.Tensor, out: Path) -> Path:
+    """explorer.html: every model observed on the plotted sequence and the sample's longest others."""
+    explored, task = _explorer_sequences(runs[0], ids, sample), runs[0]["task"]
+    models = [
+        explorer.model(run["name"], run["cfg"], _trained(run),
+                       [explorer.layers(_attention(_observe(run, sequence))) for sequence, _ in explored])
+        for run in runs
+    ]  # fmt: skip
+    sequences = [
+        {"name": name, "tokens": [_label(runs[0], int(t)) for t in sequence[0]],
+         "line_ends": (sequence[0] == ord("\n")).nonzero().flatten().tolist() if task == "lm" else []}
+        for sequence, name in explored
+    ]  # fmt: skip
+    title = f"Routing explorer: {'ListOps' if task == 'listops' else 'byte-level text'}"
+    return explorer.write(out / "explorer.html", title, sequences, models)
+
+
+def _explorer_sequences(run: dict, ids: torch.Tensor, sample: torch.Tensor) -> list[tuple[torch.Tensor, str]]:
+    """The explorer's sequences [1, t] with their names: the plotted one, then the sample's longest others (they
+    show the most structure; ListOps without its padding), each cut to the explorer's length."""
+    rows = [row[row != listops.TOKEN_ID[listops.PAD]] if run["task"] == "listops" else row for row in sample]
+    found = [(ids[:, : explorer.POSITIONS], f"the plotted sequence, {ids.shape[1]} tokens")]
+    # sorted is stable: of equal lengths, the first comes first
+    longest = sorted(range(len(rows)), key=lambda i: -len(rows[i]))
+    for i in longest:
+        row = rows[i][None, : explorer.POSITIONS]
+        if len(found) < explorer.SEQUENCES and not torch.equal(row, found[0][0]):
+            found.append((row, f"sample {i}, {row.shape[1]} tokens"))
+    return found
+
+
+def _trained(run: dict) -> str:
+    return f"{run['step']:,} training steps" if run["step"] else "untrained"
 
 
 def _similarity(runs: list[dict], maxima: dict, tokens: torch.Tensor, out: Path) -> list[Path]:

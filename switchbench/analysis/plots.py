@@ -1,6 +1,8 @@
 """Figures of the routing analysis (saved with bench.results.save_figure as PNG and SVG).
 
-Figures are made without pyplot, so no global figure state or backend choice leaks out of this module.
+Figures are made without pyplot, so no global figure state or backend choice leaks out of this module. Heat maps
+of attention and gates are drawn with imshow, which an SVG embeds as one PNG per map: a vector square per cell
+(seaborn's heatmap) made the attention maxima of three ListOps models a 6.3 MiB SVG.
 """
 
 import numpy as np

@@ -170,6 +170,7 @@ def _analysis(run: Path, results: Path) -> dict:
         "log": rows("training_log"),
         "similarity": rows("similarity"),
         "similarity_image": _image(run / "similarity.png"),
+        "explorer": (run / "explorer.html").exists(),
     }  # fmt: skip
     strongest = sorted(found["preferences"], key=lambda r: -r["lift"])[:STRONGEST]
     return found | {"accuracy": summary.final_accuracy(found["log"]), "strongest": strongest,
