@@ -30,6 +30,7 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
         "bench/data/published_tables.csv",
         "analysis/data/tempest.txt",
         "reports/templates/report.html.j2",
+        "models/data/expert_matmul_auto.json",
     ):
         assert f"switchbench/{data}" in names
 
