@@ -46,10 +46,10 @@ def test_a_wrong_transposition_is_caught(monkeypatch):
     """The comparison can fail: W^T read as a reshape of W (the same shape, the wrong layout) breaks grad_x."""
     real = expert_matmul_grouped.grouped_mm
 
-    def reshaped(rows, weight, offsets):
+    def reshaped(rows, weight, ends):
         if weight.stride(-2) == 1:  # the transposed view of the input gradient
             weight = weight.transpose(1, 2).contiguous().reshape(weight.shape)
-        return real(rows, weight, offsets)
+        return real(rows, weight, ends)
 
     x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
     exact = naive.outputs("torch", x, weight, indices, scores, 1, grad_out)

@@ -42,13 +42,14 @@ def unavailable() -> str | None:
     return None
 
 
-def grouped_mm(rows: Tensor, weight: Tensor, offsets: Tensor) -> Tensor:
-    """rows [M, K] in expert order, weight [E, K, N], offsets [E + 1] (the routing's) -> [M, N]: one GEMM per
+def grouped_mm(rows: Tensor, weight: Tensor, ends: Tensor) -> Tensor:
+    """rows [M, K] in expert order, weight [E, K, N], ends [E] (int32, cumulative) -> [M, N]: one GEMM per
     expert's run of rows. Widths must be 16-byte multiples."""
-    return _grouped_mm(rows, weight, offs=_ends(offsets))
+    return _grouped_mm(rows, weight, offs=ends)
 
 
-def _ends(offsets: Tensor) -> Tensor:
+def expert_ends(offsets: Tensor) -> Tensor:
+    """The routing's offsets [E + 1] as the library takes them: int32 ends [E]."""
     return offsets[1:].to(torch.int32)
 
 
@@ -79,12 +80,11 @@ def _unsorted(rows: Tensor, order: Tensor) -> Tensor:
     return torch.empty_like(rows).index_copy_(0, order, rows)
 
 
-def _weight_grad(x_rows: Tensor, grad_rows: Tensor, offsets: Tensor) -> Tensor:
+def _weight_grad(x_rows: Tensor, grad_rows: Tensor, offsets: Tensor, ends: Tensor) -> Tensor:
     """The sum over each expert's rows of x^T g, the K-grouped GEMM -> [E, d_in, d_out]; zero where no row."""
-    n_experts = offsets.numel() - 1
     if x_rows.shape[0] == 0:
-        return x_rows.new_zeros(n_experts, x_rows.shape[1], grad_rows.shape[1])
-    grad_w = _grouped_mm(x_rows.t(), grad_rows, offs=_ends(offsets))  # x^T: a column-major view, no copy
+        return x_rows.new_zeros(ends.numel(), x_rows.shape[1], grad_rows.shape[1])
+    grad_w = _grouped_mm(x_rows.t(), grad_rows, offs=ends)  # x^T: a column-major view, no copy
     return grad_w.masked_fill_((offsets.diff() == 0)[:, None, None], 0)
 
 
@@ -105,7 +105,9 @@ def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     _check(x, weight)
     n, slots, d_out = x.shape[0], indices.shape[1], weight.shape[2]
     align = _alignment(x.dtype)
-    y = grouped_mm(_gathered(x, order, slots, align), aligned(weight, align), offsets)  # [M, d_out']
+    y = grouped_mm(
+        _gathered(x, order, slots, align), aligned(weight, align), expert_ends(offsets)
+    )  # [M, d_out']
     if scores is not None:
         y = y * _gates(scores, order, experts, slots)
     return group_sum(_unsorted(y, order), n, s_out, d_out)
@@ -115,11 +117,11 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     _check(x, weight)
     n, s_in, d_in = x.shape
     slots, d_out = indices.shape[1], weight.shape[2]
-    align = _alignment(x.dtype)
+    align, ends = _alignment(x.dtype), expert_ends(offsets)
     x_rows = _gathered(x, order, slots, align)  # [M, d_in']
     grad_rows = _gathered(grad_out, order, slots, align)  # [M, d_out'], each slot's ungated gradient
     weight_t = aligned(weight, align).transpose(1, 2)  # a strided view: the GEMM reads W^T in place
-    grad_x_rows = grouped_mm(grad_rows, weight_t, offsets)  # [M, d_in'], ungated
+    grad_x_rows = grouped_mm(grad_rows, weight_t, ends)  # [M, d_in'], ungated
     grad_s = x.new_empty(0)
     if scores is not None:
         # Ungated input gradients give the gate gradients as a row dot with x: no forward recomputed.
@@ -133,5 +135,5 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
             x_rows = x_rows * gates
         else:
             grad_rows = grad_rows * gates
-    grad_w = _weight_grad(x_rows, grad_rows, offsets)[:, :d_in, :d_out].contiguous()
+    grad_w = _weight_grad(x_rows, grad_rows, offsets, ends)[:, :d_in, :d_out].contiguous()
     return group_sum(_unsorted(grad_x_rows, order), n, s_in, d_in), grad_w, grad_s
