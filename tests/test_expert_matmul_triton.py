@@ -346,5 +346,5 @@ def test_the_shipped_table_names_known_configurations():
             for label in labels.values():
                 kernels.by_label(kernel, label, "test")
     before = {"tables": [{"device": "A", "configs": {}}, {"device": "B", "configs": {}}]}
-    after = merged(before, "B", {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}})
+    after = merged(before, "B", {"configs": {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}}})
     assert [t["device"] for t in after["tables"]] == ["A", "B"] and after["tables"][1]["configs"]
