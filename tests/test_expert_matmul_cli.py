@@ -9,7 +9,7 @@ from switchbench.analysis import checkpoint
 from switchbench.cli import _parser, main
 from switchbench.models import expert_matmul_choice
 
-COMMANDS = ("speed", "kernel-bench", "train", "quality")
+COMMANDS = ("speed", "kernel-bench", "train", "quality", "all")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
