@@ -25,6 +25,9 @@ def test_shape_buckets():
     assert choice.shape_bucket(40000, 1024, 112, torch.bfloat16, True) == "65536x1024x112 bfloat16 gates"
     assert choice.shape_bucket(1, 24, 20, torch.float32, False) == "1x24x20 float32"
     assert choice.shape_bucket(10**9, 8, 8, torch.float16, False) == "262144x8x8 float16"  # capped
+    # torch.jit.trace hands sizes over as tensors
+    traced = choice.shape_bucket(torch.tensor(256), 64, 16, torch.float32, True)
+    assert traced == choice.TRACED and choice.lookup(CPU, traced, "auto").reason == "fallback"
 
 
 def test_auto_takes_the_measured_fastest_where_device_and_bucket_match(table):

@@ -27,6 +27,7 @@ ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 AUTO_FILE = "expert_matmul_auto.json"
 FALLBACK_RULE = "triton on CUDA, torch elsewhere"
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" (as the Triton kernels' tuning keys)
+TRACED = "traced shape"
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,10 @@ def recording() -> Iterator[dict[str, Resolution]]:
 
 def shape_bucket(slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: bool) -> str:
     """``65536x1024x112 bfloat16 gates``: the token slots rounded up to a power of two (capped), the widths, the
-    compute dtype, and whether the slots are gated."""
+    compute dtype, and whether the slots are gated. Sizes that are not numbers yet (a torch.jit trace, symbolic
+    shapes under torch.compile) make the bucket TRACED, which no table holds: auto falls back there."""
+    if not all(type(n) is int for n in (slots, d_in, d_out)):
+        return TRACED
     bucket = min(1 << max(slots - 1, 0).bit_length(), _BUCKET_CAP)
     return f"{bucket}x{d_in}x{d_out} {str(dtype).removeprefix('torch.')}" + (" gates" if gated else "")
 
@@ -128,8 +132,10 @@ def lookup(device: torch.device, bucket: str, named: str | None = None) -> Resol
     return Resolution("triton" if device.type == "cuda" else "torch", "fallback")
 
 
+@torch.compiler.assume_constant_result
 def resolve(device: torch.device, bucket: str, named: str | None = None) -> str:
-    """:func:`lookup`, recorded in every open recording."""
+    """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced,
+    and its answer is part of the graph."""
     resolution = lookup(device, bucket, named)
     for log in _logs:
         log[f"{device_name(device)} | {bucket}"] = resolution
