@@ -17,7 +17,7 @@ from switchbench.bench import (
     speed,
     tables,
 )
-from switchbench.bench.command import check_expert_matmul_env
+from switchbench.bench.command import expert_matmul_in_force
 from switchbench.reports import report
 
 DEBUG = "SWITCHBENCH_DEBUG"
@@ -44,8 +44,8 @@ COMMANDS = (
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        check_expert_matmul_env()
-        return args.run(args) or 0
+        with expert_matmul_in_force(args):
+            return args.run(args) or 0
     except ValueError as error:
         print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
         return 2

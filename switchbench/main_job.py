@@ -18,7 +18,14 @@ import torch
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, run_name, train
 from switchbench.bench import scaling, speed, tables
-from switchbench.bench.command import DTYPES, add_json, device_from_args, slug
+from switchbench.bench.command import (
+    DTYPES,
+    add_expert_matmul,
+    add_json,
+    device_from_args,
+    expert_matmul_metadata,
+    slug,
+)
 from switchbench.bench.environment import commit
 from switchbench.bench.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
@@ -66,7 +73,8 @@ def _speed(args, results: Path, runs: Path) -> str:
         batches = {r["group"]: r["batch"] for r in rows if "batch" in r}
         metadata = speed.describe(rows, device, dtype, batch=batch or "fitted per group", batches=batches,
                                   processes=1, rounds=rounds, warmup=2, threads=torch.get_num_threads(),
-                                  clock=clock, compile="eager") | args.provenance  # fmt: skip
+                                  clock=clock, compile="eager",
+                                  **expert_matmul_metadata(args.expert_matmul, device)) | args.provenance  # fmt: skip
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
@@ -130,6 +138,7 @@ def register(commands) -> None:
     parser.add_argument(
         "--runs", help="where the analysis models are trained (default: runs, or runs-quick with --quick)"
     )
+    add_expert_matmul(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 

@@ -11,51 +11,20 @@ import torch
 pytest.importorskip("triton")
 
 import naive
+from naive import CASES, make_case
 
 from switchbench.models.expert_matmul import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
 # The Triton path runs where it stands: compiled on a GPU, in the interpreter on CPU tensors otherwise.
 TRITON_DEVICE = "cuda" if CUDA else "cpu"
-NAMES = ("out", "grad_x", "grad_w", "grad_scores")
+NAMES = naive.NAMES
 
 
 def run(impl, x, weight, indices, scores, s_out, grad_out):
     """Output and gradients of one implementation (Triton on TRITON_DEVICE), as float64 CPU tensors."""
     device = TRITON_DEVICE if impl == "triton" else "cpu"
-    leaves = [
-        t.detach().to(device).requires_grad_() for t in (x, weight) + (() if scores is None else (scores,))
-    ]
-    g = None if scores is None else leaves[2]
-    routing = route(indices.to(device), weight.shape[0])
-    y = expert_matmul(leaves[0], leaves[1], routing, g, s_out, impl=impl)
-    y.backward(grad_out.to(device, y.dtype))
-    return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
-
-
-# (tokens N, S_in, slots S, S_out, experts E, d_in, d_out, routing): sizes off the 16-wide interpreter blocks
-CASES = {
-    "switchhead-v": (9, 1, 6, 3, 4, 37, 19, "random"),  # 3 heads x k=2, per-head output
-    "switchhead-o": (7, 3, 6, 1, 5, 19, 23, "random"),  # per-head input, sum over heads and choices
-    "sigma-moe-up": (11, 1, 3, 3, 6, 17, 18, "random"),
-    "sigma-moe-down": (11, 3, 3, 1, 6, 18, 17, "random"),
-    "moa-q": (8, 1, 2, 2, 5, 20, 33, "random"),
-    "single-token": (1, 1, 2, 1, 3, 5, 7, "random"),
-    "empty-experts": (6, 1, 2, 1, 8, 16, 16, "two-experts"),
-    "one-expert-takes-all": (13, 1, 1, 1, 4, 21, 9, "one-expert"),
-    "k-equals-E": (5, 1, 4, 1, 4, 9, 17, "all-experts"),
-    "k-1": (10, 2, 2, 2, 3, 33, 5, "random"),
-}
-
-
-def make_case(n, s_in, slots, s_out, n_experts, d_in, d_out, routing, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    indices = naive.routing(routing, n, n_experts, slots, gen)
-    x = torch.randn(n, s_in, d_in, generator=gen, dtype=torch.float64)
-    weight = torch.randn(n_experts, d_in, d_out, generator=gen, dtype=torch.float64)
-    scores = torch.rand(n, n_experts, generator=gen, dtype=torch.float64)
-    grad_out = torch.randn(n, s_out, d_out, generator=gen, dtype=torch.float64)
-    return x, weight, indices, scores, grad_out
+    return naive.outputs(impl, x, weight, indices, scores, s_out, grad_out, device)
 
 
 # The fast loop keeps two cases of the interpreter; the rest run in the full suite.
@@ -156,7 +125,7 @@ def test_environment_forces_the_implementation(monkeypatch):
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
         expert_matmul(x, weight, routing, scores, 2)
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "cublas")
-    with pytest.raises(ValueError, match="impl must be one of torch, triton"):
+    with pytest.raises(ValueError, match="must be one of auto, torch, triton, grouped_mm; got 'cublas'"):
         expert_matmul(x, weight, routing, scores, 2)
 
 
@@ -377,5 +346,5 @@ def test_the_shipped_table_names_known_configurations():
             for label in labels.values():
                 kernels.by_label(kernel, label, "test")
     before = {"tables": [{"device": "A", "configs": {}}, {"device": "B", "configs": {}}]}
-    after = merged(before, "B", {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}})
+    after = merged(before, "B", {"configs": {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}}})
     assert [t["device"] for t in after["tables"]] == ["A", "B"] and after["tables"][1]["configs"]

@@ -133,6 +133,7 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     saved = Path(printed["saved"])
     assert saved.parent == out / saved.parent.name and saved.with_suffix(".csv").exists()
     assert printed["metadata"]["presets"] == ["tiny-transformer", "tiny-switchhead"]
+    assert printed["metadata"]["expert_matmul"] == "auto" and printed["metadata"]["expert_matmul_resolved"]
     assert {(r["preset"], r["what"]) for r in printed["rows"]} == {
         (p, w) for p in ("tiny-transformer", "tiny-switchhead") for w in ("train step", "forward")
     }

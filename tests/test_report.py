@@ -232,3 +232,29 @@ def test_the_speed_headline_stands_beside_its_compute_floor(tmp_path):
         == "baseline suspect: faster than its compute floor allows"
     )
     assert found["time of wikitext103-45m-switchhead-h2"].verdict.startswith("not comparable")
+
+
+def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_path):
+    def row(impl, view, ms, chosen=False):
+        return {
+            "case": "262m switchhead-v",
+            "impl": impl,
+            "view": view,
+            "pass": "forward",
+            "status": "ok",
+            "ms": ms,
+            "tflops": 100 / ms,
+            "vs_dense": 1 / ms,
+            "fraction_of_matmul_peak": 0.125 / ms,
+            "chosen": chosen,
+        }
+
+    run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", "batch": 64,
+                        "expert_matmul": "auto"},
+           "rows": [row("grouped_mm", "op", 1.0, chosen=True), row("grouped_mm-kernel", "kernel", 0.5),
+                    row("dense", "dense", 1.0)]}  # fmt: skip
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "h100-bf16-b64.json").write_text(json.dumps(run))
+    page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
+    assert "<td>grouped_mm *</td><td>op</td>" in page and "<td>grouped_mm-kernel</td><td>kernel</td>" in page
+    assert "<code>--expert-matmul auto</code>" in page and ">25.0%</td>" in page  # of peak: 0.125 / 0.5

@@ -153,11 +153,42 @@ def test_a_bf16_step_of_every_family_in_both_scopes(preset, scope):
 
 
 def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
+    """Nothing measured: the rows are written, and one line on stderr says so with exit 1 (it used to exit 0)."""
     argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--batch", "10000000000",
             "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]  # fmt: skip
-    assert main(argv) == 0
-    rows = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["scope"] != "count"]
+    assert main(argv) == 1
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    rows = [r for r in out["rows"] if r["scope"] != "count"]
     assert len(rows) == 4 and all(r["status"] == "OOM" and "GiB free" in r["reason"] for r in rows)
+    assert captured.err.splitlines() == [
+        f"switchbench speed: nothing measured: every case was OOM or unsupported (4 OOM); the rows are in {out['saved']}"
+    ]
+
+
+def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, capsys):
+    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--dtype", "bf16",
+            "--scopes", "layer", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--expert-matmul",
+            "grouped_mm"]  # fmt: skip
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    metadata = out["metadata"]
+    assert metadata["expert_matmul"] == "grouped_mm" and metadata["expert_matmul_resolved"]
+    assert all(
+        r == {"impl": "grouped_mm", "reason": "named"} for r in metadata["expert_matmul_resolved"].values()
+    )
+    timed = {(r["preset"], r["what"]): r for r in out["rows"] if r["scope"] == "layer"}
+    assert timed["tiny-switchhead", "forward+backward"]["expert_matmul"] == "grouped_mm"
+    assert "expert_matmul" not in timed["tiny-transformer", "forward"]
+    assert (
+        main(argv[:-2]) == 0
+    )  # the default: auto, which falls back to torch on the CPU, printed in the heading
+    printed = capsys.readouterr().out
+    assert (
+        "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA, torch elsewhere)"
+        in printed
+    )
+    assert "expert matmul" in printed.splitlines()[1]  # a column of the table
 
 
 def test_the_batch_is_halved_until_the_whole_group_fits(monkeypatch):
@@ -242,15 +273,36 @@ class _MatmulDtypes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("preset", ["tiny-switchhead", "tiny-moa", "tiny-switchall", "tiny-transformer"])
-def test_a_bf16_training_step_runs_no_fp32_matmul(preset):
+MATMULS = {f"aten::{name}" for name in ("mm", "bmm", "addmm", "baddbmm", "_grouped_mm")}
+
+
+@pytest.mark.parametrize(
+    ("preset", "impl"),
+    [(p, i) for p in ("tiny-switchhead", "tiny-moa", "tiny-switchall") for i in ("torch", "grouped_mm")]
+    + [("tiny-transformer", "torch")],
+)
+def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
     """Routers included: each is one GEMM in the autocast dtype (fp32 accumulation inside it), its logits cast
-    to fp32 after. An fp32 matmul would run as a SIMT GEMM without tensor cores on a GPU."""
+    to fp32 after. An fp32 matmul would run as a SIMT GEMM without tensor cores on a GPU. Inside the expert
+    matmul (one op to a dispatch mode) the profiler's record of each matmul's inputs is read too."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from switchbench.models import expert_matmul_choice
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     step = speed.model_benches(preset, 2, device, torch.bfloat16)[0]
-    with _MatmulDtypes() as spy:
-        step.run()
+    with expert_matmul_choice.selected(impl), expert_matmul_choice.recording() as resolved:
+        with _MatmulDtypes() as spy:
+            step.run()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            step.run()
     assert spy.seen and all(dtypes == {torch.bfloat16} for _, dtypes in spy.seen), spy.seen
+    inner = [(e.name, {t for t in e.input_dtypes if t in ("float", "c10::BFloat16", "c10::Half")})
+             for e in prof.events() if e.name in MATMULS]  # fmt: skip
+    assert inner and all(dtypes == {"c10::BFloat16"} for _, dtypes in inner), inner
+    assert {r.impl for r in resolved.values()} == (set() if preset == "tiny-transformer" else {impl})
+    if impl == "grouped_mm":
+        assert any(name == "aten::_grouped_mm" for name, _ in inner)
 
 
 @pytest.mark.parametrize(

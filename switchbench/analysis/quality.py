@@ -18,7 +18,15 @@ from pathlib import Path
 import torch
 
 from switchbench.bench.accounting import model_macs
-from switchbench.bench.command import add_json, device_from_args, format_table, slug
+from switchbench.bench.command import (
+    add_expert_matmul,
+    add_json,
+    describe_expert_matmul,
+    device_from_args,
+    expert_matmul_metadata,
+    format_table,
+    slug,
+)
 from switchbench.bench.environment import environment
 from switchbench.bench.measure import count_saved_bytes
 from switchbench.bench.params import parameter_counts
@@ -275,6 +283,7 @@ def register(commands) -> None:
         "--threads", type=int, help="intra-op threads (default: 1 on the CPU, PyTorch's on a GPU machine)"
     )
     parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
+    add_expert_matmul(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -307,7 +316,7 @@ def _run(args) -> None:
         rows = run(plan, progress=not args.json)
         used = torch.get_num_threads()
     summary = summarize(rows)
-    metadata = environment(device) | plan.describe() | {
+    metadata = environment(device) | plan.describe() | expert_matmul_metadata(args.expert_matmul, device) | {
         "threads": used,
         "wall_seconds": time.perf_counter() - started,
         "confidence": CONFIDENCE,
@@ -325,7 +334,7 @@ def _run(args) -> None:
         )
         return
     print(f"{metadata['device']}, {plan.seeds} seeds x {metadata['tokens_per_run']:,} tokens per run, "
-          f"{metadata['wall_seconds']:.0f} s in all")  # fmt: skip
+          f"{metadata['wall_seconds']:.0f} s in all; {describe_expert_matmul(metadata)}")  # fmt: skip
     print(format_table([_printed(r) for r in summary]))
     print(f"bits per byte on held-out text: mean over seeds [{CONFIDENCE:.0%} t-interval]; vs dense: difference "
           f"of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0\nsaved {path}")  # fmt: skip

@@ -13,9 +13,17 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from switchbench.bench.command import add_json, device_from_args, emit
+from switchbench.bench.command import (
+    add_expert_matmul,
+    add_json,
+    describe_expert_matmul,
+    device_from_args,
+    emit,
+    expert_matmul_metadata,
+)
 from switchbench.bench.results import writable_folder, write_csv
 from switchbench.bench.schema import read_table
+from switchbench.models import expert_matmul_choice
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
@@ -212,9 +220,14 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             # the checkpoint's step and redoes them, so every step is logged once.
             write_csv(out / "log.csv", log_rows)
             checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
-                            step=step + 1, train=asdict(cfg), n_classes=n_classes)  # fmt: skip
+                            step=step + 1, train=asdict(cfg) | _expert_matmul(cfg), n_classes=n_classes)  # fmt: skip
             kept = step + 1
     return log_rows[-1] if log_rows else {}
+
+
+def _expert_matmul(cfg: TrainConfig) -> dict:
+    """What the run's expert matmuls ran on so far (the choice in force, and per shape what it resolved to)."""
+    return expert_matmul_metadata(expert_matmul_choice.choice(), cfg.device)
 
 
 def _diverged(step: int, what: str, out: Path, saved: int) -> str:
@@ -251,6 +264,7 @@ def register(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
     parser.add_argument("--force", action="store_true", help="start afresh over an earlier run in the folder")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    add_expert_matmul(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -264,8 +278,10 @@ def _run(args) -> None:
     if earlier and not (args.resume or args.force):
         raise ValueError(f"{out} holds an earlier run; --resume to continue it or --force to replace it")
     result = train(cfg, out, resume=args.resume, progress=not args.json)
+    experts = expert_matmul_metadata(args.expert_matmul, cfg.device)
     if args.json:
-        emit({"run": str(out), "preset": preset, **result}, True)
+        emit({"run": str(out), "preset": preset, **result, **experts}, True)
         return
     summary = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
-    print(f"{preset}: {summary}\ncheckpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}")
+    print(f"{preset}: {summary}; {describe_expert_matmul(experts)}\n"
+          f"checkpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}")  # fmt: skip

@@ -1,16 +1,20 @@
 """What the commands share: configuration flags named after the paper's symbols, --json, terminal tables."""
 
 import argparse
+import collections
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import os
+from collections.abc import Iterator
 
 import torch
 from tabulate import tabulate
 
+from switchbench.models import expert_matmul_choice, expert_matmul_grouped
 from switchbench.models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
-from switchbench.models.expert_matmul import ENV_IMPL, IMPLS
+from switchbench.models.expert_matmul_choice import CHOICES, ENV_IMPL, FALLBACK_RULE
 from switchbench.models.presets import from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -54,19 +58,66 @@ def device_from_args(choice: str | None) -> str:
     return choice or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_expert_matmul_env() -> None:
-    """``SWITCHBENCH_EXPERT_MATMUL``, when set, names an implementation this machine can run."""
-    choice = os.environ.get(ENV_IMPL)
+def add_expert_matmul(parser: argparse.ArgumentParser) -> None:
+    """``--expert-matmul auto|torch|triton|grouped_mm``: what every expert matmul of the command runs on. The
+    command line puts it in force around the command's run; record it with :func:`expert_matmul_metadata`."""
+    parser.add_argument(
+        "--expert-matmul",
+        choices=CHOICES,
+        default=os.environ.get(ENV_IMPL) or "auto",
+        help=f"the expert-matmul implementation (default: ${ENV_IMPL} if set, else auto: the measured fastest for "
+        f"this GPU and shape, else {FALLBACK_RULE})",
+    )
+
+
+@contextlib.contextmanager
+def expert_matmul_in_force(args: argparse.Namespace) -> Iterator[None]:
+    """Run the block with the command's ``--expert-matmul`` in force (when it has the flag), after checking that
+    it and ``SWITCHBENCH_EXPERT_MATMUL`` name implementations this machine can run."""
+    check_expert_matmul(os.environ.get(ENV_IMPL), ENV_IMPL)
+    choice = getattr(args, "expert_matmul", None)
+    check_expert_matmul(choice, "--expert-matmul")
+    with expert_matmul_choice.selected(choice):
+        yield
+
+
+def check_expert_matmul(choice: str | None, where: str) -> None:
+    """``choice`` (None: nothing chosen) names an implementation this machine can run; else a ValueError."""
     if not choice:
         return
-    if choice not in IMPLS:
-        raise ValueError(f"{ENV_IMPL}={choice}: must be one of {', '.join(IMPLS)}")
+    if choice not in CHOICES:
+        raise ValueError(f"{where}={choice}: must be one of {', '.join(CHOICES)}")
     if choice == "triton" and importlib.util.find_spec("triton") is None:
-        raise ValueError(f"{ENV_IMPL}=triton: triton is not installed")
+        raise ValueError(f"{where}=triton: triton is not installed")
     if choice == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
-            f"{ENV_IMPL}=triton needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
+            f"{where}=triton needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
         )
+    if choice == "grouped_mm" and expert_matmul_grouped.unavailable():
+        raise ValueError(f"{where}=grouped_mm: {expert_matmul_grouped.unavailable()}")
+
+
+def expert_matmul_metadata(choice: str, device: str) -> dict:
+    """What a run records of its expert matmul: the choice, what each shape bucket resolved to so far under it
+    (its implementation and why: named, measured fastest, or auto's fallback), and the rule auto falls back on."""
+    resolved = expert_matmul_choice.resolutions()
+    return {
+        "expert_matmul": choice,
+        "expert_matmul_resolved": {key: dataclasses.asdict(r) for key, r in resolved.items()},
+        "expert_matmul_auto_entries": expert_matmul_choice.measured_entries(torch.device(device)),
+        "expert_matmul_fallback": FALLBACK_RULE,
+    }
+
+
+def describe_expert_matmul(metadata: dict) -> str:
+    """One line for a run's heading: ``expert matmul auto -> torch (fallback: ...) for 2 shapes``."""
+    counts = collections.Counter(
+        (r["impl"], r["reason"]) for r in metadata["expert_matmul_resolved"].values()
+    )
+    why = {"named": "named", "measured": "auto: measured fastest",
+           "fallback": f"auto fell back, no measured entry: {FALLBACK_RULE}"}  # fmt: skip
+    ran = "; ".join(f"{impl} ({why[r]}) for {n} shape(s)" for (impl, r), n in sorted(counts.items()))
+    return f"expert matmul {metadata['expert_matmul']}" + (f" -> {ran}" if ran else "")
 
 
 def format_table(rows: list[dict]) -> str:

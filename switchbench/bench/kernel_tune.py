@@ -1,6 +1,7 @@
-"""``switchbench kernel-tune``: autotune the expert-matmul kernels at the presets' shapes on this GPU and keep the
-choices as package data, so later runs on a GPU of the same name skip autotuning (a first SwitchHead training
-step on a fresh H100 took 55 s, all of it autotuning)."""
+"""``switchbench kernel-tune``: on this GPU, at the presets' expert-matmul shapes, autotune the Triton kernels and
+time every implementation of the op; keep both as package data. Later runs on a GPU of the same name skip
+autotuning (a first SwitchHead training step on a fresh H100 took 55 s, all of it autotuning), and
+``--expert-matmul auto`` runs each shape bucket on the implementation measured fastest there."""
 
 import datetime
 import json
@@ -8,12 +9,15 @@ from pathlib import Path
 
 import torch
 
+from switchbench.models.expert_matmul_choice import IMPLS
+
 from .command import DTYPES, device_from_args
-from .kernels import SIZES, cases, make_inputs, outputs
+from .kernels import SIZES, bucket, cases, make_inputs, measure, outputs
 from .results import replace_atomically, writable_file
 
-# The package's table (switchbench.models reads it as package data; tuned_configs.json there).
+# The package's tables (switchbench.models reads them as package data).
 TABLE = Path(__file__).parents[1] / "models" / "data" / "tuned_configs.json"
+AUTO_TABLE = Path(__file__).parents[1] / "models" / "data" / "expert_matmul_auto.json"
 # Batches whose shape buckets a training step meets: the paper's 64 on one GPU, 8 on each of eight, and between.
 BATCHES = (8, 16, 32, 64)
 
@@ -32,8 +36,48 @@ def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, 
     return table
 
 
-def merged(existing: dict, gpu: str, configs: dict) -> dict:
-    """``existing`` with this GPU's table replaced by ``configs`` (other GPUs' tables kept)."""
+def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtype) -> list[dict]:
+    """kernel-bench's rows for the whole op of every implementation at every case and batch, each checked against
+    the float64 loop before it was timed, with the shape bucket it falls in."""
+    rows = []
+    for size in sizes:
+        for batch in batches:
+            for case in cases(size, batch):
+                references: dict = {}
+                for impl in IMPLS:
+                    rows += [
+                        r | {"bucket": bucket(case, dtype)}
+                        for r in measure(case, impl, "cuda", dtype, references)
+                    ]
+    return rows
+
+
+def fastest(rows: list[dict]) -> dict[str, dict]:
+    """Per shape bucket, the implementation whose forward+backward time summed over the bucket's cases is least,
+    among those timed on every one of them (a wrong, skipped or OOM case rules an implementation out of its
+    bucket); and those sums in ms. A bucket no implementation covers gets no entry: auto falls back there."""
+    cases_of: dict[str, set] = {}
+    total: dict[str, dict[str, float]] = {}
+    timed: dict[tuple[str, str], set] = {}
+    for r in rows:
+        if r["pass"] != "forward+backward":
+            continue
+        cases_of.setdefault(r["bucket"], set()).add(r["case"])
+        if "ms" in r:
+            total.setdefault(r["bucket"], {}).setdefault(r["impl"], 0.0)
+            total[r["bucket"]][r["impl"]] += r["ms"]
+            timed.setdefault((r["bucket"], r["impl"]), set()).add(r["case"])
+    ms = {
+        b: {impl: t for impl, t in sums.items() if timed[b, impl] == cases_of[b]} for b, sums in total.items()
+    }
+    return {
+        "choices": {b: min(sums, key=sums.get) for b, sums in sorted(ms.items()) if sums},
+        "ms": {b: sums for b, sums in sorted(ms.items()) if sums},
+    }
+
+
+def merged(existing: dict, gpu: str, fields: dict) -> dict:
+    """``existing`` with this GPU's table replaced by one of ``fields`` (other GPUs' tables kept)."""
     import triton  # optional: only GPU machines have it
 
     table = {
@@ -41,7 +85,7 @@ def merged(existing: dict, gpu: str, configs: dict) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "written": datetime.date.today().isoformat(),
-        "configs": configs,
+        **fields,
     }
     others = [t for t in existing.get("tables", []) if t["device"] != gpu]
     return existing | {"tables": [*others, table]}
@@ -49,13 +93,20 @@ def merged(existing: dict, gpu: str, configs: dict) -> dict:
 
 def register(commands) -> None:
     parser = commands.add_parser(
-        "kernel-tune", help="autotune the Triton kernels on this GPU; keep the choices"
+        "kernel-tune",
+        help="autotune the Triton kernels and time every expert matmul on this GPU; keep the choices",
     )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument(
-        "--out", type=Path, default=TABLE, help="the table to update (default: the package's)"
+        "--out",
+        type=Path,
+        default=TABLE,
+        help="the Triton configurations' table to update (default: the package's)",
+    )
+    parser.add_argument(
+        "--auto-out", type=Path, default=AUTO_TABLE, help="auto's table to update (default: the package's)"
     )
     parser.set_defaults(run=_run)
 
@@ -65,12 +116,21 @@ def _run(args) -> int:
         raise ValueError("kernel-tune autotunes on a CUDA GPU; there is none here")
     if any(b < 1 for b in args.batches):
         raise ValueError(f"batches must be >= 1; got {args.batches}")
-    out = writable_file(args.out)
-    existing = json.loads(out.read_text()) if out.exists() else {}
-    gpu = torch.cuda.get_device_name()
-    configs = tune(args.sizes, args.batches, DTYPES[args.dtype])
-    replace_atomically(
-        out, lambda tmp: tmp.write_text(json.dumps(merged(existing, gpu, configs), indent=2) + "\n")
-    )
+    out, auto_out = writable_file(args.out), writable_file(args.auto_out, "--auto-out")
+    gpu, dtype = torch.cuda.get_device_name(), DTYPES[args.dtype]
+    configs = tune(args.sizes, args.batches, dtype)
+    _update(out, gpu, {"configs": configs})
     print(f"{sum(map(len, configs.values()))} tuned configurations for {gpu} written to {out}")
+    auto = fastest(time_implementations(args.sizes, args.batches, dtype))
+    _update(auto_out, gpu, auto)
+    print(
+        f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu} written to {auto_out}"
+    )
     return 0
+
+
+def _update(path: Path, gpu: str, fields: dict) -> None:
+    existing = json.loads(path.read_text()) if path.exists() else {}
+    replace_atomically(
+        path, lambda tmp: tmp.write_text(json.dumps(merged(existing, gpu, fields), indent=2) + "\n")
+    )

@@ -1,12 +1,19 @@
-"""Expert-matmul throughput: the Triton and PyTorch paths and the peers a kernel engineer would reach for
-(``torch.nn.functional.grouped_mm`` on expert-sorted rows, a loop of one matmul per expert), against one dense
-matmul doing the same useful MACs.
+"""Expert-matmul throughput, op to op and kernel to kernel: every implementation of the op (PyTorch, Triton,
+torch's grouped GEMM) and a practitioner's loop of one matmul per expert, against one dense matmul doing the same
+useful MACs.
 
-Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA
-Q and O) and one expert-sized matmul as the paper measured its kernel. Every implementation is checked against
-the PyTorch path in its output and in every gradient before it is timed.
+Each implementation is timed twice. The whole op: the routing's sort left out (a router shares it between the
+projections it drives), the gather, gate, scatter and group sums in. Its kernel alone: on rows already in expert
+order, with widths already padded to 16 elements, one slot per row and no gate, so what the kernel is worth stands
+apart from what its glue costs. Forward and forward+backward each, every one checked against a float64 loop of one
+matmul per expert on the same inputs before it is timed; throughput as TFLOP/s, as a fraction of the dense
+matmul's time and as a fraction of this device's matmul peak, measured in the same run.
+
+Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA Q
+and O) and one expert-sized matmul as the paper measured its kernel.
 """
 
+import importlib.util
 import statistics
 import sys
 import time
@@ -16,13 +23,16 @@ from pathlib import Path
 
 import torch
 
+from switchbench.models import expert_matmul_choice, expert_matmul_grouped
 from switchbench.models.expert_matmul import expert_matmul, route
 from switchbench.models.presets import PRESETS
+from switchbench.models.slot_rows import aligned
 
-from .command import DTYPES, add_json, device_from_args, emit, slug
+from .command import DTYPES, add_expert_matmul, add_json, device_from_args, emit, expert_matmul_metadata, slug
 from .environment import environment
 from .measure import free_memory, is_oom
-from .results import save_run, writable_folder
+from .results import nothing_measured, save_run, writable_folder
+from .speed import matmul_peak_tflops
 
 SIZES = {
     "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
@@ -75,8 +85,15 @@ def cases(size: str, batch: int) -> list[Case]:
     ]
 
 
+ALIGN = 16  # elements: the kernel-only views' rows are padded to it (16 bytes and more for every dtype)
+
+
 def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
-    """Seeded inputs: k distinct experts per group and token, chosen uniformly."""
+    """Seeded inputs: k distinct experts per group and token, chosen uniformly. For the whole op: x, weight, scores
+    and the routing; for the kernels alone, made here outside any timed region: the input rows in expert order
+    ("sorted"), the same rows scattered into the PyTorch path's [E, capacity] buffer ("padded"), the weight with
+    padded widths, the int32 expert ends and a routing of the sorted rows (each its own slot); for the dense
+    comparator, N * S rows and one expert's weight."""
     gen = torch.Generator().manual_seed(seed)
     k = case.slots // case.groups
     scores = torch.rand(case.tokens, case.groups, case.experts_per_group, generator=gen)
@@ -87,16 +104,44 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     scores = torch.rand(case.tokens, n_experts, generator=gen) if case.gated else None
     tensors = {"x": x, "weight": weight, "scores": scores}
     out = {name: None if t is None else t.to(device, dtype).requires_grad_() for name, t in tensors.items()}
-    out["routing"] = route(choice.reshape(case.tokens, case.slots).to(device), n_experts)
+    routing = route(choice.reshape(case.tokens, case.slots).to(device), n_experts)
+    out["routing"] = routing
     out["dense"] = weight[0].to(device, dtype).requires_grad_()
     rows = x[:, :1].expand(case.tokens, case.slots, case.d_in).reshape(-1, case.d_in)
     out["rows"] = rows.to(device, dtype).requires_grad_()
-    out["sorted"] = _sorted_rows(case, out)[0].detach().requires_grad_()  # for the kernel-only peer
-    out["ends"] = out["routing"].offsets[1:].to(torch.int32)
+    sorted_rows = aligned(_sorted_rows(case, out).detach(), ALIGN)  # [M, d_in']
+    out["padded"] = _capacity_buffer(sorted_rows, routing).requires_grad_()
+    out["sorted"] = sorted_rows.requires_grad_()
+    out["weight_aligned"] = aligned(out["weight"].detach(), ALIGN).clone().requires_grad_()
+    out["ends"] = expert_matmul_grouped.expert_ends(routing.offsets)
+    out["in_order"] = route(routing.experts[:, None], n_experts)  # sorted rows: the identity order
     return out
 
 
-def _expert(impl: str) -> Callable:
+def _sorted_rows(case: Case, inputs: dict) -> torch.Tensor:
+    """The input row of every slot in expert order [M, d_in]."""
+    order = inputs["routing"].order
+    token, s = order // case.slots, order % case.slots
+    return inputs["x"][token, s // (case.slots // case.in_groups)]
+
+
+def _capacity_buffer(rows: torch.Tensor, routing) -> torch.Tensor:
+    """Expert-ordered rows [M, d] in an [E, capacity, d] buffer, zero past each expert's rows (the PyTorch path's
+    layout; capacity = the busiest expert's rows)."""
+    counts = routing.offsets.diff()
+    capacity = int(counts.max()) if rows.shape[0] else 0
+    rank = torch.arange(rows.shape[0], device=rows.device) - routing.offsets[routing.experts]
+    buffer = rows.new_zeros(routing.n_experts * capacity, rows.shape[1])
+    return buffer.index_copy_(0, routing.experts * capacity + rank, rows).view(
+        routing.n_experts, capacity, -1
+    )
+
+
+# The timed calls: the whole op of each implementation and of the loop peer, each kernel alone, and the dense
+# comparator. Each takes (case, inputs) and returns a tensor whose backward the forward+backward timing runs.
+
+
+def _op(impl: str) -> Callable:
     def run(case: Case, inputs: dict):
         return expert_matmul(
             inputs["x"], inputs["weight"], inputs["routing"], inputs["scores"], case.out_groups, impl=impl
@@ -105,80 +150,90 @@ def _expert(impl: str) -> Callable:
     return run
 
 
+def _loop(case: Case, inputs: dict):
+    """One matmul (cuBLAS on a GPU) per expert over its sorted rows, gated and put back in slot order: what a
+    practitioner writes first."""
+    routing = inputs["routing"]
+    ends = routing.offsets.tolist()
+    rows = _sorted_rows(case, inputs)
+    y = torch.cat([rows[a:b] @ w for a, b, w in zip(ends[:-1], ends[1:], inputs["weight"], strict=True)])
+    if inputs["scores"] is not None:
+        y = y * inputs["scores"][routing.order // case.slots, routing.experts][:, None]
+    y = torch.empty_like(y).index_copy(0, routing.order, y)  # [N * S, d_out]
+    return y.view(case.tokens, case.out_groups, -1, case.d_out).sum(2)
+
+
+def _torch_kernel(case: Case, inputs: dict):
+    """The PyTorch path's kernel: one bmm over the [E, capacity, d_in] buffer."""
+    return torch.bmm(inputs["padded"], inputs["weight_aligned"])
+
+
+def _triton_kernel(case: Case, inputs: dict):
+    """The Triton kernels on rows already in expert order: each row its own slot, no gate, nothing to sum."""
+    rows = inputs["sorted"][:, None]  # [M, 1, d_in']
+    return expert_matmul(rows, inputs["weight_aligned"], inputs["in_order"], None, 1, impl="triton")[:, 0]
+
+
+def _grouped_mm_kernel(case: Case, inputs: dict):
+    """torch's grouped GEMM on rows already in expert order, its backward the library's own (the same two grouped
+    GEMMs as the op's: through W^T, and K-grouped for the weight)."""
+    return expert_matmul_grouped.grouped_mm(inputs["sorted"], inputs["weight_aligned"], inputs["ends"])
+
+
 def _dense(case: Case, inputs: dict):
     """The same useful MACs as one dense matmul: [N * S, d_in] @ [d_in, d_out]."""
     return inputs["rows"] @ inputs["dense"]
 
 
-def _sorted_rows(case: Case, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """The input row of every slot in expert order [M, d_in], and each sorted slot's token."""
-    routing = inputs["routing"]
-    token, s = routing.order // case.slots, routing.order % case.slots
-    return inputs["x"][token, s // (case.slots // case.in_groups)], token
-
-
-def _unsorted(case: Case, inputs: dict, y_sorted: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Gate the expert-ordered rows, put them back in slot order and sum each output group."""
-    routing = inputs["routing"]
-    if inputs["scores"] is not None:
-        y_sorted = y_sorted * inputs["scores"][token, routing.experts][:, None]
-    y = torch.empty_like(y_sorted).index_copy(0, routing.order, y_sorted)  # [N * S, d_out]
-    return y.view(case.tokens, case.out_groups, -1, case.d_out).sum(2)
-
-
-def _grouped_mm(case: Case, inputs: dict):
-    """torch's grouped GEMM over the expert-sorted rows."""
-    rows, token = _sorted_rows(case, inputs)
-    return _unsorted(
-        case, inputs, torch.nn.functional.grouped_mm(rows, inputs["weight"], offs=inputs["ends"]), token
-    )
-
-
-def _grouped_mm_kernel(case: Case, inputs: dict):
-    """The grouped GEMM alone, on rows already gathered in expert order: no sort, gather, gate or unsort."""
-    return torch.nn.functional.grouped_mm(inputs["sorted"], inputs["weight"], offs=inputs["ends"])
+# The float64 references: one matmul per expert, on the inputs of the kernel-only views.
 
 
 def _sorted_loop(case: Case, inputs: dict):
-    """The reference of the kernel-only peer: one float64 matmul per expert over the same sorted rows."""
     ends, rows = inputs["routing"].offsets.tolist(), inputs["sorted"]
-    pairs = zip(ends[:-1], ends[1:], inputs["weight"], strict=True)
-    return torch.cat([rows[a:b].double() @ w.double() for a, b, w in pairs]).to(rows.dtype)
+    pairs = zip(ends[:-1], ends[1:], inputs["weight_aligned"], strict=True)
+    return torch.cat([rows[a:b] @ w for a, b, w in pairs])
 
 
-def _loop(case: Case, inputs: dict):
-    """One matmul (cuBLAS on a GPU) per expert over its sorted rows."""
-    rows, token = _sorted_rows(case, inputs)
-    ends = inputs["routing"].offsets.tolist()
-    y = torch.cat([rows[a:b] @ w for a, b, w in zip(ends[:-1], ends[1:], inputs["weight"], strict=True)])
-    return _unsorted(case, inputs, y, token)
+def _capacity_loop(case: Case, inputs: dict):
+    return torch.stack([rows @ w for rows, w in zip(inputs["padded"], inputs["weight_aligned"], strict=True)])
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One timed call: the implementation it measures ("" for the dense comparator), whether it is the whole op
+    or the kernel alone, the inputs whose gradients it is checked in, and the float64 loop it is checked against
+    (None: the dense comparator, which computes something else)."""
+
+    run: Callable
+    implementation: str
+    view: str  # "op", "kernel" or "dense"
+    leaves: tuple[str, ...]
+    reference: Callable | None
+
+
+_OP = ("x", "weight", "scores")
+_SORTED, _PADDED = ("sorted", "weight_aligned"), ("padded", "weight_aligned")
+PEERS = {
+    "torch": Peer(_op("torch"), "torch", "op", _OP, _loop),
+    "triton": Peer(_op("triton"), "triton", "op", _OP, _loop),
+    "grouped_mm": Peer(_op("grouped_mm"), "grouped_mm", "op", _OP, _loop),
+    "loop": Peer(_loop, "loop", "op", _OP, _loop),
+    "torch-kernel": Peer(_torch_kernel, "torch", "kernel", _PADDED, _capacity_loop),
+    "triton-kernel": Peer(_triton_kernel, "triton", "kernel", _SORTED, _sorted_loop),
+    "grouped_mm-kernel": Peer(_grouped_mm_kernel, "grouped_mm", "kernel", _SORTED, _sorted_loop),
+    "dense": Peer(_dense, "", "dense", ("rows", "dense"), None),
+}
+PASSES = ("forward", "forward+backward")
 
 
 def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
-    """Why ``impl`` cannot run ``case`` here, or None."""
-    if impl not in ("grouped_mm", "grouped_mm-kernel"):
-        return None
-    if not hasattr(torch.nn.functional, "grouped_mm"):
-        return f"torch {torch.__version__} has no torch.nn.functional.grouped_mm"
-    if dtype != torch.bfloat16:
-        return "grouped_mm takes bf16 only"
-    if (case.d_in * 2) % 16 or (case.d_out * 2) % 16:
-        return f"grouped_mm needs 16-byte rows; d_in {case.d_in}, d_out {case.d_out}"
+    """Why ``impl`` cannot run ``case`` here, or None. Widths the grouped GEMM cannot take are padded, not refused."""
+    implementation = PEERS[impl].implementation
+    if implementation == "grouped_mm":
+        return expert_matmul_grouped.unavailable()
+    if implementation == "triton" and importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
     return None
-
-
-IMPLEMENTATIONS = {
-    "triton": _expert("triton"),
-    "torch": _expert("torch"),
-    "grouped_mm": _grouped_mm,
-    "loop": _loop,
-    "grouped_mm-kernel": _grouped_mm_kernel,
-    "dense": _dense,
-}
-EXPERT_IMPLS = ("triton", "torch", "grouped_mm", "loop")  # the ones that compute the expert matmul itself
-# A peer timed kernel to kernel (its glue left out), and the reference it is checked against.
-KERNEL_ONLY = {"grouped_mm-kernel": _sorted_loop}
-PASSES = ("forward", "forward+backward")
 
 
 def timer(device: str) -> Callable[..., list[float]]:
@@ -206,39 +261,51 @@ def timer(device: str) -> Callable[..., list[float]]:
     return cpu
 
 
-def _leaves(inputs: dict) -> list[torch.Tensor]:
-    names = ("x", "weight", "scores", "rows", "dense", "sorted")
+def _leaves(inputs: dict, names: tuple[str, ...]) -> list[torch.Tensor]:
     return [inputs[name] for name in names if inputs[name] is not None]
 
 
-def outputs(case: Case, inputs: dict, impl: str | Callable, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Output of ``impl`` and the gradients of its inputs (x, weight and scores; the sorted rows and weight for a
-    kernel-only peer) for a seeded output gradient."""
-    for leaf in _leaves(inputs):
+def outputs(case: Case, inputs: dict, impl: str, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Output of ``impl`` and the gradients of the inputs it is checked in, for a seeded output gradient."""
+    return _outputs(case, inputs, PEERS[impl].run, PEERS[impl].leaves, seed)
+
+
+def _outputs(case: Case, inputs: dict, fn: Callable, names: tuple[str, ...], seed: int = 1) -> dict:
+    leaves = _leaves(inputs, names)
+    for leaf in leaves:
         leaf.grad = None
-    out = (IMPLEMENTATIONS[impl] if isinstance(impl, str) else impl)(case, inputs)
+    out = fn(case, inputs)
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(out)
     out.backward(grad)
-    sorted_rows = impl in KERNEL_ONLY or impl in KERNEL_ONLY.values()
-    names = (
-        ["sorted", "weight"]
-        if sorted_rows
-        else [n for n in ("x", "weight", "scores") if inputs[n] is not None]
-    )
-    result = {"out": out.detach().float()} | {f"grad_{n}": inputs[n].grad.float() for n in names}
-    for leaf in _leaves(inputs):
+    result = {"out": out.detach().float()} | {
+        f"grad_{n}": inputs[n].grad.float() for n in names if inputs[n] is not None
+    }
+    for leaf in leaves:
         leaf.grad = None
     return result
 
 
-def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype) -> tuple[float, str | None]:
-    """Largest error of ``impl`` against the PyTorch path (a kernel-only peer: its own reference) over the output
-    and every gradient, each relative to its reference's largest value; and what is wrong, or None when every
-    one is within tolerance."""
-    reference, got = outputs(case, inputs, KERNEL_ONLY.get(impl, "torch")), outputs(case, inputs, impl)
+def reference(case: Case, inputs: dict, impl: str) -> dict[str, torch.Tensor]:
+    """The float64 loop's output and gradients on the same values as ``impl``'s inputs."""
+    peer = PEERS[impl]
+    exact = inputs | {
+        n: inputs[n].detach().double().requires_grad_() for n in peer.leaves if inputs[n] is not None
+    }
+    return _outputs(case, exact, peer.reference, peer.leaves)
+
+
+def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype, references: dict | None = None):
+    """Largest error of ``impl`` against its float64 loop over the output and every gradient, each relative to
+    the reference's largest value; and what is wrong, or None when every one is within tolerance. ``references``
+    caches the loop's results by the inputs they were computed on (the same for every implementation of a case)."""
+    references = {} if references is None else references
+    key = (PEERS[impl].reference, PEERS[impl].leaves)
+    if key not in references:
+        references[key] = reference(case, inputs, impl)
+    exact, got = references[key], outputs(case, inputs, impl)
     tolerance = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype]
     worst, wrong = 0.0, None
-    for name, ref in reference.items():
+    for name, ref in exact.items():
         error = ((got[name] - ref).abs().max() / ref.abs().max().clamp(min=1e-30)).item()
         if not error <= tolerance and wrong is None:
             wrong = f"{name} relative error {error:.2e} above {tolerance:.0e}"
@@ -260,79 +327,106 @@ def estimated_bytes(case: Case) -> int:
     return 4 * floats
 
 
-def measure(case: Case, impl: str, device: str, dtype: torch.dtype) -> list[dict]:
-    """Forward and forward+backward timings (median and spread) of one implementation on one case; a case
-    that gives a wrong result is a "wrong" row with the error, and is not timed."""
+def measure(
+    case: Case, impl: str, device: str, dtype: torch.dtype, references: dict | None = None
+) -> list[dict]:
+    """Forward and forward+backward timings (median and spread) of one timed call on one case, after its check
+    against the float64 loop; a case that gives a wrong result is a "wrong" row with the error, and is not timed."""
     reason = unsupported(impl, case, dtype)
     if reason:  # a row without "ms": strict JSON has no NaN
         return _untimed(case, impl, "skipped", skipped=reason)
     inputs = make_inputs(case, device, dtype)
-    fn = IMPLEMENTATIONS[impl]
-    checked = impl in KERNEL_ONLY or (impl in EXPERT_IMPLS and impl != "torch")
-    error, wrong = check(case, inputs, impl, dtype) if checked else (0.0, None)
-    if wrong:
-        return _untimed(case, impl, "wrong", error=wrong, max_rel_error=error)
-    out = fn(case, inputs)
+    peer = PEERS[impl]
+    checked = {}
+    if peer.reference is not None:
+        error, wrong = check(case, inputs, impl, dtype, references)
+        if wrong:
+            return _untimed(case, impl, "wrong", error=wrong, max_rel_error=error)
+        checked = {"max_rel_error": error}
+    out = peer.run(case, inputs)
     grad = torch.randn_like(out)
     ms = timer(device)
-    forward = ms(lambda: fn(case, inputs))
-    both = ms(lambda: fn(case, inputs).backward(grad), grad_to_none=_leaves(inputs))
+    forward = ms(lambda: peer.run(case, inputs))
+    both = ms(lambda: peer.run(case, inputs).backward(grad), grad_to_none=_leaves(inputs, peer.leaves))
     rows = []
     for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
         t = statistics.median(times)
-        row = {
-            "case": case.name,
-            "impl": impl,
-            "pass": what,
-            "status": "ok",
-            "ms": t,
-            "tflops": 2 * macs / t / 1e9,
-        }
+        row = {"case": case.name, "impl": impl, "view": peer.view, "pass": what, "status": "ok", "ms": t,
+               "tflops": 2 * macs / t / 1e9}  # fmt: skip
         spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
-        rows.append(row | spread | {"max_rel_error": error, **_shape(case)})
+        rows.append(row | spread | checked | _shape(case))
     return rows
 
 
 def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
     return [
-        {"case": case.name, "impl": impl, "pass": p, "status": status, **why, **_shape(case)} for p in PASSES
-    ]
+        {"case": case.name, "impl": impl, "view": PEERS[impl].view, "pass": p, "status": status, **why,
+         **_shape(case)}
+        for p in PASSES
+    ]  # fmt: skip
 
 
 def _shape(case: Case) -> dict:
     return {f"shape_{k}": v for k, v in asdict(case).items()}
 
 
-def default_impls(device: str) -> list[str]:
-    """Every implementation on a GPU; off one, Triton runs in its interpreter: correct but not worth timing."""
-    return list(IMPLEMENTATIONS) if device == "cuda" else ["torch", "dense"]
+def default_impls(device: str, choice: str = "auto") -> list[str]:
+    """With ``auto``, every implementation (off a GPU Triton runs in its interpreter: correct but not worth timing,
+    so it is left out) and the loop peer; with a named one, that one; each as the whole op and its kernel alone,
+    and the dense comparator."""
+    if choice != "auto":
+        return [choice, f"{choice}-kernel", "dense"]
+    return [name for name, peer in PEERS.items() if device == "cuda" or peer.implementation != "triton"]
+
+
+def bucket(case: Case, dtype: torch.dtype) -> str:
+    """The shape bucket an expert matmul of ``case`` resolves ``auto`` by."""
+    return expert_matmul_choice.shape_bucket(
+        case.tokens * case.slots, case.d_in, case.d_out, dtype, case.gated
+    )
 
 
 def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
-    """Every case and implementation; one too large for the free memory, or that runs out of it, is an "OOM"
-    row, one that computes a wrong result a "wrong" row, and the sweep goes on."""
+    """Every case and timed call; one too large for the free memory, or that runs out of it, is an "OOM" row,
+    one that computes a wrong result a "wrong" row, and the sweep goes on."""
     rows = []
     for size in sizes:
         for case in cases(size, batch):
-            need, free = estimated_bytes(case), free_memory(device)
-            if need > free:
-                reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
-                rows += [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
-                continue
-            for impl in impls:
-                try:
-                    rows += measure(case, impl, device, dtype)
-                except (RuntimeError, MemoryError) as error:
-                    if not is_oom(error):
-                        raise
-                    rows += _untimed(case, impl, "OOM", reason="out of memory")
-                    if torch.cuda.is_available():
-                        torch.cuda.empty_cache()
+            rows += [r | {"bucket": bucket(case, dtype)} for r in _case_rows(case, device, dtype, impls)]
     dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
         key = (r["case"], r["pass"])
         r["vs_dense"] = dense[key] / r["ms"] if key in dense and "ms" in r else None
     return rows
+
+
+def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+    need, free = estimated_bytes(case), free_memory(device)
+    if need > free:
+        reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        return [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
+    rows, references = [], {}  # the float64 loop's results, shared by the implementations of the case
+    for impl in impls:
+        try:
+            rows += measure(case, impl, device, dtype, references)
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            rows += _untimed(case, impl, "OOM", reason="out of memory")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    return rows
+
+
+def mark_choice(rows: list[dict], device: str, choice: str) -> dict[str, str]:
+    """Mark the whole-op rows of the implementation ``choice`` resolves to for each case (``chosen``); returns what
+    it resolved to per case, and why."""
+    resolved = {}
+    for r in rows:
+        resolution = expert_matmul_choice.lookup(torch.device(device), r["bucket"], choice)
+        resolved[r["case"]] = resolution.describe()
+        r["chosen"] = r["view"] == "op" and r["impl"] == resolution.impl
+    return resolved
 
 
 def register(commands) -> None:
@@ -342,6 +436,7 @@ def register(commands) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
+    add_expert_matmul(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -352,23 +447,38 @@ def _run(args) -> int:
     batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
-    rows = run(args.sizes, batch, device, DTYPES[args.dtype], default_impls(device))
+    dtype = DTYPES[args.dtype]
+    rows = run(args.sizes, batch, device, dtype, default_impls(device, args.expert_matmul))
+    by_case = mark_choice(rows, device, args.expert_matmul)
+    peak = matmul_peak_tflops(device, dtype) if any("ms" in r for r in rows) else None
+    for r in rows:
+        if peak and "ms" in r:
+            r["fraction_of_matmul_peak"] = r["tflops"] / peak
     precision = f"inputs in {args.dtype}, as autocast hands them to the op; fp32 accumulation"
     metadata = environment(device) | {"dtype": args.dtype, "precision": precision, "batch": batch,
-                                      "sizes": args.sizes}  # fmt: skip
+                                      "sizes": args.sizes, "matmul_peak_tflops": peak,
+                                      **expert_matmul_metadata(args.expert_matmul, device),
+                                      "expert_matmul_by_case": by_case}  # fmt: skip
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
     table = [
-        {"case": r["case"], "pass": r["pass"], "impl": r["impl"], "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
-         "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
-         "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%"}
+        {"case": r["case"], "pass": r["pass"], "impl": r["impl"] + (" *" if r["chosen"] else ""), "view": r["view"],
+         "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"], "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
+         "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
+         "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else ""}
         for r in rows
     ]  # fmt: skip
     if not args.json:
-        print(f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time")
+        print(f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
+              f"of peak: of the measured matmul peak ({_tflops(peak)}); * = what --expert-matmul "
+              f"{args.expert_matmul} runs for the case")  # fmt: skip
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]
     if not args.json:
         print(f"saved {path} and its .csv")
     for r in wrong:
         print(f"switchbench kernel-bench: {r['impl']} on {r['case']} is wrong: {r['error']}", file=sys.stderr)
-    return 1 if wrong else 0
+    return 1 if wrong else nothing_measured(rows, "kernel-bench", path)
+
+
+def _tflops(peak: float | None) -> str:
+    return "not measured" if peak is None else f"{peak:.3g} TFLOP/s"

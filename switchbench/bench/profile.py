@@ -33,7 +33,15 @@ from switchbench.models.expert_matmul import WEIGHT_GRADIENT_LABEL
 from switchbench.models.presets import PRESETS
 
 from . import precision
-from .command import DTYPES, add_json, device_from_args, slug
+from .command import (
+    DTYPES,
+    add_expert_matmul,
+    add_json,
+    describe_expert_matmul,
+    device_from_args,
+    expert_matmul_metadata,
+    slug,
+)
 from .environment import environment
 from .results import save_run, writable_folder
 from .speed import GROUPS, PAPER_GPU_BATCH, Timer, fitted_batch, model_benches, too_large
@@ -332,6 +340,7 @@ def register(commands) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
     parser.add_argument("--out", default="results/profile", help="results go to OUT/<device>/")
+    add_expert_matmul(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -357,14 +366,14 @@ def _run(args) -> int:
         "dtype": dtype_name, "precision": precision.describe(dtype_name), "batch": batch, "steps": args.steps,
         "warmup": args.warmup, "presets": args.presets, "what": what, "compile": "eager",
         "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
-    }  # fmt: skip
+    } | expert_matmul_metadata(args.expert_matmul, device)  # fmt: skip
     label = f"{dtype_name}-b{batch}-" + "-vs-".join(slug(p) for p in args.presets)
     path = save_run(Path(args.out) / slug(metadata["device"]), label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return 0
     print(f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
-          f"counted: {metadata['counted']}")  # fmt: skip
+          f"counted: {metadata['counted']}; {describe_expert_matmul(metadata)}")  # fmt: skip
     print(side_by_side(rows).to_string())
     print(f"saved {path}")
     return 0

@@ -1,8 +1,10 @@
 """Result files: written whole or not at all, never over an earlier run."""
 
+import collections
 import glob
 import json
 import os
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -177,3 +179,14 @@ def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path
     write_csv(stem.with_suffix(".csv"), rows)
     payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
     return write_atomic(stem.with_suffix(".json"), payload)
+
+
+def nothing_measured(rows: list[dict], command: str, saved: Path) -> int:
+    """1, with one line on stderr, when no row of a run has a time (every case OOM, skipped or wrong); else 0."""
+    if any("ms" in row for row in rows):
+        return 0
+    statuses = collections.Counter(row.get("status", "?") for row in rows if "status" in row)
+    why = ", ".join(f"{n} {status}" for status, n in statuses.items()) or "no case ran"
+    print(f"switchbench {command}: nothing measured: every case was OOM or unsupported ({why}); the rows are in "
+          f"{saved}", file=sys.stderr)  # fmt: skip
+    return 1

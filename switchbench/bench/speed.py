@@ -21,18 +21,26 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from switchbench.models import expert_matmul_choice
 from switchbench.models.lm import ATTENTIONS, LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
 from . import precision
 from .accounting import exact_cost, model_macs
-from .command import DTYPES, device_from_args, slug
+from .command import (
+    DTYPES,
+    add_expert_matmul,
+    describe_expert_matmul,
+    device_from_args,
+    expert_matmul_metadata,
+    slug,
+)
 from .measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
 from .params import parameter_counts
 from .precision import autocast
 from .published import WALLCLOCK
-from .results import save_run, writable_folder
+from .results import nothing_measured, save_run, writable_folder
 
 # Each group: a dense baseline first, then the models compared with it.
 GROUPS = {
@@ -82,6 +90,8 @@ class Bench:
     attention: Callable[[], str | None] = lambda: (
         None
     )  # the attention kernel run() takes; None: not looked at
+    # the expert-matmul implementations run() takes; None: no expert matmul, or not looked at
+    expert_matmul: Callable[[], str | None] = lambda: None
     module: torch.nn.Module | None = None  # what run() calls, for tools that look inside it (profile)
 
 
@@ -121,11 +131,14 @@ def model_benches(
             return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
     macs = batch * model_macs(cfg)
-    kernel = functools.cache(lambda: attention_kernel(forward))
+    kernels = functools.cache(lambda: _kernels(forward))
+    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
     return [
-        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=kernel, module=model),
-        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=kernel, module=model),
-    ]
+        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=attention, expert_matmul=experts,
+              module=model),
+        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=attention, expert_matmul=experts,
+              module=model),
+    ]  # fmt: skip
 
 
 def layer_benches(
@@ -159,13 +172,22 @@ def layer_benches(
             return count_saved_bytes(lambda: layer(x, mem, window), module)
 
     macs = batch * exact_cost(cfg).macs
-    kernel = functools.cache(lambda: attention_kernel(forward))
+    kernels = functools.cache(lambda: _kernels(forward))
+    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
     return [
         Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward),
-              kernel, module),
+              attention, experts, module),
         Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory,
-              lambda: count_op_calls(forward_backward), kernel, module),
+              lambda: count_op_calls(forward_backward), attention, experts, module),
     ]  # fmt: skip
+
+
+def _kernels(forward: Callable) -> tuple[str, str | None]:
+    """The attention kernel one ``forward()`` runs, and the expert-matmul implementations it resolved to (None:
+    no expert matmul): read off one call, outside the timed ones."""
+    with expert_matmul_choice.recording() as resolved:
+        attention = attention_kernel(forward)
+    return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
 
 
 def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:
@@ -299,7 +321,8 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
                 "memory_bytes": _memory(bench),
             }
-            measured = {"op_calls": bench.op_calls(), "attention": bench.attention()}
+            measured = {"op_calls": bench.op_calls(), "attention": bench.attention(),
+                        "expert_matmul": bench.expert_matmul()}  # fmt: skip
             row |= {name: value for name, value in measured.items() if value is not None}
             if base is not None and base not in failed:
                 paired = [a / b for a, b in zip(times[i], times[base], strict=True)]
@@ -493,6 +516,7 @@ def register(commands) -> None:
     parser.add_argument("--quick", action="store_true", help="the CI gate: 47M attention layers on the CPU")
     parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_expert_matmul(parser)
     parser.set_defaults(run=_run)
 
 
@@ -545,6 +569,7 @@ def _run(args) -> int:
             clock=clock,
             compile=args.compile or "eager",
             groups={g: list(p) for g, p in groups.items()},
+            **expert_matmul_metadata(args.expert_matmul, device),
         )
     folder = Path(args.out) / slug(metadata["device"])
     label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
@@ -552,18 +577,22 @@ def _run(args) -> int:
     path = save_run(folder, label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
-        return 0
+        return nothing_measured(_timed(rows), "speed", path)
     print(
         f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world} process(es), "
         f"{metadata['threads']} "
         f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
-        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured)"
+        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured); {describe_expert_matmul(metadata)}"
     )
     print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
     print("\nPaper Table 5 (whole training steps):")
     print(_published_wallclock().to_string(index=False))
     print(f"saved {path}")
-    return 0
+    return nothing_measured(_timed(rows), "speed", path)
+
+
+def _timed(rows: list[dict]) -> list[dict]:
+    return [r for r in rows if r["scope"] != "count"]  # the exact cost ratios are counted, never timed
 
 
 def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
@@ -593,6 +622,7 @@ def _printed(r: dict) -> dict:
         "MAC floor": f"{r['ratio_macs']:.2f}" if "ratio_macs" in r else "",
         "time/floor": f"{r['time_over_floor']:.2f}" if "time_over_floor" in r else "",
         "attention": r.get("attention", "") + (" (mixed!)" if r.get("attention_mixed") else ""),
+        "expert matmul": r.get("expert_matmul", ""),
         "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
         "rel. memory": f"{r['ratio_memory']:.2f}" if "ratio_memory" in r else "",
         "op calls": r.get("op_calls", ""),

@@ -15,22 +15,20 @@ that router drives. The op is a torch.library custom op (``switchbench::expert_m
 implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
 the scores, so activation memory does not grow with the number of active experts.
 
-Layers: Triton kernels (expert_matmul_triton.py) or the PyTorch path below -> custom ops -> autograd ->
-:func:`expert_matmul`. CUDA tensors use Triton, others PyTorch; ``impl=`` or SWITCHBENCH_EXPERT_MATMUL
-forces one.
+Layers: Triton kernels (expert_matmul_triton.py), torch's grouped GEMM (expert_matmul_grouped.py) or the
+PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is chosen per call
+(expert_matmul_choice.py): ``impl=``, the choice in force (``--expert-matmul``), SWITCHBENCH_EXPERT_MATMUL, or
+``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
 
-import os
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-IMPLS = ("torch", "triton")
-ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
-# A profiler range around each implementation's weight-gradient pass, so a profile can tell it from the input
-# gradient (both run inside the one backward op); no cost when no profiler runs.
-WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
+from . import expert_matmul_grouped
+from .expert_matmul_choice import IMPLS, resolve, shape_bucket
+from .slot_rows import WEIGHT_GRADIENT_LABEL
 
 
 @dataclass(frozen=True, eq=False)
@@ -73,7 +71,8 @@ def expert_matmul(
 ) -> Tensor:
     """x [N, S_in, d_in], weight [E, d_in, d_out], router scores [N, E] or None (no gates) -> [N, S_out, d_out].
 
-    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction.
+    ``out_groups`` (S_out) defaults to S: one output per slot, no reduction. ``impl``: one of IMPLS, or "auto";
+    default: the choice in force.
     """
     n, s_in, d_in = x.shape
     slots = routing.slots
@@ -82,13 +81,15 @@ def expert_matmul(
         raise ValueError(f"x {tuple(x.shape)} and out_groups {s_out} do not fit {n} tokens x {slots} slots")
     if weight.shape[0] != routing.n_experts or weight.shape[1] != d_in:
         raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} in")
-    impl = impl or os.environ.get(ENV_IMPL) or ("triton" if x.is_cuda else "torch")
-    if impl not in IMPLS:
-        raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)}; got {impl!r}")
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
         scores = None if scores is None else scores.to(dtype)
+    if impl is None or impl == "auto":
+        bucket = shape_bucket(routing.order.numel(), d_in, weight.shape[2], x.dtype, scores is not None)
+        impl = resolve(x.device, bucket, impl)
+    if impl not in IMPLS:
+        raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
     return torch.ops.switchbench.expert_matmul(
         x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
     )
@@ -166,7 +167,7 @@ def _implementation(impl: str):
         from . import expert_matmul_triton  # triton is optional: imported only when its kernels are asked for
 
         return expert_matmul_triton
-    return TorchExpertMatmul
+    return expert_matmul_grouped if impl == "grouped_mm" else TorchExpertMatmul
 
 
 # The PyTorch path: slots scattered into an [E, capacity, d] buffer (capacity = the busiest expert's load) and

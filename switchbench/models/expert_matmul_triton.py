@@ -25,12 +25,11 @@ import json
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from .expert_matmul import WEIGHT_GRADIENT_LABEL
+from .slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
 
 @triton.jit
@@ -372,14 +371,6 @@ def _bucket(m: int) -> int:
     return min(triton.next_power_of_2(max(m, 1)), _BUCKET_CAP)
 
 
-def _aligned(t: Tensor) -> Tensor:
-    """t with its last two dims (one for rows) zero-padded to multiples of ALIGN; t itself when they are."""
-    pad = [0 if d % ALIGN == 0 else ALIGN - d % ALIGN for d in reversed(t.shape[-2 if t.dim() > 2 else -1 :])]
-    if not any(pad):
-        return t
-    return F.pad(t, [p for width in pad for p in (0, width)])
-
-
 def _scores_strides(scores: Tensor | None) -> tuple[int, int]:
     return (0, 0) if scores is None else scores.stride()
 
@@ -476,12 +467,6 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
     return dw
 
 
-def _group_sum(rows: Tensor, n: int, groups: int, width: int) -> Tensor:
-    """[N * S, padded width] -> [N, groups, width]: the sum over each group's slots (a view for one slot)."""
-    rows = rows.view(n, groups, -1, rows.shape[1])[..., :width]
-    return rows[:, :, 0].contiguous() if rows.shape[2] == 1 else rows.sum(2)
-
-
 # The interface of models.expert_matmul's implementations.
 
 
@@ -495,18 +480,19 @@ def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         )
     n, s_in, d_in = x.shape
     slots = indices.shape[1]
-    x_rows = _aligned(x.reshape(n * s_in, d_in))
-    y, _ = scatter_matmul(x_rows, s_in, _aligned(weight), scores, slots, order, offsets)  # [N * S, d_out]
-    return _group_sum(y, n, s_out, weight.shape[2])
+    x_rows = aligned(x.reshape(n * s_in, d_in), ALIGN)
+    weight_rows = aligned(weight, ALIGN)
+    y, _ = scatter_matmul(x_rows, s_in, weight_rows, scores, slots, order, offsets)  # [N * S, d_out]
+    return group_sum(y, n, s_out, weight.shape[2])
 
 
 def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     n, s_in, d_in = x.shape
     s_out, d_out = grad_out.shape[1:]
     slots = indices.shape[1]
-    x_rows = _aligned(x.reshape(n * s_in, d_in))
-    grad_rows = _aligned(grad_out.reshape(n * s_out, d_out))
-    weight_t = _aligned(weight).transpose(1, 2)  # a strided view: the kernel reads W^T in place
+    x_rows = aligned(x.reshape(n * s_in, d_in), ALIGN)
+    grad_rows = aligned(grad_out.reshape(n * s_out, d_out), ALIGN)
+    weight_t = aligned(weight, ALIGN).transpose(1, 2)  # a strided view: the kernel reads W^T in place
     # Gated input gradients per slot; the gate gradients are the ungated ones' row-dot with x (an epilogue).
     dot = None if scores is None else (x_rows, s_in)
     grad_slots, grad_gates = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets, dot)
@@ -516,4 +502,4 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     if scores is not None:
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
         grad_s = grad_s.scatter_add_(1, indices, grad_gates.view(n, slots)).to(scores.dtype)
-    return _group_sum(grad_slots, n, s_in, d_in), grad_w[:, :d_in, :d_out].contiguous(), grad_s
+    return group_sum(grad_slots, n, s_in, d_in), grad_w[:, :d_in, :d_out].contiguous(), grad_s

@@ -1,0 +1,147 @@
+"""Which implementation runs the expert matmul: one process-wide choice, ``auto`` or a named one.
+
+A call's implementation is, first to last: the ``impl=`` it is given; the choice in force (:func:`selected`, which
+the command line's ``--expert-matmul`` sets); ``SWITCHBENCH_EXPERT_MATMUL``; ``auto``. ``auto`` looks the call up
+in a table of measured winners kept as package data (``data/expert_matmul_auto.json``, written by ``switchbench
+kernel-tune``), by device name and shape bucket. Without an entry it falls back to the rule that held before the
+table: Triton on CUDA, PyTorch elsewhere, and records that it fell back.
+
+Every resolution is recorded in the logs opened by :func:`recording`, so a run can say what it ran on. Nothing
+here touches a tensor's data: choosing costs no operator call and no sync.
+"""
+
+import contextlib
+import functools
+import importlib.resources
+import json
+import os
+import platform
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+IMPLS = ("torch", "triton", "grouped_mm")
+CHOICES = ("auto", *IMPLS)
+ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
+AUTO_FILE = "expert_matmul_auto.json"
+FALLBACK_RULE = "triton on CUDA, torch elsewhere"
+_BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" (as the Triton kernels' tuning keys)
+TRACED = "traced shape"
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What one call ran on, and why: ``named`` (a choice, an ``impl=`` or the environment), ``measured`` (auto:
+    the table's fastest for this device and bucket), ``fallback`` (auto: no table entry)."""
+
+    impl: str
+    reason: str
+
+    def describe(self) -> str:
+        if self.reason == "fallback":
+            return f"{self.impl} (auto fell back: no measured entry; {FALLBACK_RULE})"
+        return f"{self.impl} ({'auto: measured fastest' if self.reason == 'measured' else 'named'})"
+
+
+_selected: list[tuple[str, dict]] = []  # the choices in force, innermost last, each with its resolutions
+_logs: list[dict] = []  # open recordings
+
+
+@contextlib.contextmanager
+def selected(choice: str | None) -> Iterator[None]:
+    """Run the block with ``choice`` in force, its resolutions recorded for :func:`resolutions` (None: leave the
+    choice as it is)."""
+    if choice is None:
+        yield
+        return
+    _check(choice, "expert matmul choice")
+    with recording() as log:
+        _selected.append((choice, log))
+        try:
+            yield
+        finally:
+            _selected.pop()
+
+
+def choice() -> str:
+    """The choice in force: the innermost :func:`selected`, else SWITCHBENCH_EXPERT_MATMUL, else auto."""
+    if _selected:
+        return _selected[-1][0]
+    named = os.environ.get(ENV_IMPL) or "auto"
+    _check(named, ENV_IMPL)
+    return named
+
+
+def resolutions() -> dict[str, Resolution]:
+    """What the calls made under the innermost :func:`selected` ran on, so far: {"device | bucket": Resolution}."""
+    return dict(_selected[-1][1]) if _selected else {}
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[dict[str, Resolution]]:
+    """Collect every resolution made in the block: {"device | bucket": Resolution}."""
+    log: dict[str, Resolution] = {}
+    _logs.append(log)
+    try:
+        yield log
+    finally:
+        _logs[:] = [other for other in _logs if other is not log]  # by identity: equal logs are not the same
+
+
+def shape_bucket(slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: bool) -> str:
+    """``65536x1024x112 bfloat16 gates``: the token slots rounded up to a power of two (capped), the widths, the
+    compute dtype, and whether the slots are gated. Sizes that are not numbers yet (a torch.jit trace, symbolic
+    shapes under torch.compile) make the bucket TRACED, which no table holds: auto falls back there."""
+    if not all(type(n) is int for n in (slots, d_in, d_out)):
+        return TRACED
+    bucket = min(1 << max(slots - 1, 0).bit_length(), _BUCKET_CAP)
+    return f"{bucket}x{d_in}x{d_out} {str(dtype).removeprefix('torch.')}" + (" gates" if gated else "")
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The name the table is keyed by: the GPU's, or the CPU's architecture."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def auto_tables() -> tuple[dict, ...]:
+    text = importlib.resources.files("switchbench.models").joinpath("data", AUTO_FILE).read_text()
+    return tuple(json.loads(text)["tables"])
+
+
+def measured_entries(device: torch.device) -> int:
+    """How many shape buckets the table holds for ``device``."""
+    name = device_name(device)
+    return sum(len(t["choices"]) for t in auto_tables() if t["device"] == name)
+
+
+def lookup(device: torch.device, bucket: str, named: str | None = None) -> Resolution:
+    """The implementation ``named`` (default: the choice in force) gives a call of ``bucket`` on ``device``."""
+    named = named or choice()
+    if named != "auto":
+        return Resolution(named, "named")
+    gpu = device_name(device)
+    for table in auto_tables():
+        impl = table["choices"].get(bucket) if table["device"] == gpu else None
+        if impl:
+            return Resolution(impl, "measured")
+    return Resolution("triton" if device.type == "cuda" else "torch", "fallback")
+
+
+@torch.compiler.assume_constant_result
+def resolve(device: torch.device, bucket: str, named: str | None = None) -> str:
+    """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced,
+    and its answer is part of the graph."""
+    resolution = lookup(device, bucket, named)
+    for log in _logs:
+        log[f"{device_name(device)} | {bucket}"] = resolution
+    return resolution.impl
+
+
+def _check(named: str, where: str) -> None:
+    if named not in CHOICES:
+        raise ValueError(f"{where}: the expert matmul must be one of {', '.join(CHOICES)}; got {named!r}")

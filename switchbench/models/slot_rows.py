@@ -1,0 +1,28 @@
+"""Rows of token slots as the expert-matmul kernels hold them: feature widths zero-padded to an alignment the
+kernels need, and the per-slot rows summed back into their groups at the true width.
+
+Shared by the Triton kernels (expert_matmul_triton.py) and the grouped-GEMM path (expert_matmul_grouped.py).
+"""
+
+import torch.nn.functional as F
+from torch import Tensor
+
+# A profiler range around each implementation's weight-gradient pass, so a profile can tell it from the input
+# gradient (both run inside the one backward op); free when no profiler runs.
+WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
+
+
+def aligned(t: Tensor, multiple: int) -> Tensor:
+    """t with its last two dims (one for rows) zero-padded to multiples of ``multiple``; t itself when they are."""
+    widths = t.shape[-2 if t.dim() > 2 else -1 :]
+    pad = [0 if d % multiple == 0 else multiple - d % multiple for d in reversed(widths)]
+    if not any(pad):
+        return t
+    return F.pad(t, [p for width in pad for p in (0, width)])
+
+
+def group_sum(rows: Tensor, n: int, groups: int, width: int) -> Tensor:
+    """[N * S, padded width] -> [N, groups, width]: the sum over each group's slots (a view for one slot)."""
+    per_group = rows.shape[0] // (n * groups) if n else 1  # no token: any count gives the same empty result
+    rows = rows.view(n, groups, per_group, rows.shape[1])[..., :width]
+    return rows[:, :, 0].contiguous() if rows.shape[2] == 1 else rows.sum(2)

@@ -1,0 +1,89 @@
+"""Which implementation an expert matmul runs on: named choices, the environment, auto's measured table and its
+fallback, and the record of what each call resolved to."""
+
+import pytest
+import torch
+
+from switchbench.models import expert_matmul_choice as choice
+from switchbench.models.config import ModelConfig
+from switchbench.models.switchhead import SwitchHeadAttention
+from switchbench.models.window import make_window
+
+CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """A measured table for an H100, and this process's GPU named so."""
+    tables = ({"device": H100, "choices": {"65536x1024x112 bfloat16 gates": "grouped_mm"}},)
+    monkeypatch.setattr(choice, "auto_tables", lambda: tables)
+    monkeypatch.setattr(choice, "device_name", lambda device: H100 if device.type == "cuda" else "x86_64")
+
+
+def test_shape_buckets():
+    assert choice.shape_bucket(40000, 1024, 112, torch.bfloat16, True) == "65536x1024x112 bfloat16 gates"
+    assert choice.shape_bucket(1, 24, 20, torch.float32, False) == "1x24x20 float32"
+    assert choice.shape_bucket(10**9, 8, 8, torch.float16, False) == "262144x8x8 float16"  # capped
+    # torch.jit.trace hands sizes over as tensors
+    traced = choice.shape_bucket(torch.tensor(256), 64, 16, torch.float32, True)
+    assert traced == choice.TRACED and choice.lookup(CPU, traced, "auto").reason == "fallback"
+
+
+def test_auto_takes_the_measured_fastest_where_device_and_bucket_match(table):
+    assert choice.lookup(GPU, "65536x1024x112 bfloat16 gates", "auto") == choice.Resolution(
+        "grouped_mm", "measured"
+    )
+    fallback = choice.lookup(GPU, "65536x1024x112 float32 gates", "auto")  # another dtype: no entry
+    assert fallback == choice.Resolution("triton", "fallback") and "fell back" in fallback.describe()
+    assert choice.lookup(CPU, "65536x1024x112 bfloat16 gates", "auto") == choice.Resolution(
+        "torch", "fallback"
+    )
+    assert choice.measured_entries(GPU) == 1 and choice.measured_entries(CPU) == 0
+
+
+def test_precedence_named_then_environment_then_auto(table, monkeypatch):
+    bucket = "65536x1024x112 bfloat16 gates"
+    monkeypatch.delenv(choice.ENV_IMPL, raising=False)
+    assert choice.choice() == "auto" and choice.resolve(GPU, bucket) == "grouped_mm"
+    monkeypatch.setenv(choice.ENV_IMPL, "torch")
+    assert choice.resolve(GPU, bucket) == "torch"
+    with choice.selected("triton"):
+        assert choice.resolve(GPU, bucket) == "triton"
+        with choice.selected(None):  # nothing chosen: as it was
+            assert choice.choice() == "triton"
+        assert choice.resolve(GPU, bucket, "auto") == "grouped_mm"  # an explicit impl= wins
+    assert choice.choice() == "torch"
+    monkeypatch.setenv(choice.ENV_IMPL, "cublas")
+    with pytest.raises(ValueError, match="must be one of auto, torch, triton, grouped_mm; got 'cublas'"):
+        choice.choice()
+    with pytest.raises(ValueError, match="got 'fastest'"):
+        choice.selected("fastest").__enter__()
+
+
+def test_every_resolution_is_recorded_under_its_choice(table):
+    with choice.selected("auto"):
+        with choice.recording() as inner:
+            choice.resolve(GPU, "65536x1024x112 bfloat16 gates")
+        choice.resolve(CPU, "8x4x4 float32")
+        seen = choice.resolutions()
+    assert inner == {f"{H100} | 65536x1024x112 bfloat16 gates": choice.Resolution("grouped_mm", "measured")}
+    assert seen == inner | {"x86_64 | 8x4x4 float32": choice.Resolution("torch", "fallback")}
+    assert choice.resolutions() == {}  # outside any choice
+
+
+def test_a_layer_runs_on_the_choice_in_force():
+    cfg = ModelConfig(model="switchhead", d_model=24, n_layers=2, n_heads=2, d_head=8, n_experts=3, k=2, T=6)
+    layer = SwitchHeadAttention(cfg)
+    x, mem, window = torch.randn(2, 6, 24), torch.randn(2, 6, 24), make_window(6, 6, 6, 6, 1, True, "cpu")
+    outputs = {}
+    for impl in ("torch", "grouped_mm"):
+        with choice.selected(impl), choice.recording() as log:
+            outputs[impl] = layer(x, mem, window)[0]
+        assert {r.impl for r in log.values()} == {impl} and len(log) == 2  # V and O, two shapes
+    torch.testing.assert_close(outputs["grouped_mm"], outputs["torch"], rtol=1e-5, atol=1e-6)
+
+
+def test_the_shipped_table_names_known_implementations():
+    for t in choice.auto_tables():
+        assert set(t["choices"].values()) <= set(choice.IMPLS), t["device"]

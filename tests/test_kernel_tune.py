@@ -1,0 +1,56 @@
+"""kernel-tune's table for ``--expert-matmul auto``, written from synthetic timings (timing needs a GPU)."""
+
+import json
+
+import pytest
+import torch
+
+from switchbench.bench import kernel_tune
+from switchbench.cli import main
+from switchbench.models import expert_matmul_choice as choice
+
+BIG, SMALL = "65536x1024x112 bfloat16 gates", "8192x412x76 bfloat16 gates"
+
+
+def _row(bucket, case, impl, ms=None, what="forward+backward", status="ok"):
+    row = {"bucket": bucket, "case": case, "impl": impl, "pass": what, "status": status}
+    return row | ({"ms": ms} if ms is not None else {})
+
+
+def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
+    rows = [
+        _row(BIG, "v b32", "torch", 9.0), _row(BIG, "v b64", "torch", 18.0),
+        _row(BIG, "v b32", "grouped_mm", 4.0), _row(BIG, "v b64", "grouped_mm", 8.0),
+        _row(BIG, "v b32", "triton", 1.0), _row(BIG, "v b64", "triton", status="wrong"),  # ruled out
+        _row(BIG, "v b32", "triton", 0.1, what="forward"),  # forward alone decides nothing
+        _row(SMALL, "o b8", "torch", status="OOM"), _row(SMALL, "o b8", "triton", status="skipped"),
+    ]  # fmt: skip
+    table = kernel_tune.fastest(rows)
+    assert table == {"choices": {BIG: "grouped_mm"}, "ms": {BIG: {"torch": 27.0, "grouped_mm": 12.0}}}
+
+
+def test_the_written_table_is_what_auto_reads(tmp_path, monkeypatch):
+    table = kernel_tune.fastest([_row(BIG, "v", "torch", 3.0), _row(BIG, "v", "triton", 2.0)])
+    before = {"about": "kept", "tables": [{"device": "NVIDIA A100-SXM4-80GB", "choices": {BIG: "torch"}}]}
+    written = kernel_tune.merged(before, "NVIDIA H100 80GB HBM3", table)
+    path = tmp_path / "auto.json"
+    path.write_text(json.dumps(written))
+    devices = [t["device"] for t in written["tables"]]
+    assert written["about"] == "kept" and devices == ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"]
+    monkeypatch.setattr(choice, "auto_tables", lambda: tuple(json.loads(path.read_text())["tables"]))
+    monkeypatch.setattr(choice, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert choice.lookup(torch.device("cuda", 0), BIG, "auto") == choice.Resolution("triton", "measured")
+    assert choice.lookup(torch.device("cuda", 0), SMALL, "auto").reason == "fallback"
+
+
+def test_the_package_tables_are_where_the_models_read_them():
+    from importlib.resources import files
+
+    data = files("switchbench.models") / "data"
+    assert kernel_tune.AUTO_TABLE.read_text() == (data / choice.AUTO_FILE).read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
+def test_kernel_tune_needs_a_gpu(capsys):
+    assert main(["kernel-tune"]) == 2
+    assert "autotunes on a CUDA GPU" in capsys.readouterr().err
