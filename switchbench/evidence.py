@@ -178,6 +178,17 @@ def _speed(compiled: bool = False) -> Callable[[Context], object]:
     return run
 
 
+def _speed_per_implementation(ctx: Context):
+    """The 262M group's training steps on each fixed expert-matmul implementation (auto ran in 'speed')."""
+    group, impls = (
+        (["262m"], ["triton", "grouped_mm", "torch"]) if ctx.gpu else (["tiny"], ["grouped_mm", "torch"])
+    )
+    cpu = ["--batch", "1", "--rounds", "2", "--warmup", "1"]
+    for impl in impls:
+        ctx.switchbench("speed", "--device", ctx.device, "--groups", *group, "--scopes", "model",
+                        "--expert-matmul", impl, "--out", str(ctx.results / "speed"), *([] if ctx.gpu else cpu))  # fmt: skip
+
+
 def _profile(ctx: Context):
     presets = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
     extra = [] if ctx.gpu else ["--steps", "1", "--warmup", "0"]
@@ -259,6 +270,12 @@ STEPS = (
     ),
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
+    Step(
+        "speed-expert-matmul",
+        "262M training steps on each fixed expert-matmul implementation",
+        300,
+        _speed_per_implementation,
+    ),
     Step("speed-compiled", "the GPU groups under torch.compile", 480, _speed(compiled=True)),
     Step("quality", "quality --quick at equal parameters on this device", 240, _quality),
     Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops),
