@@ -9,18 +9,20 @@ from switchbench.analysis import checkpoint
 from switchbench.cli import _parser, main
 from switchbench.models import expert_matmul_choice
 
-COMMANDS = ("speed", "kernel-bench", "train", "quality", "all")
+COMMANDS = ("speed", "kernel-bench", "train", "quality", "all", "profile")
+REQUIRED = {"profile": ["tiny-switchhead"]}  # positional arguments
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_takes_the_flag_and_defaults_to_the_environment_or_auto(command, monkeypatch, capsys):
     monkeypatch.delenv(expert_matmul_choice.ENV_IMPL, raising=False)
-    assert _parser().parse_args([command]).expert_matmul == "auto"
-    assert _parser().parse_args([command, "--expert-matmul", "grouped_mm"]).expert_matmul == "grouped_mm"
+    argv = [command, *REQUIRED.get(command, [])]
+    assert _parser().parse_args(argv).expert_matmul == "auto"
+    assert _parser().parse_args([*argv, "--expert-matmul", "grouped_mm"]).expert_matmul == "grouped_mm"
     monkeypatch.setenv(expert_matmul_choice.ENV_IMPL, "torch")
-    assert _parser().parse_args([command]).expert_matmul == "torch"
+    assert _parser().parse_args(argv).expert_matmul == "torch"
     with pytest.raises(SystemExit):
-        _parser().parse_args([command, "--expert-matmul", "cublas"])
+        _parser().parse_args([*argv, "--expert-matmul", "cublas"])
     assert "invalid choice: 'cublas'" in capsys.readouterr().err
 
 

@@ -10,7 +10,7 @@ import torch
 from switchbench.bench import profile
 from switchbench.bench.speed import model_benches
 from switchbench.cli import main
-from switchbench.models import expert_matmul
+from switchbench.models import expert_matmul, expert_matmul_choice
 from switchbench.reports.report import load_profile, render
 
 
@@ -81,6 +81,21 @@ def test_each_part_of_a_switchhead_step_lands_in_its_share():
     assert {r["share"] for r in kernels if r["name"] == "aten::bmm"} >= {profile.EXPERT_FORWARD}
     dense = _shares(profile.run(["tiny-transformer"], ["train step"], 2, "cpu", torch.float32, 1, 1, 5))
     assert all(dense[name] == 0 for name in (*profile.SHARES[:3], "routing"))
+
+
+def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsys):
+    """On grouped_mm the forward, input-gradient and weight-gradient GEMMs each land in their share; the choice is
+    recorded in the run's metadata."""
+    with expert_matmul_choice.selected("grouped_mm"):
+        rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 1, 1, 50)
+    grouped = {r["share"] for r in rows if r["kind"] == "kernel" and r["name"] == "aten::_grouped_mm"}
+    assert grouped == set(profile.SHARES[:3])
+    argv = ["profile", "tiny-switchhead", "--device", "cpu", "--steps", "1", "--warmup", "0", "--expert-matmul",
+            "grouped_mm", "--out", str(tmp_path), "--json"]  # fmt: skip
+    assert main(argv) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert metadata["expert_matmul"] == "grouped_mm"
+    assert {r["impl"] for r in metadata["expert_matmul_resolved"].values()} == {"grouped_mm"}
 
 
 @pytest.mark.parametrize(
