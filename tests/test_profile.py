@@ -45,9 +45,12 @@ def test_every_operator_is_counted_once():
 
 def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
     def run() -> float:
+        """The expert matmul's forward time over the rest of the operators' time: a ratio that a busy machine,
+        slowing every operator alike, leaves where it is."""
         rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 2, 1, 5)
         shares = _shares(rows)
-        return sum(shares[name] for name in profile.SHARES[:3]) / sum(shares.values())
+        rest = sum(shares.values()) - shares[profile.EXPERT_FORWARD] - shares["outside kernels"]
+        return shares[profile.EXPERT_FORWARD] / rest
 
     before = run()
     forward = expert_matmul.TorchExpertMatmul.forward
@@ -59,7 +62,7 @@ def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
 
     monkeypatch.setattr(expert_matmul.TorchExpertMatmul, "forward", staticmethod(ten_times))
     after = run()
-    assert after > before + 0.1, (before, after)
+    assert after > 4 * before, (before, after)  # ten times the work: about ten times the ratio
 
 
 def test_each_part_of_a_switchhead_step_lands_in_its_share():
