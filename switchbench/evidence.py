@@ -28,7 +28,7 @@ import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from switchbench.analysis.train import default_preset, run_name
@@ -60,10 +60,10 @@ class Context:
     runs: Path
     deadline: float
     log: Path
-    gpu: bool = field(init=False)
 
-    def __post_init__(self):
-        self.gpu = self.device == "cuda"
+    @property
+    def gpu(self) -> bool:
+        return self.device == "cuda"
 
     @property
     def tag(self) -> str:
@@ -302,7 +302,7 @@ def load_state(path: Path, code: str) -> dict:
     state = json.loads(path.read_text()) if path.exists() else {}
     durations = state.get("durations", {})
     if state.get("fingerprint") != code:
-        return {"fingerprint": code, "steps": {}, "durations": durations, "calls": []}
+        return {"fingerprint": code, "steps": {}, "durations": durations}
     return state
 
 
@@ -365,8 +365,8 @@ def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | N
         say(f"  skip   {note}")
     for step in todo:
         say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
-    start, ran = time.monotonic(), []
-    ctx.deadline = start + budget
+    ran = []
+    ctx.deadline = time.monotonic() + budget
     # the report is redrawn whenever a step ran, and keeps its time for that at the end of the budget
     report = next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
     reserve = expected_seconds(report, state, ctx.device) if report else 0.0
