@@ -260,7 +260,6 @@ STEPS = (
         300,
         _tests("not slow", "test_config.py"),
     ),
-    Step("tests-slow", "the slow tests on this device", 480, _tests("slow", "test_scaling.py")),
     Step(
         "kernel-tune", "the shipped table of tuned Triton configurations", 240, _kernel_tune, needs_gpu=True
     ),
@@ -276,6 +275,7 @@ STEPS = (
         300,
         _speed_per_implementation,
     ),
+    Step("tests-slow", "the slow tests on this device", 480, _tests("slow", "test_scaling.py")),
     Step("speed-compiled", "the GPU groups under torch.compile", 480, _speed(compiled=True)),
     Step("quality", "quality --quick at equal parameters on this device", 240, _quality),
     Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops),
