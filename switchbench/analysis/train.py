@@ -190,8 +190,11 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
     state, kept = None, start
     seconds = log_rows[-1].get("train_seconds", 0.0) if log_rows else 0.0
     model.train()
-    for step in tqdm(range(start, cfg.steps), desc=f"{cfg.task} {cfg.preset}", disable=not progress, initial=start,
-                     total=cfg.steps):  # fmt: skip
+    # disable=None: tqdm stays quiet when stderr is no terminal (a log file, a pipe, a CI job)
+    bar = dict(
+        desc=f"{cfg.task} {cfg.preset}", disable=None if progress else True, initial=start, total=cfg.steps
+    )
+    for step in tqdm(range(start, cfg.steps), **bar):
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
