@@ -18,7 +18,6 @@ from switchbench.models.attention_dense import DenseAttention
 from switchbench.models.attention_xl import relative_shift, sinusoids
 from switchbench.models.config import ModelConfig
 from switchbench.models.expert_matmul import expert_matmul, route
-from switchbench.models.lm import ATTENTIONS
 from switchbench.models.moa import MoAAttention, moa_losses
 from switchbench.models.observe import observe
 from switchbench.models.router import entropy_regularizer, sigmoid_topk
@@ -537,7 +536,7 @@ def test_every_family_matches_reference(model, pos, window, d_head):
     gradient, causal with memory and not, at head widths SDPA pads (5, 6, 12) and one it runs as is (8)."""
     cfg = _window_cfg(window, model=model, pos=pos, d_head=d_head, n_experts=4, k=2)
     seed = 300 + 10 * d_head + len(model) + 3 * len(pos) + len(window)
-    m = _build(ATTENTIONS[cfg.attention], cfg, seed)
+    m = _build(cfg.family.attention, cfg, seed)
     x, mem, win, q_pos, k_pos = _inputs(cfg, window, seed + 1)
     y, _ = m(x, mem, win)
     _assert_matches(y, _reference(m, cfg, x, mem, q_pos, k_pos), _leaves(x, mem, m), seed + 2)

@@ -13,12 +13,13 @@ import torch
 from tabulate import tabulate
 
 from switchbench.models import expert_matmul_choice, expert_matmul_grouped
-from switchbench.models.config import MOA_GATINGS, MODELS, POSITIONS, ModelConfig
+from switchbench.models import family as registry
+from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
 from switchbench.models.expert_matmul_choice import CHOICES, ENV_IMPL, FALLBACK_RULE
 from switchbench.models.presets import from_name
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_CHOICES = {"model": MODELS, "pos": POSITIONS, "moa_gating": MOA_GATINGS}
+_CHOICES = {"pos": POSITIONS, "moa_gating": MOA_GATINGS}
 
 
 def add_json(parser: argparse.ArgumentParser) -> None:
@@ -26,24 +27,41 @@ def add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """A positional PRESET and one flag per ModelConfig field (named after its symbol) that overrides it."""
+    """A positional PRESET, one flag per ModelConfig field (named after its symbol) and one per option of a
+    registered family (``--n-kv-heads``), each overriding the preset."""
     parser.add_argument("preset", nargs="?", help="a preset name (see `switchbench presets`)")
     group = parser.add_argument_group("configuration (overrides the preset)")
-    for field in dataclasses.fields(ModelConfig):
+    choices = _CHOICES | {"model": registry.names()}
+    for field in _config_fields():
         flag = "--" + field.name.replace("_", "-")
         if field.type in (bool, "bool"):
             group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
-            choices = _CHOICES.get(field.name)
-            metavar = "|".join(choices) if choices else field.name.upper()
-            group.add_argument(flag, dest=field.name, type=kind, choices=choices, metavar=metavar)
+            metavar = "|".join(choices[field.name]) if field.name in choices else field.name.upper()
+            group.add_argument(
+                flag, dest=field.name, type=kind, choices=choices.get(field.name), metavar=metavar
+            )
+
+
+def _config_fields() -> list[dataclasses.Field]:
+    fields = [f for f in dataclasses.fields(ModelConfig) if f.name != "options"]
+    return fields + list(registry.option_fields().values())
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
+    """The preset (or the default) with the flags given; a family option given to a family without it is an
+    error that names the family."""
     base = from_name(args.preset) if args.preset else ModelConfig()
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)}
-    return base.replace(**{name: value for name, value in changes.items() if value is not None})
+    given = {f.name: getattr(args, f.name) for f in _config_fields() if getattr(args, f.name) is not None}
+    options = {name: given.pop(name) for name in registry.option_fields() if name in given}
+    model = given.get("model", base.model)
+    if options:
+        carried = dict(base.options) if model == base.model else {}
+        given["options"] = carried | options
+    elif model != base.model:
+        given["options"] = ()  # another family's options do not carry over; the new one takes its defaults
+    return base.replace(**given)
 
 
 def describe(cfg: ModelConfig) -> str:

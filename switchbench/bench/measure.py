@@ -16,7 +16,6 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from switchbench.models.config import ModelConfig
-from switchbench.models.lm import ATTENTIONS
 from switchbench.models.window import make_window
 
 from . import accounting
@@ -61,7 +60,7 @@ def layer_and_inputs(cfg: ModelConfig, seed: int = 0):
     """The attention module of ``cfg`` and the inputs of one sequence: T tokens after (C - 1) T cached ones."""
     cfg = cfg.replace(moa_cv_coef=0.0, moa_switch_coef=0.0, moa_z_coef=0.0, entropy_reg=0.0, dropout=0.0)
     torch.manual_seed(seed)
-    layer = ATTENTIONS[cfg.attention](cfg)
+    layer = cfg.family.attention(cfg)
     x = torch.randn(1, cfg.T, cfg.d_model, requires_grad=True)
     mem = torch.randn(1, cfg.mem_len, cfg.d_model) if cfg.mem_len else None
     window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, "cpu")

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from switchbench.models import expert_matmul_choice
-from switchbench.models.lm import ATTENTIONS, LanguageModel
+from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
 
@@ -147,7 +147,7 @@ def layer_benches(
     """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
     precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
     cfg = PRESETS[preset]
-    module = ATTENTIONS[cfg.attention](cfg).to(device)
+    module = cfg.family.attention(cfg).to(device)
     layer = torch.compile(module, backend=compile) if compile else module
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device).requires_grad_()

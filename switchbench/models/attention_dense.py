@@ -18,7 +18,7 @@ class DenseAttention(Observable, nn.Module):
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
         for proj in (self.q, self.k, self.v, self.o):
             init_projection_(proj.weight, proj.in_features, cfg.n_layers)
-        self.attention = positional_attention(cfg, cfg.n_heads)
+        self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
         # B batch, t current tokens, S memory + current tokens, H heads, D d_head

@@ -1,9 +1,16 @@
-"""Model configuration: one frozen dataclass for every family, validated on construction."""
+"""Model configuration: one frozen dataclass for every family, validated on construction.
+
+The fields shared by the families are the paper's symbols; a family's own fields live in ``options`` (declared
+by the family, see :mod:`switchbench.models.family`). The fields of the three families the paper compares stay
+top-level, so that every preset, checkpoint and result written before the registry reads the same.
+"""
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
-MODELS = ("transformer", "switchhead", "moa", "switchall")
+from . import family as registry
+
 POSITIONS = ("xl", "rope")
 MOA_GATINGS = ("softmax", "sigmoid")
 
@@ -12,7 +19,7 @@ MOA_GATINGS = ("softmax", "sigmoid")
 class ModelConfig:
     """Hyperparameters named after the paper's symbols; defaults are the 47M Transformer-XL."""
 
-    model: str = "transformer"  # transformer | switchhead | moa | switchall (= switchhead + sigma-MoE MLP)
+    model: str = "transformer"  # a registered family: transformer | switchhead | moa | switchall | ...
     pos: str = "xl"  # xl: relative positions + memory; rope: rotary
     d_model: int = 412
     n_layers: int = 16
@@ -42,49 +49,51 @@ class ModelConfig:
     mlp_k: int = 4  # K
     mlp_entropy_reg: float = 1e-4
     mlp_expert_dropout: float = 0.0
+    # The family's own fields, as (name, value) pairs (a dict is accepted); defaults filled in on construction
+    options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self):
-        _one_of("model", self.model, MODELS)
-        _one_of("pos", self.pos, POSITIONS)
+        family = registry.get(self.model)
+        object.__setattr__(self, "options", _family_options(family, self.options))
+        one_of("pos", self.pos, POSITIONS)
         for name in ("d_model", "n_layers", "n_heads", "d_head", "T", "vocab"):
-            _in_range(name, getattr(self, name), 1)
-        _in_range("context_blocks", self.context_blocks, 0)
+            in_range(name, getattr(self, name), 1)
+        in_range("context_blocks", self.context_blocks, 0)
         for name in ("causal", "shared_selection", "xl_bias_and_scale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False; got {getattr(self, name)!r}")
         if not self.causal and self.context_blocks:
             raise ValueError(f"context_blocks must be 0 when causal is False, got {self.context_blocks}")
         for name in ("dropout", "expert_dropout", "mlp_expert_dropout"):
-            _in_range(name, getattr(self, name), 0.0, 1.0, closed_hi=False)
+            in_range(name, getattr(self, name), 0.0, 1.0, closed_hi=False)
         for name in ("entropy_reg", "moa_cv_coef", "moa_switch_coef", "moa_z_coef", "mlp_entropy_reg"):
-            _in_range(name, getattr(self, name), 0.0)
+            in_range(name, getattr(self, name), 0.0)
         if self.mlp == "dense":
-            _in_range("d_ff", self.d_ff, 1)
+            in_range("d_ff", self.d_ff, 1)
         else:
-            _in_range("mlp_experts", self.mlp_experts, 1)
-            _in_range("mlp_expert_size", self.mlp_expert_size, 1)
-            _in_range("mlp_k", self.mlp_k, 1, self.mlp_experts)
-        if self.attention == "switchhead":
-            _in_range("n_experts", self.n_experts, 1)
-            _in_range("k", self.k, 1, self.n_experts)
-            if (
-                not self.experts
-                or set(self.experts) - set("qkvo")
-                or len(set(self.experts)) != len(self.experts)
-            ):
-                raise ValueError(f"experts must be a non-empty subset of 'qkvo', got {self.experts!r}")
-        if self.attention == "moa":
-            _in_range("n_experts", self.n_experts, 1)
-            _in_range("n_heads", self.n_heads, 1, self.n_experts)
-            _one_of("moa_gating", self.moa_gating, MOA_GATINGS)
+            in_range("mlp_experts", self.mlp_experts, 1)
+            in_range("mlp_expert_size", self.mlp_expert_size, 1)
+            in_range("mlp_k", self.mlp_k, 1, self.mlp_experts)
+        family.validate(self)
+
+    @property
+    def family(self) -> "registry.Family":
+        return registry.get(self.model)
 
     @property
     def attention(self) -> str:
-        return {"transformer": "dense", "switchall": "switchhead"}.get(self.model, self.model)
+        """The attention family it runs (SwitchAll runs SwitchHead's; dense: "dense")."""
+        return self.family.attention_kind
 
     @property
     def mlp(self) -> str:
-        return "sigma_moe" if self.model == "switchall" else "dense"
+        return self.family.mlp
+
+    @property
+    def opts(self) -> Any:
+        """The family's options as its own dataclass (None for a family without any)."""
+        options = self.family.options
+        return options(**dict(self.options)) if options else None
 
     @property
     def mem_len(self) -> int:
@@ -92,7 +101,10 @@ class ModelConfig:
         return self.context_blocks * self.T
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Every field; ``options`` as a dict, and left out when empty (as every file written before it has it)."""
+        d = asdict(self)
+        options = dict(d.pop("options"))
+        return d | ({"options": options} if options else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelConfig":
@@ -106,12 +118,28 @@ class ModelConfig:
         return replace(self, **changes)
 
 
-def _one_of(name, value, allowed):
+def _family_options(family: "registry.Family", given) -> tuple[tuple[str, Any], ...]:
+    """``given`` (pairs or a dict) checked by the family's options dataclass, its defaults filled in."""
+    given = dict(given)
+    if family.options is None:
+        if given:
+            raise ValueError(f"model {family.name} takes no options; got {', '.join(sorted(given))}")
+        return ()
+    known = {f.name for f in family.option_fields()}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(
+            f"{', '.join(unknown)} is no option of model {family.name} (its options: {', '.join(sorted(known))})"
+        )
+    return tuple(sorted(asdict(family.options(**given)).items()))
+
+
+def one_of(name, value, allowed):
     if value not in allowed:
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
-def _in_range(name, value, lo, hi=None, closed_hi=True):
+def in_range(name, value, lo, hi=None, closed_hi=True):
     if isinstance(value, bool) or not isinstance(value, type(lo) if isinstance(lo, int) else (int, float)):
         raise ValueError(
             f"{name} must be {'an integer' if isinstance(lo, int) else 'a number'}; got {value!r}"

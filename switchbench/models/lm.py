@@ -1,20 +1,16 @@
 """Pre-LayerNorm Transformer stacks: a language model that carries XL memory across chunks, and a sequence
-classifier (no causal mask) for ListOps. Any attention composes with any MLP."""
+classifier (no causal mask) for ListOps. Any registered attention family composes with either MLP."""
 
 from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention_dense import DenseAttention
 from .config import ModelConfig
 from .mlp import DenseMLP
-from .moa import MoAAttention
 from .sigma_moe import SigmaMoE
-from .switchhead import SwitchHeadAttention
 from .window import make_window, next_memory, with_memory
 
-ATTENTIONS = {"dense": DenseAttention, "switchhead": SwitchHeadAttention, "moa": MoAAttention}
 MLPS = {"dense": DenseMLP, "sigma_moe": SigmaMoE}
 
 
@@ -30,7 +26,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln_attn, self.ln_mlp = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
-        self.attn = ATTENTIONS[cfg.attention](cfg)
+        self.attn = cfg.family.attention(cfg)
         self.mlp = MLPS[cfg.mlp](cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 

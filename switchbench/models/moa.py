@@ -26,7 +26,7 @@ class MoAAttention(Observable, nn.Module):
             init_projection_(weight, fan_in, cfg.n_layers)
         init_projection_(self.o_experts, cfg.n_heads * D, cfg.n_layers)
         init_projection_(self.router.weight, d, cfg.n_layers)  # rows keep unequal norms, as the authors' do
-        self.attention = positional_attention(cfg, 1)
+        self.attention = positional_attention(cfg, 1, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
         # B batch, t current tokens, S memory + current tokens, H active heads, E experts, D d_head

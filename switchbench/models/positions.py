@@ -7,11 +7,14 @@ from .attention_xl import XLAttention
 from .config import ModelConfig
 
 
-def positional_attention(cfg: ModelConfig, n_kv_heads: int) -> nn.Module:
+def positional_attention(
+    cfg: ModelConfig, n_kv_heads: int, global_biases: bool = False, learned_scale: bool = False
+) -> nn.Module:
     """The softmax attention of ``cfg.pos`` for keys with ``n_kv_heads`` heads.
 
-    With ``xl_bias_and_scale``, as in the authors' models: the dense XL attention learns u, v and its logit scale,
-    MoA learns its temperature, SwitchHead keeps a fixed scale and no biases.
+    ``global_biases`` (Transformer-XL's u, v) and ``learned_scale`` are the family's XL extras, as the authors'
+    models have them (dense: both; MoA: its temperature; SwitchHead: neither); ``xl_bias_and_scale`` False turns
+    them off for every family.
     """
     if cfg.pos == "xl":
         extras = cfg.xl_bias_and_scale
@@ -21,7 +24,7 @@ def positional_attention(cfg: ModelConfig, n_kv_heads: int) -> nn.Module:
             cfg.d_head,
             cfg.n_layers,
             cfg.n_heads,
-            global_biases=extras and cfg.attention == "dense",
-            learned_scale=extras and cfg.attention in ("dense", "moa"),
+            global_biases=extras and global_biases,
+            learned_scale=extras and learned_scale,
         )
     return RoPEAttention()

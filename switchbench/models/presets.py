@@ -1,8 +1,11 @@
 """Named configurations: every model row of the SwitchHead paper's Tables 1, 2, 3 and 7 (named
-``{dataset}-{params}-{model}-h{heads}``), the MAC-matched variants of its section 3.5, and tiny CPU models."""
+``{dataset}-{params}-{model}-h{heads}``), the MAC-matched variants of its section 3.5, tiny CPU models, and the
+presets each registered family declares (families the paper does not have: parameter-matched to its dense rows)."""
 
 import difflib
+from types import MappingProxyType
 
+from . import family as registry
 from .config import ModelConfig
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
@@ -115,9 +118,20 @@ _ANALYSIS = {
     ),
 }
 
-PRESETS: dict[str, ModelConfig] = {
-    name: ModelConfig(**kwargs) for name, kwargs in (_PUBLISHED | _MAC_MATCHED | _CPU | _ANALYSIS).items()
-}
+
+def _with_families(presets: dict[str, ModelConfig]) -> dict[str, ModelConfig]:
+    """The presets above, then each registered family's own (derived from those declared before it)."""
+    for family in registry.families():
+        for name, cfg in family.presets(MappingProxyType(presets)).items():
+            if name in presets:
+                raise ValueError(f"family {family.name}: preset {name} exists already")
+            presets[name] = cfg
+    return presets
+
+
+PRESETS: dict[str, ModelConfig] = _with_families(
+    {name: ModelConfig(**kwargs) for name, kwargs in (_PUBLISHED | _MAC_MATCHED | _CPU | _ANALYSIS).items()}
+)
 
 
 def from_name(name: str) -> ModelConfig:

@@ -1,0 +1,62 @@
+"""Exact cost of the pieces every attention layer of models/ shares: its inputs, the softmax attention of its
+position scheme, the laid-out input of its output projection. A family's ``exact_cost`` adds its projections.
+
+One attention layer, one sequence, forward pass: T current tokens after (C - 1) T cached ones, S = C T keys.
+Compute is in MACs (multiply-accumulates of matmul-like products); memory in floats that autograd saves for the
+backward pass (distinct storages of floating tensors, parameters excluded).
+"""
+
+from dataclasses import dataclass
+
+from .attention_rope import sdpa_width
+from .config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Cost:
+    macs: int
+    mem: int  # floats kept for backward
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.macs + other.macs, self.mem + other.mem)
+
+
+def symbols(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
+    """The paper's H, d_head, d_model, T and C = 1 + cached chunks."""
+    return cfg.n_heads, cfg.d_head, cfg.d_model, cfg.T, 1 + cfg.context_blocks
+
+
+def layer_inputs(cfg: ModelConfig) -> int:
+    """Floats of the layer's inputs kept: the current tokens; the window [memory; current] is a new tensor."""
+    _, _, dm, T, C = symbols(cfg)
+    return T * dm + (C * T * dm if C > 1 else 0)
+
+
+def o_input(cfg: ModelConfig) -> int:
+    """Floats of the heads' outputs made [T, H d_head]-contiguous for the O projection. With RoPE, SDPA keeps its
+    output anyway, and it has this layout already (no copy) with one head and one token, or with one of them when
+    SDPA padded no channels that had to be dropped."""
+    H, dh, _, T, _ = symbols(cfg)
+    laid_out = H * T == 1 or ((H == 1 or T == 1) and sdpa_width(dh) == dh)
+    return 0 if cfg.pos == "rope" and laid_out else T * H * dh
+
+
+def softmax_attention(cfg: ModelConfig, n_kv_heads: int, kept_queries: int = 0) -> Cost:
+    """H query heads over S keys of ``n_kv_heads`` key heads; XL adds projected positions (one projection per key
+    head). ``kept_queries``: extra [T, H d_head] queries the XL extras keep (the learned scale keeps the unscaled
+    query, the global biases a second one)."""
+    H, dh, dm, T, C = symbols(cfg)
+    S, Hk = C * T, n_kv_heads
+    if cfg.pos == "xl":
+        macs = 2 * H * T * S * dh  # q k^T and A v
+        D = S if cfg.causal else S + T - 1  # distances 0..S-1, and the negative ones without a causal mask
+        macs += D * dm * Hk * dh + H * T * dh * D  # position projection, q r^T
+        # sinusoids, projected positions, q, k, the attention map (after softmax), v
+        mem = D * dm + D * Hk * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
+        return Cost(macs, mem + kept_queries * T * H * dh)
+    half = int(dh * 0.5) // 2  # rotated channel pairs
+    rotation = 2 * (T + S) * half  # cos and sin of the query and key positions
+    dp = sdpa_width(dh)  # SDPA runs on heads zero-padded to this width
+    # q and k rotated, v and the output (all four padded), its logsumexp, and the boolean mask made additive
+    sdpa = T * H * dp + S * Hk * dp + S * Hk * dp + T * H * dp + H * T + (T * S if cfg.causal else 0)
+    return Cost(2 * H * T * S * dp, rotation + sdpa)

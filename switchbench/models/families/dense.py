@@ -1,0 +1,67 @@
+"""Dense multi-head attention: the baseline of every comparison (the paper's Transformer-XL and RoPE models)."""
+
+from ..attention_dense import DenseAttention
+from ..config import ModelConfig
+from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from ..family import Family, register
+
+
+def exact_cost(cfg: ModelConfig) -> Cost:
+    """Q over the T current tokens, K and V over the S = C T window, O; the XL extras keep two more queries."""
+    H, dh, dm, T, C = symbols(cfg)
+    S = C * T
+    projections = Cost((T + 2 * S) * dm * H * dh + T * H * dh * dm, layer_inputs(cfg) + o_input(cfg))
+    kept = 2 if cfg.pos == "xl" and cfg.xl_bias_and_scale else 0  # q + u and q + v
+    return projections + softmax_attention(cfg, H, kept)
+
+
+def printed_xl(H: int, d_head: int, d_model: int, T: int, C: int) -> Cost:
+    """SwitchHead paper, appendix A.2, dense Transformer-XL: MACs = H(4 T dh dm + 2 C T^2 dh + 2 C T dh dm),
+    mem = H(4 T dh + 2 C T^2 + 2 C T dh)."""
+    return Cost(
+        H * (4 * T * d_head * d_model + 2 * C * T * T * d_head + 2 * C * T * d_head * d_model),
+        H * (4 * T * d_head + 2 * C * T * T + 2 * C * T * d_head),
+    )
+
+
+def paper_dense(H: int, d_head: int, d_model: int, T: int, C: int, xl: bool) -> Cost:
+    """The convention behind the paper's Tables 1, 2, 3 and 7: MACs = 2 H dh T^2 C + 4 dm H dh T
+    [+ 2 H dm T dh C for XL]; mem = 2 H T^2 C + 4 H dh T [+ 2 H T dh C for XL]."""
+    macs = 2 * H * d_head * T * T * C + 4 * d_model * H * d_head * T
+    mem = 2 * H * T * T * C + 4 * H * d_head * T
+    if xl:
+        macs += 2 * H * d_model * T * d_head * C
+        mem += 2 * H * T * d_head * C
+    return Cost(macs, mem)
+
+
+def paper_cost(cfg: ModelConfig, C: int | None = None) -> Cost:
+    """The published tables' convention for ``cfg``; ``C`` overrides 1 + context_blocks."""
+    H, dh, dm, T, C_cfg = symbols(cfg)
+    return paper_dense(H, dh, dm, T, C_cfg if C is None else C, cfg.pos == "xl")
+
+
+def printed_cost(cfg: ModelConfig) -> Cost | None:
+    return printed_xl(*symbols(cfg)) if cfg.pos == "xl" else None
+
+
+FAMILY = register(
+    Family(
+        name="transformer",
+        label="dense",
+        attention=DenseAttention,
+        exact_cost=exact_cost,
+        attention_name="dense",
+        paper_cost=paper_cost,
+        printed_cost=printed_cost,
+        roles={
+            "47m": "c4-47m-transformer-h10",
+            "262m": "c4-262m-transformer-h16",
+            "45m-rope": "wikitext103-45m-transformer-h10",
+            "244m-rope": "wikitext103-244m-transformer-h16",
+            "tiny": "tiny-transformer",
+            "tiny-rope": "tiny-transformer-rope",
+            "listops": "listops-transformer-h8",
+        },
+    )
+)

@@ -1,0 +1,156 @@
+"""The registry of attention families: everything the suite needs of a family, declared by the family in one place.
+
+A family is one module that calls :func:`register` with a :class:`Family`: its module, its configuration fields
+and their validation, its exact cost, the paper's cost convention where one exists, its presets, and the roles its
+presets play in the suite's comparisons. Every command reads the registry; none names a family. The built-in
+families live in ``switchbench/models/families/``; a separate package adds its own through the entry-point group
+``switchbench.families`` (an entry point naming a module that registers on import, or a :class:`Family`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .config import ModelConfig
+    from .cost import Cost
+
+ENTRY_POINTS = "switchbench.families"
+BUILT_IN = "switchbench.models.families"
+# The comparisons a family's presets can take part in (speed groups, quality, ListOps analysis, the cost sweep):
+# "47m" / "262m": parameter-matched to the 47M / 262M dense Transformer-XL; "45m-rope" / "244m-rope": the RoPE
+# sizes; "tiny" / "tiny-rope": CPU models of the speed groups; "listops": the routing-analysis classifier.
+ROLES = ("47m", "262m", "45m-rope", "244m-rope", "tiny", "tiny-rope", "listops")
+
+
+def _no_checks(cfg: ModelConfig) -> None:
+    return None
+
+
+def _no_presets(presets: Mapping[str, ModelConfig]) -> dict[str, ModelConfig]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the suite needs of one attention family. ``name`` is the value of ``ModelConfig.model``.
+
+    ``attention(cfg)`` builds one layer: ``forward(x [B, t, d_model], mem [B, S - t, d_model] | None, window)
+    -> (y [B, t, d_model], auxiliary loss)``, an :class:`~switchbench.models.observe.Observable` that records
+    ``maps`` [B, H, t, S] and, where it routes, ``{src,dst}_experts``/``{src,dst}_gates`` [B, L, H, k] (experts
+    per head and side) or ``experts``/``gates`` [B, t, H] (the heads a token uses and their weights).
+    ``exact_cost(cfg)`` counts that layer's forward pass op by op (:mod:`~switchbench.models.cost`); a test holds
+    it equal to the measured MACs and saved floats.
+    """
+
+    name: str
+    label: str  # how tables and figures name it
+    attention: Callable[[ModelConfig], nn.Module]
+    exact_cost: Callable[[ModelConfig], Cost]
+    # The family's own configuration fields: a frozen dataclass whose fields (defaults included) become
+    # ``ModelConfig.options`` and one command-line flag each; it validates them in its __post_init__.
+    options: type | None = None
+    validate: Callable[[ModelConfig], None] = _no_checks  # checks across fields; raise ValueError
+    describe: Callable[[ModelConfig], str] = lambda cfg: "-"  # the routing in a few words, for tables
+    attention_name: str | None = None  # the attention it runs, when another family's (SwitchAll: SwitchHead)
+    mlp: str = "dense"  # dense | sigma_moe
+    routed: bool = False  # its attention has a router (expert-selection statistics apply)
+    # The paper's cost convention, and the equation it prints, where the paper has the family (else None)
+    paper_cost: Callable[[ModelConfig, int | None], Cost] | None = None
+    printed_cost: Callable[[ModelConfig], Cost | None] | None = None
+    # Its presets, given the presets declared before it (a parameter-matched family derives its own from the dense
+    # ones), and the preset of each role it plays (see ROLES)
+    presets: Callable[[Mapping[str, ModelConfig]], Mapping[str, ModelConfig]] = _no_presets
+    roles: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        unknown = sorted(set(self.roles) - set(ROLES))
+        if unknown:
+            raise ValueError(
+                f"family {self.name}: unknown roles {', '.join(unknown)} (known: {', '.join(ROLES)})"
+            )
+        if self.mlp not in ("dense", "sigma_moe"):
+            raise ValueError(f"family {self.name}: mlp must be dense or sigma_moe; got {self.mlp!r}")
+        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+
+    @property
+    def attention_kind(self) -> str:
+        return self.attention_name or self.name
+
+    def option_fields(self) -> tuple[dataclasses.Field, ...]:
+        return dataclasses.fields(self.options) if self.options else ()
+
+
+_REGISTRY: dict[str, Family] = {}
+_loaded = False
+
+
+def register(family: Family) -> Family:
+    """Add ``family``; a second family of the same name is an error, as is an option that shadows a field."""
+    from .config import ModelConfig
+
+    if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
+        raise ValueError(f"an attention family named {family.name!r} is registered already")
+    shadowed = {f.name for f in family.option_fields()} & {f.name for f in dataclasses.fields(ModelConfig)}
+    if shadowed:
+        raise ValueError(
+            f"family {family.name}: options {', '.join(sorted(shadowed))} shadow ModelConfig fields"
+        )
+    _REGISTRY[family.name] = family
+    return family
+
+
+def families() -> tuple[Family, ...]:
+    """Every registered family: the built-in ones in their order (dense first, the baseline), then plug-ins."""
+    _load()
+    return tuple(_REGISTRY.values())
+
+
+def get(name: str) -> Family:
+    _load()
+    if name not in _REGISTRY:
+        raise ValueError(f"model must be one of {', '.join(_REGISTRY)}; got {name!r}")
+    return _REGISTRY[name]
+
+
+def names() -> tuple[str, ...]:
+    return tuple(f.name for f in families())
+
+
+def option_fields() -> dict[str, dataclasses.Field]:
+    """Every family's option fields by name (a name two families share must have one type)."""
+    out: dict[str, dataclasses.Field] = {}
+    for family in families():
+        for f in family.option_fields():
+            if f.name in out and out[f.name].type != f.type:
+                raise ValueError(
+                    f"option {f.name} has two types across families: {out[f.name].type}, {f.type}"
+                )
+            out.setdefault(f.name, f)
+    return out
+
+
+def _load() -> None:
+    """Import the built-in families, then the plug-ins' entry points, once."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    importlib.import_module(BUILT_IN)
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            loaded = point.load()
+        except Exception as error:  # a broken plug-in names itself, not a traceback deep in the suite
+            raise ValueError(
+                f"attention family plug-in {point.name!r} ({point.value}) failed to load: {error}"
+            ) from None
+        if isinstance(loaded, Family):
+            register(loaded)
