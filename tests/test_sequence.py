@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, SequenceClassifier
 from switchbench.models.moa import MoAAttention
@@ -18,7 +19,7 @@ from switchbench.models.sigma_moe import SigmaMoE
 from switchbench.models.switchhead import SwitchHeadAttention
 from switchbench.models.window import make_window
 
-FAMILIES = ("transformer", "switchhead", "moa", "switchall")
+FAMILIES = registry.names()  # every registered family, the paper's and the others
 POSITIONS = ("xl", "rope")
 T = 8
 SEQ = 2 * T + 3

@@ -39,6 +39,7 @@ from switchbench.bench.results import (
     write_csv,
 )
 from switchbench.bench.speed import intra_op_threads
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
@@ -47,34 +48,17 @@ from . import plots
 from .intervals import difference_interval, mean_interval
 from .train import LMTask, TrainConfig, train
 
-FAMILIES = ("dense", "switchhead", "moa", "switchall")  # dense first: the baseline of every difference
 CONFIDENCE = 0.95
 ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two moments, all fp32
 
-# CPU models: 4 layers of d_model 128, chunks of 64 bytes and one chunk of XL memory. Matched as the paper matches
-# its models: the attention + MLP weights of a layer equal the dense block's (212,992), the MLP width (SwitchAll:
-# the σ-MoE expert size) taking up the difference. SwitchHead has half the heads with V and O experts (E 4, k 2),
-# MoA 4 active of 8 query experts, SwitchAll SwitchHead's attention and 16 MLP experts of which 4 are active.
-_CPU = dict(d_model=128, n_layers=4, T=64, context_blocks=1, vocab=256)
-CPU_MODELS = {
-    "dense": ("bytes-920k-transformer-h4", ModelConfig(**_CPU, model="transformer", n_heads=4, d_head=32, d_ff=512)),
-    "switchhead": ("bytes-920k-switchhead-h2",
-                   ModelConfig(**_CPU, model="switchhead", n_heads=2, d_head=32, n_experts=4, k=2, d_ff=472)),
-    "moa": ("bytes-920k-moa-h4", ModelConfig(**_CPU, model="moa", n_heads=4, d_head=32, n_experts=8, d_ff=524)),
-    "switchall": ("bytes-920k-switchall-h2",
-                  ModelConfig(**_CPU, model="switchall", n_heads=2, d_head=32, n_experts=4, k=2, mlp_experts=16,
-                              mlp_expert_size=29, mlp_k=4)),
-}  # fmt: skip
-# GPU models: the paper's WikiText-103 47M rows (MoA with 4 active heads, its best row there), reading bytes.
-GPU_PRESETS = {
-    "dense": "wikitext103-47m-transformer-h10",
-    "switchhead": "wikitext103-47m-switchhead-h2",
-    "moa": "wikitext103-47m-moa-h4",
-    "switchall": "wikitext103-47m-switchall-h2",
-}
-GPU_MODELS = {
-    family: (f"{name}-bytes", PRESETS[name].replace(vocab=256)) for family, name in GPU_PRESETS.items()
-}
+# Every family with a byte-level model, dense first (the baseline of every difference). CPU models: each family's
+# "bytes" preset (4 layers of d_model 128, parameter-matched to the dense one). GPU models: each family's "quality"
+# preset, the paper's WikiText-103 47M rows (MoA with 4 active heads, its best row there), reading bytes.
+FAMILIES = registry.keys("bytes")
+CPU_MODELS = {family.key: (family.roles["bytes"], PRESETS[family.roles["bytes"]])
+              for family in registry.families() if "bytes" in family.roles}  # fmt: skip
+GPU_MODELS = {family.key: (f"{family.roles['quality']}-bytes", PRESETS[family.roles["quality"]].replace(vocab=256))
+              for family in registry.families() if "quality" in family.roles}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -24,20 +24,20 @@ from switchbench.bench.command import (
 from switchbench.bench.results import writable_folder, write_csv
 from switchbench.bench.schema import read_table
 from switchbench.models import expert_matmul_choice
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
 from . import checkpoint, listops, text
 
-FAMILIES = {"dense": "transformer", "switchhead": "switchhead", "moa": "moa", "switchall": "switchall"}
-LISTOPS_HEADS = {"transformer": 8, "switchhead": 2, "moa": 4, "switchall": 2}
-
 
 def default_preset(task: str, model: str) -> str:
-    family = FAMILIES[model]
-    if task == "listops":
-        return f"listops-{family}-h{LISTOPS_HEADS[family]}"
-    return f"tiny-{family}"
+    """The preset `train --model MODEL` uses: the family's ListOps classifier, or its tiny byte-level LM."""
+    family = registry.by_key(model)
+    role = "listops" if task == "listops" else "tiny"
+    if role not in family.roles:
+        raise ValueError(f"model {model} declares no {role} preset; name one with --preset")
+    return family.roles[role]
 
 
 def run_name(task: str, preset: str, seed: int = 0) -> str:
@@ -252,7 +252,7 @@ def register(commands) -> None:
         "train", help="train a small model for the routing analysis (CPU by default)"
     )
     parser.add_argument("--task", choices=["listops", "lm"], default="listops")
-    parser.add_argument("--model", choices=list(FAMILIES), default="switchhead")
+    parser.add_argument("--model", choices=registry.keys(), default="switchhead")
     parser.add_argument("--preset", help="default: listops-<model>-h<H> for ListOps, tiny-<model> for LM")
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32)

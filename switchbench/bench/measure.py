@@ -25,7 +25,7 @@ from . import accounting
 NO_MACS = {
     "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::neg", "aten::pow", "aten::sin",
     "aten::cos", "aten::sigmoid", "aten::softmax", "aten::topk", "aten::sort", "aten::cumsum",
-    "aten::scatter_add_", "aten::ones_like", "aten::pad",
+    "aten::scatter_add_", "aten::ones_like", "aten::pad", "aten::repeat_interleave",
 }  # fmt: skip
 
 
@@ -209,8 +209,8 @@ def attention_kernel(fn: Callable) -> str:
 
 @cache
 def cost_views(cfg: ModelConfig) -> dict:
-    """Every count of one configuration: the paper's convention and printed equations, the exact analytic count,
-    and the three measurements (each "OOM" where the layer does not fit in memory; fvcore's a note where it is
+    """Every count of one configuration: the paper's convention and printed equations (None for a family the paper
+    does not have), the exact analytic count, and the three measurements (each "OOM" where the layer does not fit in memory; fvcore's a note where it is
     not installed)."""
     paper, printed, exact = (
         accounting.paper_cost(cfg),
@@ -218,12 +218,12 @@ def cost_views(cfg: ModelConfig) -> dict:
         accounting.exact_cost(cfg),
     )
     return {
-        "macs_paper": paper.macs,
+        "macs_paper": None if paper is None else paper.macs,
         "macs_printed_eq": None if printed is None else printed.macs,
         "macs_exact": exact.macs,
         "macs_fvcore": fvcore_missing() or _or_oom(fvcore_macs, cfg),
         "macs_flop_counter": _or_oom(flop_counter_macs, cfg),
-        "mem_paper": paper.mem,
+        "mem_paper": None if paper is None else paper.mem,
         "mem_printed_eq": None if printed is None else printed.mem,
         "mem_exact": exact.mem,
         "mem_saved_floats": _or_oom(saved_floats, cfg),

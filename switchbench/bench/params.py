@@ -81,18 +81,10 @@ def _preset_row(name: str, cfg: ModelConfig) -> dict:
         "d_model": cfg.d_model,
         "layers": cfg.n_layers,
         "heads": f"{cfg.n_heads}x{cfg.d_head}",
-        "experts": _experts(cfg),
+        "experts": cfg.family.describe(cfg),
         "mlp": mlp,
         "T": cfg.T,
         "C": 1 + cfg.context_blocks,
         "params": counts["total"],
         "layer_params": counts["per_layer"]["attention_plus_mlp"],
     }
-
-
-def _experts(cfg: ModelConfig) -> str:
-    if cfg.attention == "switchhead":
-        return f"E{cfg.n_experts} k{cfg.k} {cfg.experts}" + (" shared" if cfg.shared_selection else "")
-    if cfg.attention == "moa":
-        return f"E{cfg.n_experts} {cfg.moa_gating}"
-    return "-"

@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from switchbench.models import expert_matmul_choice
+from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.models.window import make_window
@@ -42,25 +43,8 @@ from .precision import autocast
 from .published import WALLCLOCK
 from .results import nothing_measured, save_run, writable_folder
 
-# Each group: a dense baseline first, then the models compared with it.
-GROUPS = {
-    "47m": (
-        "c4-47m-transformer-h10",
-        "c4-47m-switchhead-h2",
-        "wikitext103-47m-moa-h4",
-        "c4-47m-switchall-h2",
-    ),
-    "45m-rope": ("wikitext103-45m-transformer-h10", "wikitext103-45m-switchhead-h2"),
-    "262m": (
-        "c4-262m-transformer-h16",
-        "c4-262m-switchhead-h4",
-        "wikitext103-262m-moa-h8",
-        "c4-262m-switchall-h4",
-    ),
-    "244m-rope": ("wikitext103-244m-transformer-h16", "wikitext103-243m-switchhead-h4"),
-    "tiny": ("tiny-transformer", "tiny-switchhead", "tiny-moa", "tiny-switchall"),
-    "tiny-rope": ("tiny-transformer-rope", "tiny-switchhead-rope"),
-}
+# Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
+GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
 GPU_GROUPS = ("47m", "45m-rope", "262m", "244m-rope")
 # The paper's batch per GPU (64 sequences over 1 GPU at 47M and 8 GPUs at 262M, Table 5): each GPU group starts
 # there and halves until every member's training step fits the card.

@@ -25,10 +25,16 @@ if TYPE_CHECKING:
 
 ENTRY_POINTS = "switchbench.families"
 BUILT_IN = "switchbench.models.families"
-# The comparisons a family's presets can take part in (speed groups, quality, ListOps analysis, the cost sweep):
-# "47m" / "262m": parameter-matched to the 47M / 262M dense Transformer-XL; "45m-rope" / "244m-rope": the RoPE
-# sizes; "tiny" / "tiny-rope": CPU models of the speed groups; "listops": the routing-analysis classifier.
-ROLES = ("47m", "262m", "45m-rope", "244m-rope", "tiny", "tiny-rope", "listops")
+# The comparisons a family's presets take part in. Speed groups: "47m" / "262m" (parameter-matched to the 47M /
+# 262M dense Transformer-XL), "45m-rope" / "244m-rope" (the RoPE sizes), "tiny" / "tiny-rope" (CPU models, "tiny"
+# also the byte-level LM of `train --task lm`). "listops": the routing-analysis classifier. "bytes" / "quality":
+# the CPU / GPU models of `quality` (byte-level, parameter-matched to the dense one).
+# The byte-level CPU models of `quality`: 4 layers of d_model 128, chunks of 64 bytes and one chunk of XL memory;
+# every family's has the attention + MLP weights per layer of the dense one (212,992), its MLP width taking up the
+# difference, as the paper matches its models.
+BYTES = dict(d_model=128, n_layers=4, T=64, context_blocks=1, vocab=256)
+SPEED_GROUPS = ("47m", "45m-rope", "262m", "244m-rope", "tiny", "tiny-rope")
+ROLES = (*SPEED_GROUPS, "listops", "bytes", "quality")
 
 
 def _no_checks(cfg: ModelConfig) -> None:
@@ -82,6 +88,11 @@ class Family:
         object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
 
     @property
+    def key(self) -> str:
+        """The name `train --model` and `quality --families` take: "dense" for the dense transformer."""
+        return self.attention_name if self.attention_name == "dense" else self.name
+
+    @property
     def attention_kind(self) -> str:
         return self.attention_name or self.name
 
@@ -123,6 +134,24 @@ def get(name: str) -> Family:
 
 def names() -> tuple[str, ...]:
     return tuple(f.name for f in families())
+
+
+def by_key(key: str) -> Family:
+    """The family that `train --model` / `quality --families` call ``key`` (dense, switchhead, gqa, ...)."""
+    found = {f.key: f for f in families()}
+    if key not in found:
+        raise ValueError(f"model must be one of {', '.join(found)}; got {key!r}")
+    return found[key]
+
+
+def keys(role: str | None = None) -> tuple[str, ...]:
+    """The families' keys, of those with a preset for ``role`` when given; dense first."""
+    return tuple(f.key for f in families() if role is None or role in f.roles)
+
+
+def role_presets(role: str) -> tuple[str, ...]:
+    """The preset each family has for ``role``, dense first: a speed group, the quality models, ..."""
+    return tuple(f.roles[role] for f in families() if role in f.roles)
 
 
 def option_fields() -> dict[str, dataclasses.Field]:

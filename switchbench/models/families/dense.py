@@ -3,7 +3,7 @@
 from ..attention_dense import DenseAttention
 from ..config import ModelConfig
 from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import Family, register
+from ..family import BYTES, Family, register
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:
@@ -54,6 +54,11 @@ FAMILY = register(
         attention_name="dense",
         paper_cost=paper_cost,
         printed_cost=printed_cost,
+        presets=lambda declared: {
+            "bytes-920k-transformer-h4": ModelConfig(
+                **BYTES, model="transformer", n_heads=4, d_head=32, d_ff=512
+            )
+        },
         roles={
             "47m": "c4-47m-transformer-h10",
             "262m": "c4-262m-transformer-h16",
@@ -62,6 +67,8 @@ FAMILY = register(
             "tiny": "tiny-transformer",
             "tiny-rope": "tiny-transformer-rope",
             "listops": "listops-transformer-h8",
+            "bytes": "bytes-920k-transformer-h4",
+            "quality": "wikitext103-47m-transformer-h10",
         },
     )
 )

@@ -3,7 +3,7 @@ owning a Q and an O projection; a router picks the H active experts of every tok
 
 from ..config import MOA_GATINGS, ModelConfig, in_range, one_of
 from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import Family, register
+from ..family import BYTES, Family, register
 from ..moa import MoAAttention
 
 
@@ -61,11 +61,19 @@ FAMILY = register(
         routed=True,
         paper_cost=paper_cost,
         printed_cost=lambda cfg: printed_moa(*symbols(cfg)) if cfg.pos == "xl" else None,
+        # the byte-level model: 4 active of 8 query experts
+        presets=lambda declared: {
+            "bytes-920k-moa-h4": ModelConfig(
+                **BYTES, model="moa", n_heads=4, d_head=32, n_experts=8, d_ff=524
+            )
+        },
         roles={
             "47m": "wikitext103-47m-moa-h4",
             "262m": "wikitext103-262m-moa-h8",
             "tiny": "tiny-moa",
             "listops": "listops-moa-h4",
+            "bytes": "bytes-920k-moa-h4",
+            "quality": "wikitext103-47m-moa-h4",
         },
     )
 )

@@ -2,7 +2,8 @@
 
 from dataclasses import replace
 
-from ..family import register
+from ..config import ModelConfig
+from ..family import BYTES, register
 from . import switchhead
 
 FAMILY = register(
@@ -12,11 +13,27 @@ FAMILY = register(
         label="SwitchAll",
         attention_name="switchhead",
         mlp="sigma_moe",
+        # the byte-level model: SwitchHead's attention and 16 MLP experts of which 4 are active
+        presets=lambda declared: {
+            "bytes-920k-switchall-h2": ModelConfig(
+                **BYTES,
+                model="switchall",
+                n_heads=2,
+                d_head=32,
+                n_experts=4,
+                k=2,
+                mlp_experts=16,
+                mlp_expert_size=29,
+                mlp_k=4,
+            )
+        },
         roles={
             "47m": "c4-47m-switchall-h2",
             "262m": "c4-262m-switchall-h4",
             "tiny": "tiny-switchall",
             "listops": "listops-switchall-h2",
+            "bytes": "bytes-920k-switchall-h2",
+            "quality": "wikitext103-47m-switchall-h2",
         },
     )
 )

@@ -3,7 +3,7 @@ experts, chosen per token by sigmoid routers on the source and destination side.
 
 from ..config import ModelConfig, in_range
 from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import Family, register
+from ..family import BYTES, Family, register
 from ..switchhead import SwitchHeadAttention
 from .dense import printed_xl
 
@@ -93,6 +93,11 @@ FAMILY = register(
         routed=True,
         paper_cost=paper_cost,
         printed_cost=printed_cost,
+        presets=lambda declared: {
+            "bytes-920k-switchhead-h2": ModelConfig(
+                **BYTES, model="switchhead", n_heads=2, d_head=32, n_experts=4, k=2, d_ff=472
+            )
+        },
         roles={
             "47m": "c4-47m-switchhead-h2",
             "262m": "c4-262m-switchhead-h4",
@@ -101,6 +106,8 @@ FAMILY = register(
             "tiny": "tiny-switchhead",
             "tiny-rope": "tiny-switchhead-rope",
             "listops": "listops-switchhead-h2",
+            "bytes": "bytes-920k-switchhead-h2",
+            "quality": "wikitext103-47m-switchhead-h2",
         },
     )
 )
