@@ -1,0 +1,159 @@
+"""GQA, grouped-query attention (Ainslie et al. 2023; Llama 2/3, Mistral): H query heads share n_kv_heads key and
+value heads, each serving a group of H / n_kv_heads; MQA (Shazeer 2019) is n_kv_heads = 1.
+
+With RoPE the heads go to scaled-dot-product attention's grouped path (``enable_gqa``), which reads each key head
+for its group without copying it. Transformer-XL's relative positions, and the maps the routing analysis asks
+for, need the explicit softmax: there each key and value head is repeated for its group, as Llama's reference
+code does, and the positions are projected per query head, as the dense model does.
+
+Presets are parameter-matched to the dense rows, as the paper matches its models: the K and V weights GQA saves,
+2 d_model (H - n_kv_heads) d_head per layer, go to the MLP, d_ff + (H - n_kv_heads) d_head, so that attention plus
+MLP weights per layer are equal.
+"""
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention_rope import rotate, sdpa_width
+from ..config import ModelConfig, in_range
+from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from ..family import Family, register
+from ..initialization import init_projection_
+from ..observe import Observable
+from ..positions import positional_attention
+from ..window import Window, with_memory
+
+
+@dataclass(frozen=True)
+class Options:
+    n_kv_heads: int = 1  # key and value heads, each shared by n_heads / n_kv_heads query heads; 1 is MQA
+
+    def __post_init__(self):
+        in_range("n_kv_heads", self.n_kv_heads, 1)
+
+
+def validate(cfg: ModelConfig) -> None:
+    if cfg.n_heads % cfg.opts.n_kv_heads:
+        raise ValueError(f"n_heads ({cfg.n_heads}) must be a multiple of n_kv_heads ({cfg.opts.n_kv_heads})")
+
+
+class GroupedQueryAttention(Observable, nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.opts.n_kv_heads, cfg.d_head
+        self.rope = cfg.pos == "rope"
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=False)
+        self.k, self.v = (nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False) for _ in range(2))
+        self.o = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
+        for proj in (self.q, self.k, self.v, self.o):
+            init_projection_(proj.weight, proj.in_features, cfg.n_layers)
+        self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
+
+    def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
+        # B batch, t current tokens, S memory + current tokens, H query heads, Hk key heads, D d_head
+        B, t, _ = x.shape
+        xs = with_memory(mem, x)  # [B, S, d_model]
+        q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
+        k = self.k(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)  # [B, Hk, S, D]
+        v = self.v(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)  # [B, Hk, S, D]
+        grouped = self.n_kv_heads != self.n_heads  # a Python bool: SDPA takes no traced value for it
+        if self.rope and not self.observing:
+            out = grouped_sdpa(rotate(q, window.q_pos), rotate(k, window.k_pos), v, window.mask, grouped)
+            maps = None
+        else:
+            group = self.n_heads // self.n_kv_heads
+            k, v = (y.repeat_interleave(group, dim=1) if grouped else y for y in (k, v))  # [B, H, S, D]
+            out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        self.record(maps=maps)
+        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1)), 0.0
+
+
+def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grouped: bool) -> Tensor:
+    """Scaled-dot-product attention of q [B, H, t, D] over k, v [B, Hk, S, D] on SDPA's grouped path, heads
+    zero-padded to a multiple of 8 channels (the fused kernels' condition, as for the dense model)."""
+    d_head = q.shape[-1]
+    pad = sdpa_width(d_head) - d_head
+    if pad:
+        q, k, v = (F.pad(y, (0, pad)) for y in (q, k, v))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d_head), enable_gqa=grouped
+    )
+    return out[..., :d_head] if pad else out
+
+
+def exact_cost(cfg: ModelConfig) -> Cost:
+    """Q and O as dense; K and V of n_kv_heads heads over the window. With RoPE, SDPA keeps the key and value heads
+    once; with XL, the repeated ones (H heads) and the dense model's position projection and extras."""
+    H, dh, dm, T, C = symbols(cfg)
+    S, Hk = C * T, cfg.opts.n_kv_heads
+    projections = Cost(
+        T * dm * H * dh + 2 * S * dm * Hk * dh + T * H * dh * dm, layer_inputs(cfg) + o_input(cfg)
+    )
+    if cfg.pos == "rope":
+        return projections + softmax_attention(cfg, Hk)
+    return projections + softmax_attention(cfg, H, 2 if cfg.xl_bias_and_scale else 0)
+
+
+# Parameter-matched presets: the dense row, and its key-value heads (GQA; MQA has one)
+KV_HEADS = {
+    "c4-47m-transformer-h10": 2,
+    "c4-262m-transformer-h16": 4,
+    "wikitext103-45m-transformer-h10": 2,
+    "wikitext103-244m-transformer-h16": 4,
+    "tiny-transformer": 2,
+    "tiny-transformer-rope": 2,
+    "listops-transformer-h8": 2,
+    "bytes-920k-transformer-h4": 2,
+}
+
+
+def matched(dense: ModelConfig, n_kv_heads: int) -> ModelConfig:
+    """GQA with the attention + MLP weights per layer of ``dense``: the saved K, V weights go to the MLP."""
+    d_ff = dense.d_ff + (dense.n_heads - n_kv_heads) * dense.d_head
+    return dense.replace(model="gqa", d_ff=d_ff, options={"n_kv_heads": n_kv_heads})
+
+
+def preset_name(dense_name: str, n_kv_heads: int) -> str:
+    """c4-47m-transformer-h10 -> c4-47m-gqa-h10-kv2 (or c4-47m-mqa-h10 with one key-value head)."""
+    if n_kv_heads == 1:
+        return dense_name.replace("transformer", "mqa")
+    return re.sub(r"transformer(-h\d+)?", lambda m: f"gqa{m.group(1) or ''}-kv{n_kv_heads}", dense_name)
+
+
+def presets(declared: Mapping[str, ModelConfig]) -> dict[str, ModelConfig]:
+    return {
+        preset_name(name, kv): matched(declared[name], kv)
+        for name, group in KV_HEADS.items()
+        for kv in (group, 1)
+    }
+
+
+FAMILY = register(
+    Family(
+        name="gqa",
+        label="GQA",
+        attention=GroupedQueryAttention,
+        exact_cost=exact_cost,
+        options=Options,
+        validate=validate,
+        describe=lambda cfg: f"kv{cfg.opts.n_kv_heads}",
+        presets=presets,
+        roles={
+            "47m": preset_name("c4-47m-transformer-h10", 2),
+            "262m": preset_name("c4-262m-transformer-h16", 4),
+            "45m-rope": preset_name("wikitext103-45m-transformer-h10", 2),
+            "244m-rope": preset_name("wikitext103-244m-transformer-h16", 4),
+            "tiny": preset_name("tiny-transformer", 2),
+            "tiny-rope": preset_name("tiny-transformer-rope", 2),
+            "listops": preset_name("listops-transformer-h8", 2),
+            "bytes": preset_name("bytes-920k-transformer-h4", 2),
+            # the paper's WikiText-103 47M dense row is the C4 one's configuration
+            "quality": preset_name("c4-47m-transformer-h10", 2),
+        },
+    )
+)
