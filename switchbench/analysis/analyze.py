@@ -190,7 +190,7 @@ def _name(path: Path) -> str:
 def _selections(run: dict, attention: list[dict], labels: list[str], out: Path) -> list[Path]:
     """Per-head expert selections of SwitchHead layers: attention map with the gates as strips."""
     cfg, written = run["cfg"], []
-    if cfg.attention != "switchhead":
+    if cfg.family.routing != "experts":
         return written
     for layer, record in enumerate(attention):
         for head in range(cfg.n_heads):
@@ -202,6 +202,11 @@ def _selections(run: dict, attention: list[dict], labels: list[str], out: Path) 
             )
             written += save_figure(fig, out / f"{run['name']}-selection-layer{layer}-head{head}")
     return written
+
+
+def _side_label(cfg, side: str) -> str:
+    """A routed attention side as the figures name it: V/O experts, or the family's head choice."""
+    return cfg.family.label if cfg.family.routing == "heads" else {"src": "V", "dst": "O"}[side]
 
 
 def _dense_gates(experts, gates, head: int, n_experts: int) -> np.ndarray:
@@ -228,7 +233,7 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
         sides = {side: record[f"{side}_experts"] for side in ("src", "dst") if f"{side}_experts" in record}
         if "experts" in record:  # MoA heads or sigma-MoE, one router
             sides = {"dst": record["experts"][..., None, :]}
-        n_experts = cfg.mlp_experts if kind == "mlp" else cfg.n_experts
+        n_experts = cfg.mlp_experts if kind == "mlp" else cfg.family.choices(cfg)
         for side, experts in sides.items():
             experts = experts[:, -sample.shape[1] :]  # the current tokens (the source side may hold memory)
             for head in range(experts.shape[2]):
@@ -240,13 +245,7 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
                 ]
                 rows["summary"].append(where | {"entropy": stats.entropy(counts), "perplexity": stats.perplexity(counts),
                                                 "dead_experts": " ".join(map(str, stats.dead_experts(counts)))})  # fmt: skip
-                label = (
-                    "MLP"
-                    if kind == "mlp"
-                    else "MoA"
-                    if cfg.attention == "moa"
-                    else {"src": "V", "dst": "O"}[side]
-                )
+                label = "MLP" if kind == "mlp" else _side_label(cfg, side)
                 panels.append((f"layer {layer} {label} head {head}", counts.numpy()))
                 if kind == "mlp" or layer > 0:  # a first-layer attention router sees the token alone
                     rows["preferences"] += [

@@ -22,6 +22,7 @@ import jinja2
 import torch
 
 from switchbench.bench.results import write_atomic
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 
 SEQUENCES = 12  # the plotted sequence and the longest others of the sample: about 2 MiB for the default trio
@@ -43,7 +44,11 @@ def _layer(record: dict) -> dict:
     for side in ("src", "dst"):
         if f"{side}_experts" in record:  # SwitchHead: [1, S or t, H, K]
             entry[side] = _choices(record[f"{side}_experts"][0, -t:], record[f"{side}_gates"][0, -t:])
-    if "experts" in record:  # MoA: each head is an expert chosen per token, [1, t, H]; one choice per head
+    if "head_weights" in record:  # every head's weight per token, [1, t, H] (MoH): head h "chooses" itself
+        weights = record["head_weights"][0]
+        heads = torch.arange(weights.shape[-1]).expand_as(weights)
+        entry["dst"] = _choices(heads[..., None], weights[..., None])
+    elif "experts" in record:  # each head slot filled by an expert chosen per token, [1, t, H] (MoA)
         entry["dst"] = _choices(record["experts"][0, :, :, None], record["gates"][0, :, :, None])
     return entry
 
@@ -65,9 +70,10 @@ def _choices(experts: torch.Tensor, gates: torch.Tensor) -> dict:
 
 def sides(cfg: ModelConfig) -> dict[str, str]:
     """What each routed side of the model's attention is called on the page."""
-    if cfg.attention == "moa":
-        return {"dst": "heads chosen (MoA experts) and their weights"}
-    if cfg.attention != "switchhead":
+    family = cfg.family
+    if family.routing == "heads":
+        return {"dst": f"heads chosen ({family.label} experts) and their weights"}
+    if family.routing != "experts":
         return {}
     names = {side: "/".join(p.upper() for p in cfg.experts if p in projections)
              for side, projections in (("src", "kv"), ("dst", "qo"))}  # fmt: skip
@@ -76,7 +82,8 @@ def sides(cfg: ModelConfig) -> dict[str, str]:
 
 def model(name: str, cfg: ModelConfig, trained: str, sequences: list[list[dict]]) -> dict:
     """One model's entry: ``sequences[s][layer]`` as made by :func:`layers`."""
-    return {"name": name, "attention": cfg.attention, "heads": cfg.n_heads, "trained": trained,
+    return {"name": name, "attention": cfg.attention, "routing": cfg.family.routing, "slots": cfg.family.head_slots,
+            "baseline": cfg.family is registry.families()[0], "heads": cfg.n_heads, "trained": trained,
             "sides": sides(cfg), "sequences": sequences}  # fmt: skip
 
 

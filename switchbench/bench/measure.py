@@ -25,7 +25,8 @@ from . import accounting
 NO_MACS = {
     "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::neg", "aten::pow", "aten::sin",
     "aten::cos", "aten::sigmoid", "aten::softmax", "aten::topk", "aten::sort", "aten::cumsum",
-    "aten::scatter_add_", "aten::ones_like", "aten::pad", "aten::repeat_interleave",
+    "aten::scatter_add_", "aten::ones_like", "aten::pad", "aten::repeat_interleave", "aten::scatter",
+    "aten::sum", "aten::new_ones", "aten::zeros_like", "aten::mean",
 }  # fmt: skip
 
 

@@ -68,7 +68,13 @@ class Family:
     describe: Callable[[ModelConfig], str] = lambda cfg: "-"  # the routing in a few words, for tables
     attention_name: str | None = None  # the attention it runs, when another family's (SwitchAll: SwitchHead)
     mlp: str = "dense"  # dense | sigma_moe
-    routed: bool = False  # its attention has a router (expert-selection statistics apply)
+    # What its routers pick, for the routing analysis: "experts" (each head picks experts on the source and the
+    # destination side: SwitchHead), "heads" (each token picks heads and weighs them: MoA, MoH) or "" (none);
+    # ``choices(cfg)``: how many things a router picks among (for usage counts); ``head_slots``: its H maps are
+    # slots that each token fills with experts of a pool (MoA), not fixed heads.
+    routing: str = ""
+    choices: Callable[[ModelConfig], int] = lambda cfg: cfg.n_experts
+    head_slots: bool = False
     # The paper's cost convention, and the equation it prints, where the paper has the family (else None)
     paper_cost: Callable[[ModelConfig, int | None], Cost] | None = None
     printed_cost: Callable[[ModelConfig], Cost | None] | None = None
@@ -82,6 +88,10 @@ class Family:
         if unknown:
             raise ValueError(
                 f"family {self.name}: unknown roles {', '.join(unknown)} (known: {', '.join(ROLES)})"
+            )
+        if self.routing not in ("", "experts", "heads"):
+            raise ValueError(
+                f"family {self.name}: routing must be '', experts or heads; got {self.routing!r}"
             )
         if self.mlp not in ("dense", "sigma_moe"):
             raise ValueError(f"family {self.name}: mlp must be dense or sigma_moe; got {self.mlp!r}")

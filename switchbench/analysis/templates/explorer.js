@@ -12,15 +12,15 @@
   };
   const TOP = 5; // sources listed in the panel
   const state = { sequence: 0, layer: 0, head: -1, dest: 0, pinned: false, compare: false };
-  state.model = preferred("switchhead", -1);
-  state.other = preferred("dense", state.model);
+  state.model = preferred((model) => model.routing === "experts", -1);
+  state.other = preferred((model) => model.baseline, state.model);
   const decoded = new Map(); // "model/sequence/layer" -> Uint8Array
   let sourceKey = null; // what the source-expert rows were drawn for
 
-  // The first model of an attention kind other than `avoid`, else the first other than `avoid`.
-  function preferred(attention, avoid) {
+  // The first model other than `avoid` that `wanted` accepts, else the first other than `avoid`.
+  function preferred(wanted, avoid) {
     const others = range(data.models.length).filter((m) => m !== avoid);
-    return others.find((m) => data.models[m].attention === attention) ?? others[0] ?? 0;
+    return others.find((m) => wanted(data.models[m])) ?? others[0] ?? 0;
   }
 
   function element(tag, attributes = {}, text) {
@@ -78,7 +78,7 @@
     state.layer = Math.min(state.layer, layersOf(state.model) - 1);
     state.head = Math.min(state.head, model.heads - 1);
     fill(controls.layer, range(layersOf(state.model)).map((l) => [l, `layer ${l}`]), state.layer);
-    const name = model.attention === "moa" ? "head slot" : "head"; // MoA: which expert fills a slot varies
+    const name = model.slots ? "head slot" : "head"; // MoA: which expert fills a slot varies
     fill(controls.head, [[-1, `max over ${model.heads} heads`], ...range(model.heads).map((h) => [h, `${name} ${h}`])],
       state.head);
   }
@@ -153,11 +153,12 @@
     return list;
   }
 
-  function expertList(picked, className, moa) {
+  function expertList(picked, className, routing, slots) {
     const list = element("ul", { class: className });
     for (const choice of picked) {
-      const text = moa ? `slot ${choice.head}: head (expert) ${choice.expert}, weight ${gateText(choice.gate)}`
-        : `head ${choice.head}: expert ${choice.expert}, gate ${gateText(choice.gate)}`;
+      const text = routing !== "heads" ? `head ${choice.head}: expert ${choice.expert}, gate ${gateText(choice.gate)}`
+        : slots ? `slot ${choice.head}: head (expert) ${choice.expert}, weight ${gateText(choice.gate)}`
+        : `head ${choice.head}: weight ${gateText(choice.gate)}`;
       const item = element("li", {
         class: className.replace(/s$/, ""), "data-head": String(choice.head), "data-expert": String(choice.expert),
         "data-gate": gateText(choice.gate),
@@ -180,11 +181,11 @@
     parts.push(heading, element("p", { class: "muted" }, `${model.name}, layer ${state.layer}, ${scope}`));
     if (model.sides.dst) {
       parts.push(element("h3", {}, `destination side: ${model.sides.dst}`),
-        expertList(choices(state.model, state.layer, "dst", dest, state.head), "dst-experts", model.attention === "moa"));
+        expertList(choices(state.model, state.layer, "dst", dest, state.head), "dst-experts", model.routing, model.slots));
     }
     if (model.sides.src) {
       parts.push(element("h3", {}, `this token's source side: ${model.sides.src}`),
-        expertList(choices(state.model, state.layer, "src", dest, state.head), "own-src-experts", false));
+        expertList(choices(state.model, state.layer, "src", dest, state.head), "own-src-experts", model.routing, false));
     }
     if (!model.sides.dst && !model.sides.src) parts.push(element("p", { class: "muted" }, "dense attention: no experts"));
     parts.push(element("h3", {}, "strongest sources"), strongest(weights));

@@ -58,7 +58,8 @@ FAMILY = register(
         exact_cost=exact_cost,
         validate=validate,
         describe=lambda cfg: f"E{cfg.n_experts} {cfg.moa_gating}",
-        routed=True,
+        routing="heads",
+        head_slots=True,
         paper_cost=paper_cost,
         printed_cost=lambda cfg: printed_moa(*symbols(cfg)) if cfg.pos == "xl" else None,
         # the byte-level model: 4 active of 8 query experts
