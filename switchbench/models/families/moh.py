@@ -1,0 +1,208 @@
+"""MoH, Mixture-of-Head attention (Jin, Zhu, Yuan and Yan, ICML 2025): multi-head attention whose heads are
+experts. Of H heads the first ``shared_heads`` are always on; each token picks ``routed_k`` of the other H - h_s
+with a softmax router, their weights renormalised over the chosen ones and scaled by k (a chosen head's weight
+averages one). The shared heads are weighted by a softmax of their own, times h_s (one when h_s = 1), and a two-way
+softmax, times two, mixes the shared and the routed group. Each head's attention output is multiplied by its
+weight before the output projection; unchosen heads weigh zero. Training adds the load-balancing loss
+E_r^2 mean_e(f_e P_e): f_e the fraction of tokens choosing routed head e, P_e its mean router probability.
+
+As in the published code, every head's Q, K, V and attention are computed and then weighted, so its MACs are the
+dense model's plus the routers'. Presets are parameter-matched to the dense rows: the routers' weights come out of
+the MLP.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig, in_range
+from ..cost import Cost, layer_inputs, softmax_attention, symbols
+from ..family import Family, register
+from ..initialization import init_projection_
+from ..observe import Observable
+from ..positions import positional_attention
+from ..router import full_precision
+from ..window import Window, with_memory
+
+
+@dataclass(frozen=True)
+class Options:
+    shared_heads: int = 1  # h_s: always-on heads, the first ones
+    routed_k: int = 1  # routed heads each token picks among the H - h_s others
+    balance_coef: float = 0.01  # the load-balancing loss's weight in training (the MoH-ViT code's)
+
+    def __post_init__(self):
+        in_range("shared_heads", self.shared_heads, 0)
+        in_range("routed_k", self.routed_k, 0)
+        in_range("balance_coef", self.balance_coef, 0.0)
+
+
+def validate(cfg: ModelConfig) -> None:
+    routed = cfg.n_heads - cfg.opts.shared_heads
+    if routed < 0:
+        raise ValueError(f"shared_heads ({cfg.opts.shared_heads}) must be at most n_heads ({cfg.n_heads})")
+    if not (routed == cfg.opts.routed_k == 0 or 1 <= cfg.opts.routed_k <= routed):
+        raise ValueError(f"routed_k must be in [1, {routed}] (the routed heads); got {cfg.opts.routed_k}")
+
+
+class MoHAttention(Observable, nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg, opts = cfg, cfg.opts
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.shared, self.routed, self.top_k = (
+            opts.shared_heads,
+            cfg.n_heads - opts.shared_heads,
+            opts.routed_k,
+        )
+        inner = cfg.n_heads * cfg.d_head
+        self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
+        self.o = nn.Linear(inner, cfg.d_model, bias=False)
+        for proj in (self.q, self.k, self.v, self.o):
+            init_projection_(proj.weight, proj.in_features, cfg.n_layers)
+        # W_r over the routed heads, W_s over the shared ones (none for one: its weight is 1), W_0 mixing the two
+        self.router = nn.Linear(cfg.d_model, self.routed, bias=False) if self.routed else None
+        self.shared_router = nn.Linear(cfg.d_model, self.shared, bias=False) if self.shared > 1 else None
+        self.mix = nn.Linear(cfg.d_model, 2, bias=False) if self.shared and self.routed else None
+        for router in (self.router, self.shared_router, self.mix):
+            if router is not None:
+                init_projection_(router.weight, cfg.d_model, cfg.n_layers)
+        self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
+
+    def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
+        # B batch, t current tokens, S memory + current tokens, H heads, D d_head
+        B, t, _ = x.shape
+        xs = with_memory(mem, x)  # [B, S, d_model]
+        q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
+        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
+        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
+        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        weights, chosen, probs = self.head_weights(x)  # [B, t, H], [B, t, k], [B, t, H - h_s]
+        out = out * weights.transpose(1, 2)[..., None].to(out.dtype)  # each head's output times its weight
+        y = self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
+        if self.observing:
+            gates = weights.detach().gather(-1, chosen) if chosen is not None else None
+            self.record(maps=maps, experts=chosen, gates=gates, head_weights=weights.detach())
+        return y, self._balance_loss(probs, chosen)
+
+    def head_weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x [B, t, d_model] -> every head's weight [B, t, H] (shared heads first), the routed heads each token chose
+        [B, t, k] (as head indices) and the routed heads' probabilities [B, t, H - h_s]."""
+        B, t, _ = x.shape
+        parts, chosen, probs = [], None, None
+        mix = 2 * full_precision(self.mix(x)).softmax(-1) if self.mix is not None else None  # [B, t, 2]
+        if self.shared:
+            if self.shared_router is None:
+                shared = x.new_ones(B, t, 1, dtype=torch.promote_types(x.dtype, torch.float32))
+            else:
+                shared = full_precision(self.shared_router(x)).softmax(-1) * self.shared
+            parts.append(shared if mix is None else shared * mix[..., :1])
+        if self.routed:
+            probs = full_precision(self.router(x)).softmax(-1)  # [B, t, H - h_s]
+            top = probs.topk(self.top_k, dim=-1, sorted=False)
+            kept = top.values / top.values.sum(-1, keepdim=True) * self.top_k
+            routed = torch.zeros_like(probs).scatter(-1, top.indices, kept)
+            parts.append(routed if mix is None else routed * mix[..., 1:])
+            chosen = top.indices + self.shared
+        return torch.cat(parts, -1), chosen, probs
+
+    def _balance_loss(self, probs: Tensor | None, chosen: Tensor | None) -> Tensor | float:
+        coef = self.cfg.opts.balance_coef
+        if not (self.training and coef and self.routed):
+            return 0.0
+        return coef * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
+
+
+def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
+    """E_r^2 mean_e(f_e P_e) over tokens: probs [N, E_r], chosen [N, k] routed heads."""
+    n_routed = probs.shape[1]
+    f = torch.zeros_like(probs).scatter(1, chosen, 1.0).mean(0)  # fraction of tokens choosing each head
+    return n_routed * n_routed * (f * probs.mean(0)).mean()
+
+
+def exact_cost(cfg: ModelConfig) -> Cost:
+    """The dense layer's MACs (every head computed, as published) plus the routers'. Memory: the layer inputs, the
+    weighted heads (a new tensor, the O projection's input), the weights and (XL) the heads' outputs kept by their
+    product (with RoPE, SDPA keeps its output already; constant weights keep none); the routers' softmaxes and what their products keep; the
+    chosen weights and their sum; the balance loss's token fractions when it trains."""
+    H, dh, dm, T, C = symbols(cfg)
+    S, opts = C * T, cfg.opts
+    hs, Er, k = opts.shared_heads, H - opts.shared_heads, opts.routed_k
+    routers = Er + (hs if hs > 1 else 0) + (2 if hs and Er else 0)
+    macs = (T + 2 * S) * dm * H * dh + T * H * dh * dm + T * dm * routers
+    learned = hs > 1 or Er > 0  # else every weight is a constant one, and the product keeps only the weights
+    mem = layer_inputs(cfg) + T * H * dh + T * H + (T * H * dh if cfg.pos == "xl" and learned else 0)
+    if hs and Er:
+        mem += 2 * T + 2 * T  # the mix's softmax, and the mix (twice it) read by both groups' products
+        mem += (
+            2 * T * hs if hs > 1 else T
+        )  # the shared softmax and its h_s multiple (one shared head: its ones)
+        mem += T * Er  # the routed weights before the mix
+    elif hs > 1:
+        mem += T * hs  # the shared softmax
+    if Er:
+        mem += T * Er + T * k + T  # the routed softmax, the chosen values and their sum
+        if opts.balance_coef:
+            mem += Er  # the fractions of tokens, kept by their product with the mean probabilities
+    kept = 2 if cfg.pos == "xl" and cfg.xl_bias_and_scale else 0
+    return Cost(macs, mem) + softmax_attention(cfg, H, kept)
+
+
+# Parameter-matched presets: the dense row, and its shared heads and routed choice (active heads 50-75%, as the
+# published settings); the routers' d_model (H - h_s + h_s [h_s > 1] + 2) weights come out of the MLP.
+SETTINGS = {
+    "c4-47m-transformer-h10": (2, 4),
+    "c4-262m-transformer-h16": (4, 8),
+    "wikitext103-45m-transformer-h10": (2, 4),
+    "wikitext103-244m-transformer-h16": (4, 8),
+    "tiny-transformer": (2, 1),
+    "tiny-transformer-rope": (2, 1),
+    "listops-transformer-h8": (2, 3),
+    "bytes-920k-transformer-h4": (2, 1),
+}
+
+
+def router_weights(cfg: ModelConfig) -> int:
+    hs, Er = cfg.opts.shared_heads, cfg.n_heads - cfg.opts.shared_heads
+    return cfg.d_model * (Er + (hs if hs > 1 else 0) + (2 if hs and Er else 0))
+
+
+def matched(dense: ModelConfig, shared_heads: int, routed_k: int) -> ModelConfig:
+    """MoH with the attention + MLP weights per layer of ``dense`` (to the nearest MLP unit)."""
+    moh = dense.replace(model="moh", options={"shared_heads": shared_heads, "routed_k": routed_k})
+    return moh.replace(d_ff=dense.d_ff - round(router_weights(moh) / (2 * dense.d_model)))
+
+
+def presets(declared: Mapping[str, ModelConfig]) -> dict[str, ModelConfig]:
+    return {name.replace("transformer", "moh"): matched(declared[name], *s) for name, s in SETTINGS.items()}
+
+
+FAMILY = register(
+    Family(
+        name="moh",
+        label="MoH",
+        attention=MoHAttention,
+        exact_cost=exact_cost,
+        options=Options,
+        validate=validate,
+        describe=lambda cfg: (
+            f"{cfg.opts.shared_heads} shared, top-{cfg.opts.routed_k} of {cfg.n_heads - cfg.opts.shared_heads}"
+        ),
+        routing="heads",
+        choices=lambda cfg: cfg.n_heads,
+        presets=presets,
+        roles={
+            "47m": "c4-47m-moh-h10",
+            "262m": "c4-262m-moh-h16",
+            "45m-rope": "wikitext103-45m-moh-h10",
+            "244m-rope": "wikitext103-244m-moh-h16",
+            "tiny": "tiny-moh",
+            "tiny-rope": "tiny-moh-rope",
+            "listops": "listops-moh-h8",
+            "bytes": "bytes-920k-moh-h4",
+            "quality": "c4-47m-moh-h10",
+        },
+    )
+)
