@@ -39,6 +39,7 @@ SHELL_BLOCKS = {"bash", "sh", "shell", ""}
 STAND_INS = {
     "PRESET": "tiny-switchhead",
     "FAMILY": "switchhead",
+    "GROUP": "tiny",
     "N": "2",
     "SECONDS": "60",
     "DIR": "out",
