@@ -113,8 +113,9 @@ def copy_of_the_checkout(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
-    """README command 1 in a clone: git status stays clean, every file names the clone's commit, quick, 150
-    steps; then the report, in the browser if there is one."""
+    """README command 1 (its set-up's `switchbench all --quick`, held there by test_docs) in a clone: git status
+    stays clean, every file names the clone's commit, quick, 150 steps; then the report, in the browser if there is
+    one."""
     clone = copy_of_the_checkout(tmp_path)
     head = git(clone, "rev-parse", "HEAD").strip()
     job = subprocess.run([sys.executable, "-m", "switchbench", "all", "--quick"], cwd=clone, capture_output=True,

@@ -73,7 +73,7 @@ class Budget:
 
 
 BUDGETS = {
-    # One CPU thread: --quick about 4 minutes, the default about an hour (README). The text is about 88 KB of
+    # One CPU thread: --quick about 4 minutes, the default about an hour (docs/quality.md). The text is about 88 KB of
     # training bytes, so the default reads it about 11 times; the held-out bytes are never trained on.
     ("cpu", True): Budget(tokens=100_000, seeds=2, batch=16, lr=1e-3, clip=1.0),
     ("cpu", False): Budget(tokens=1_000_000, seeds=5, batch=16, lr=1e-3, clip=1.0),

@@ -21,7 +21,7 @@ TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
 # Relative slack above the baseline before a time ratio counts as a regression. Over 10 runs on the shared 2-core
 # machine (one thread, thread CPU time), quiet or beside busy processes, the gated medians ranged from -9% to +15%
-# of the baseline (README, "The regression gate"); 15% on the interval's lower bound covers that, and a
+# of the baseline (docs/speed-and-gate.md, "The regression gate"); 15% on the interval's lower bound covers that, and a
 # SwitchHead layer made 30% slower still fails against a run near the baseline.
 TOLERANCES = {TIME: 0.15, "ratio_memory": 0.0, "ratio_macs": 0.0, "op_calls": 0.0}
 CONFIDENCE = 0.95
