@@ -18,6 +18,7 @@ from switchbench.bench import (
     tables,
 )
 from switchbench.bench.command import expert_matmul_in_force
+from switchbench.models import family as registry
 from switchbench.reports import report
 
 DEBUG = "SWITCHBENCH_DEBUG"
@@ -42,6 +43,10 @@ COMMANDS = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    broken = registry.load_errors()
+    if broken:  # an installed attention family that does not load: say which, run nothing
+        print(f"switchbench: error: {broken[0]}", file=sys.stderr)
+        return 2
     args = _parser().parse_args(argv)
     try:
         with expert_matmul_in_force(args):

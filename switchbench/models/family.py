@@ -177,8 +177,19 @@ def option_fields() -> dict[str, dataclasses.Field]:
     return out
 
 
+def load_errors() -> tuple[str, ...]:
+    """The plug-ins that failed to load, one line each (the command line refuses to run with any)."""
+    _load()
+    return tuple(_broken)
+
+
+_broken: list[str] = []
+
+
 def _load() -> None:
-    """Import the built-in families, then the plug-ins' entry points, once."""
+    """Import the built-in families, then the plug-ins' entry points, once. A plug-in that fails is left out and
+    kept in :func:`load_errors`: modules build their tables from the registry on import, where an exception would
+    be a traceback, not a message."""
     global _loaded
     if _loaded:
         return
@@ -187,9 +198,7 @@ def _load() -> None:
     for point in entry_points(group=ENTRY_POINTS):
         try:
             loaded = point.load()
-        except Exception as error:  # a broken plug-in names itself, not a traceback deep in the suite
-            raise ValueError(
-                f"attention family plug-in {point.name!r} ({point.value}) failed to load: {error}"
-            ) from None
-        if isinstance(loaded, Family):
-            register(loaded)
+            if isinstance(loaded, Family):
+                register(loaded)
+        except Exception as error:
+            _broken.append(f"attention family plug-in {point.name!r} ({point.value}) failed to load: {error}")
