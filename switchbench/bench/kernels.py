@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from switchbench.models import expert_matmul_choice, expert_matmul_grouped
+from switchbench.models import family as registry
 from switchbench.models.expert_matmul import expert_matmul, route
 from switchbench.models.presets import PRESETS
 from switchbench.models.slot_rows import aligned
@@ -34,10 +35,7 @@ from .measure import free_memory, is_oom
 from .results import nothing_measured, save_run, writable_folder
 from .speed import matmul_peak_tflops
 
-SIZES = {
-    "47m": ("c4-47m-switchhead-h2", "c4-47m-switchall-h2", "wikitext103-47m-moa-h4"),
-    "262m": ("c4-262m-switchhead-h4", "c4-262m-switchall-h4", "wikitext103-262m-moa-h8"),
-}
+SIZES = ("47m", "262m")  # the roles whose presets give the shapes
 
 
 @dataclass(frozen=True)
@@ -60,29 +58,17 @@ class Case:
 
 
 def cases(size: str, batch: int) -> list[Case]:
-    """The six expert-matmul uses of one size, and one expert-sized matmul, at ``batch`` sequences."""
-    switchhead, switchall, moa = (PRESETS[name] for name in SIZES[size])
-    H, E, k, d, D = (
-        switchhead.n_heads,
-        switchhead.n_experts,
-        switchhead.k,
-        switchhead.d_model,
-        switchhead.d_head,
-    )
-    window = batch * switchhead.T * (1 + switchhead.context_blocks)  # the source side sees the memory too
-    tokens = batch * switchhead.T
-    NE, G, K = switchall.mlp_experts, switchall.mlp_expert_size, switchall.mlp_k
-    MH, ME, MD = moa.n_heads, moa.n_experts, moa.d_head
-    return [
-        Case(f"{size} switchhead-v", window, 1, H * k, H, E, H, d, D, True),
-        Case(f"{size} switchhead-o", tokens, H, H * k, 1, E, H, D, d, True),
-        Case(f"{size} sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
-        Case(f"{size} sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
-        Case(f"{size} moa-q", tokens, 1, MH, MH, ME, 1, d, MD, False),
-        Case(f"{size} moa-o", tokens, MH, MH, 1, ME, 1, MD, d, True),
-        # One expert's share of the SwitchHead V projection, as a single expert
-        Case(f"{size} expert-sized", window * k // E, 1, 1, 1, 1, 1, d, D, False),
+    """Every family's expert-matmul uses at one size (its preset of that role), at ``batch`` sequences, and last one
+    expert's share of the first of them as a single matmul (SwitchHead's V: the matmul the paper measured)."""
+    found = [
+        Case(f"{size} {name}", *shape)
+        for family in registry.families()
+        if family.expert_matmuls and size in family.roles
+        for name, *shape in family.expert_matmuls(PRESETS[family.roles[size]], batch)
     ]
+    first = found[0]
+    share = first.tokens * (first.slots // first.groups) // first.experts_per_group
+    return [*found, Case(f"{size} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]
 
 
 ALIGN = 16  # elements: the kernel-only views' rows are padded to it (16 bytes and more for every dtype)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 
@@ -17,34 +18,33 @@ from .command import add_json, emit
 from .results import save_figure, writable_folder, write_csv
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
-SERIES = {
-    "47m": {
-        "dense XL": "c4-47m-transformer-h10",
-        "dense RoPE": "wikitext103-45m-transformer-h10",
-        "MoA XL (H=4)": "wikitext103-47m-moa-h4",
-        "SwitchHead XL": "c4-47m-switchhead-h2",
-        "SwitchHead RoPE": "wikitext103-45m-switchhead-h2",
-    },
-    "262m": {
-        "dense XL": "c4-262m-transformer-h16",
-        "dense RoPE": "wikitext103-244m-transformer-h16",
-        "MoA XL (H=8)": "wikitext103-262m-moa-h8",
-        "SwitchHead XL": "c4-262m-switchhead-h4",
-        "SwitchHead RoPE": "wikitext103-243m-switchhead-h4",
-    },
-}
+# Per size, every family's XL and RoPE presets of that size (a family running another's attention, as SwitchAll
+# runs SwitchHead's, adds nothing here)
+SIZES = {"47m": ("47m", "45m-rope"), "262m": ("262m", "244m-rope")}
 
 
-def quadratic(cfg: ModelConfig) -> tuple[Cost, Cost]:
-    """(a, b) with cost(T) = a T^2 + b T, from the exact count at T = 2 and 4 (C as configured)."""
-    f2, f4 = exact_cost(cfg.replace(T=2)), exact_cost(cfg.replace(T=4))
+def _series(xl: str, rope: str) -> dict[str, str]:
+    families = [f for f in registry.families() if f.attention_name in (None, "dense")]
+    return {f"{f.label} {pos}": f.roles[role] for f in families for pos, role in (("XL", xl), ("RoPE", rope))
+            if role in f.roles}  # fmt: skip
 
-    def fit(y2: int, y4: int) -> tuple[int, int]:
-        a = (y4 - 2 * y2) // 8
-        return a, (y2 - 4 * a) // 2
 
-    (am, bm), (ak, bk) = fit(f2.macs, f4.macs), fit(f2.mem, f4.mem)
-    return Cost(am, ak), Cost(bm, bk)
+SERIES = {size: _series(*roles) for size, roles in SIZES.items()}
+
+
+def quadratic(cfg: ModelConfig) -> tuple[Cost, Cost, Cost]:
+    """(a, b, c) with cost(T) = a T^2 + b T + c, from the exact count at T = 2, 3 and 4 (C as configured); c is a
+    few floats that do not grow with T (a router's per-expert statistics), 0 for most families. T = 1 is left out:
+    one token lays out the heads' output without a copy."""
+    f2, f3, f4 = (exact_cost(cfg.replace(T=T)) for T in (2, 3, 4))
+
+    def fit(y2: int, y3: int, y4: int) -> tuple[int, int, int]:
+        a = ((y4 - y3) - (y3 - y2)) // 2
+        b = (y3 - y2) - 5 * a
+        return a, b, y2 - 4 * a - 2 * b
+
+    (am, bm, cm), (ak, bk, ck) = fit(f2.macs, f3.macs, f4.macs), fit(f2.mem, f3.mem, f4.mem)
+    return Cost(am, ak), Cost(bm, bk), Cost(cm, ck)
 
 
 def sweep() -> list[dict]:
@@ -52,7 +52,7 @@ def sweep() -> list[dict]:
     for size, series in SERIES.items():
         for label, preset in series.items():
             cfg = PRESETS[preset]
-            a, b = quadratic(cfg)
+            a, b, _ = quadratic(cfg)
             for T in LENGTHS:
                 cost = exact_cost(cfg.replace(T=T))
                 rows.append(
@@ -93,12 +93,11 @@ def figure(rows: list[dict]) -> Figure:
                 if LENGTHS[0] <= crossover <= LENGTHS[-1]:
                     ax.axvline(crossover, color=line[0].get_color(), ls=":", lw=1)
             ax.set(xscale="log", yscale="log", xlabel="chunk length T (tokens)", ylabel=unit)
-            moa = next(label for label in SERIES[size] if label.startswith("MoA"))
-            ax.set_title(f"{size.upper()} presets: {name} (MoA {moa.split('(')[1].rstrip(')')})")
+            ax.set_title(f"{size.upper()} presets: {name}")
             ax.grid(True, which="major", alpha=0.3)
-    # One legend for every panel: the names without MoA's heads, which differ by size (the titles say them).
+    # One legend for every panel: the series are the same at every size
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, [n.split(" (")[0] for n in names], loc="outside lower center", ncol=len(names),
+    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 5),
                fontsize=9, title="dotted: T where T² terms are half", title_fontsize=9)  # fmt: skip
     fig.suptitle(
         "One attention layer, one sequence, forward pass (exact count); XL keeps C = 2 chunks, RoPE C = 1"

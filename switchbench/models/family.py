@@ -75,6 +75,9 @@ class Family:
     routing: str = ""
     choices: Callable[[ModelConfig], int] = lambda cfg: cfg.n_experts
     head_slots: bool = False
+    # Its expert matmuls at ``batch`` sequences, for kernel-bench: (name, tokens N, input groups, slots, output
+    # groups, experts per group, routers, d_in, d_out, gated) each, as switchbench::expert_matmul takes them
+    expert_matmuls: Callable[[ModelConfig, int], tuple[tuple, ...]] | None = None
     # The paper's cost convention, and the equation it prints, where the paper has the family (else None)
     paper_cost: Callable[[ModelConfig, int | None], Cost] | None = None
     printed_cost: Callable[[ModelConfig], Cost | None] | None = None

@@ -50,6 +50,12 @@ def paper_cost(cfg: ModelConfig, C: int | None = None) -> Cost:
     return paper_moa(H, dh, dm, T, C_cfg if C is None else C, cfg.n_experts)
 
 
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+    """Q: each token's H slots from the pool of E; O: the slots summed, weighted by the router."""
+    H, E, d, D, tokens = cfg.n_heads, cfg.n_experts, cfg.d_model, cfg.d_head, batch * cfg.T
+    return (("moa-q", tokens, 1, H, H, E, 1, d, D, False), ("moa-o", tokens, H, H, 1, E, 1, D, d, True))
+
+
 FAMILY = register(
     Family(
         name="moa",
@@ -60,6 +66,7 @@ FAMILY = register(
         describe=lambda cfg: f"E{cfg.n_experts} {cfg.moa_gating}",
         routing="heads",
         head_slots=True,
+        expert_matmuls=expert_matmuls,
         paper_cost=paper_cost,
         printed_cost=lambda cfg: printed_moa(*symbols(cfg)) if cfg.pos == "xl" else None,
         # the byte-level model: 4 active of 8 query experts

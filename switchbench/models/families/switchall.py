@@ -6,6 +6,16 @@ from ..config import ModelConfig
 from ..family import BYTES, register
 from . import switchhead
 
+
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+    """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down, gated."""
+    NE, G, K, d, tokens = cfg.mlp_experts, cfg.mlp_expert_size, cfg.mlp_k, cfg.d_model, batch * cfg.T
+    return (
+        ("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
+        ("sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
+    )
+
+
 FAMILY = register(
     replace(
         switchhead.FAMILY,
@@ -13,6 +23,7 @@ FAMILY = register(
         label="SwitchAll",
         attention_name="switchhead",
         mlp="sigma_moe",
+        expert_matmuls=expert_matmuls,
         # the byte-level model: SwitchHead's attention and 16 MLP experts of which 4 are active
         presets=lambda declared: {
             "bytes-920k-switchall-h2": ModelConfig(

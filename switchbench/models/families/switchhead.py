@@ -82,6 +82,16 @@ def printed_cost(cfg: ModelConfig) -> Cost | None:
     return printed_switchhead(*symbols(cfg), cfg.k)
 
 
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+    """Each expert projection: K and V over the window (the source side sees the memory too), Q and O over the
+    current tokens; H routers of E experts, k slots each; O sums its heads' slots, gated."""
+    H, E, k, d, D = cfg.n_heads, cfg.n_experts, cfg.k, cfg.d_model, cfg.d_head
+    window, tokens = batch * cfg.T * (1 + cfg.context_blocks), batch * cfg.T
+    shapes = {"q": (tokens, 1, H * k, H, E, H, d, D, True), "k": (window, 1, H * k, H, E, H, d, D, True),
+              "v": (window, 1, H * k, H, E, H, d, D, True), "o": (tokens, H, H * k, 1, E, H, D, d, True)}  # fmt: skip
+    return tuple((f"switchhead-{p}", *shapes[p]) for p in "qkvo" if p in cfg.experts)
+
+
 FAMILY = register(
     Family(
         name="switchhead",
@@ -91,6 +101,7 @@ FAMILY = register(
         validate=validate,
         describe=describe,
         routing="experts",
+        expert_matmuls=expert_matmuls,
         paper_cost=paper_cost,
         printed_cost=printed_cost,
         presets=lambda declared: {
