@@ -81,3 +81,15 @@ def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
     y = op(leaves[0], leaves[1], route(indices.to(device), weight.shape[0]), gates, s_out, impl=impl)
     y.backward(grad_out.to(device, y.dtype))
     return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
+
+
+def assert_counted_exactly(cfg) -> None:
+    """The exact cost of ``cfg``'s attention layer equals what fvcore and FlopCounterMode count (MACs) and what
+    saved-tensor hooks see (floats kept for backward): the check every family's cost is held to."""
+    from switchbench.bench import measure
+    from switchbench.bench.accounting import exact_cost
+
+    exact = exact_cost(cfg)
+    assert measure.fvcore_macs(cfg) == exact.macs
+    assert measure.flop_counter_macs(cfg) == exact.macs
+    assert measure.saved_floats(cfg) == exact.mem

@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from naive import assert_counted_exactly
 
 from switchbench.bench import measure
 from switchbench.bench.accounting import exact_cost
@@ -168,10 +169,7 @@ def configs(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_exact_count_equals_the_three_counters(cfg):
-    exact = exact_cost(cfg)
-    assert measure.fvcore_macs(cfg) == exact.macs
-    assert measure.flop_counter_macs(cfg) == exact.macs
-    assert measure.saved_floats(cfg) == exact.mem
+    assert_counted_exactly(cfg)
 
 
 @pytest.mark.parametrize("pos", ["xl", "rope"])

@@ -6,6 +6,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from naive import assert_counted_exactly
 
 from switchbench.bench import measure, tables
 from switchbench.bench.accounting import exact_cost, paper_cost
@@ -45,10 +46,7 @@ def configs(draw):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs())
 def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
-    exact = exact_cost(cfg)
-    assert measure.fvcore_macs(cfg) == exact.macs
-    assert measure.flop_counter_macs(cfg) == exact.macs
-    assert measure.saved_floats(cfg) == exact.mem
+    assert_counted_exactly(cfg)
 
 
 @pytest.mark.slow
