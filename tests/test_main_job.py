@@ -83,7 +83,7 @@ def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, mon
     assert main(["all", "--json"]) == 0
     assert git_state(checkout) == clean + "-dirty"  # a full run refreshes results/ ...
     assert len(calls) == 1 and len(seen) == 4  # ... and every step was told the commit it started from
-    assert all(s == {"job": "switchbench all", "quick": False, "training_steps": 1000, "commit": clean}
+    assert all(s == {"job": "switchbench all", "quick": False, "training_steps": 5000, "commit": clean}
                for s in seen)  # fmt: skip
 
 
