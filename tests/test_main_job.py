@@ -71,7 +71,7 @@ def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, mo
     assert (checkout / "runs-quick" / "run" / "log.csv").exists() and not (checkout / "runs").exists()
     last = capsys.readouterr().out.splitlines()[-1]
     assert "results-quick/" in last and "runs-quick/" in last
-    assert seen[0] == {"job": "switchbench all --quick", "quick": True, "training_steps": 150,
+    assert seen[0] == {"job": "switchbench all --quick", "quick": True, "training_steps": {"listops": 150, "lm": 150},
                        "commit": git_state(checkout)}  # fmt: skip
 
 
@@ -83,13 +83,18 @@ def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, mon
     assert main(["all", "--json"]) == 0
     assert git_state(checkout) == clean + "-dirty"  # a full run refreshes results/ ...
     assert len(calls) == 1 and len(seen) == 4  # ... and every step was told the commit it started from
-    assert all(s == {"job": "switchbench all", "quick": False, "training_steps": 5000, "commit": clean}
+    assert all(s == {"job": "switchbench all", "quick": False, "training_steps": {"listops": 5000, "lm": 1500}, "commit": clean}
                for s in seen)  # fmt: skip
 
 
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
     row = {"preset": "p", "macs_vs_dense": 0.5}
-    provenance = {"job": "switchbench all --quick", "quick": True, "training_steps": 150, "commit": "abc"}
+    provenance = {
+        "job": "switchbench all --quick",
+        "quick": True,
+        "training_steps": {"listops": 150, "lm": 150},
+        "commit": "abc",
+    }
     tables.write_tables(tmp_path, {"table1": [row]}, provenance)
     metadata = json.loads((tmp_path / "metadata.json").read_text())
     assert metadata.items() >= provenance.items() and metadata["command"] == "switchbench tables"
@@ -124,7 +129,12 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     assert "results-quick/" in job.stdout.splitlines()[-1]
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
     results, runs = clone / "results-quick", clone / "runs-quick"
-    provenance = {"job": "switchbench all --quick", "quick": True, "training_steps": 150, "commit": head}
+    provenance = {
+        "job": "switchbench all --quick",
+        "quick": True,
+        "training_steps": {"listops": 150, "lm": 150},
+        "commit": head,
+    }
     speed_runs = list((results / "speed").rglob("*.json"))
     assert len(speed_runs) == 1
     for metadata in (
