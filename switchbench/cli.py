@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `switchbench presets | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
+        return 0
     except KeyboardInterrupt:  # files are written whole or not at all: nothing to clean up
         print(f"switchbench {args.command}: interrupted", file=sys.stderr)
         return 130

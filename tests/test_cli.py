@@ -25,3 +25,18 @@ def test_the_traceback_on_request(tmp_path, monkeypatch):
     monkeypatch.setenv("SWITCHBENCH_DEBUG", "1")
     with pytest.raises(RuntimeError, match="same dtype"):
         main(["kernel-bench", "--device", "cpu", "--out", str(tmp_path)])
+
+
+def test_a_reader_that_stops_early_is_no_failure():
+    """`switchbench presets | head -1`: the closed pipe ends the command quietly, exit 0."""
+    import fcntl
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "switchbench", "presets"]
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as process:
+        fcntl.fcntl(process.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: a pipe smaller than the table
+        assert process.stdout.readline().startswith(b"preset")
+        process.stdout.close()
+        assert process.wait(timeout=120) == 0
+        assert process.stderr.read() == b""
