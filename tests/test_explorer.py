@@ -17,7 +17,7 @@ from switchbench.analysis import analyze, checkpoint, explorer, listops, text
 from switchbench.models.observe import observe
 from switchbench.models.presets import PRESETS
 
-LISTOPS = ("listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4")
+LISTOPS = ("listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4", "listops-moh-h8")
 TEXT = ("tiny-transformer", "tiny-switchhead")
 HOSTILE = "<b>&amp;</b><!-- \"q\" 's'\n"  # 25 bytes a page could take for markup, within a tiny model's 32
 STEP = 1 / explorer.LEVELS  # the page keeps attention in these steps
@@ -39,7 +39,8 @@ def _checkpoint(folder: Path, task: str, preset: str, seed: int) -> Path:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict:
-    """The explorer of a ListOps dense/SwitchHead/MoA trio and of a text dense/SwitchHead pair read on HOSTILE."""
+    """The explorer of ListOps dense, SwitchHead, MoA and MoH models and of a text dense/SwitchHead pair read on
+    HOSTILE."""
     found = {}
     for task, presets, source in (("listops", LISTOPS, None), ("lm", TEXT, HOSTILE)):
         folder = tmp_path_factory.mktemp(task)
@@ -194,6 +195,15 @@ def test_the_hovered_token_shows_the_models_own_routing(pages, task, tmp_path):
                 shown["dst"],
                 expected_choices(moa["experts"][0, ..., None], moa["gates"][0, ..., None], dest, None),
             )
+            # MoH: every head's weight for this token (shared heads always on, k routed ones non-zero)
+            moh = observed(made["paths"]["listops-moh-h8"], ids)[layer]
+            weights = moh["head_weights"][0]  # [t, H]
+            heads = torch.arange(weights.shape[-1]).expand_as(weights)
+            page.select_option("#model", label="listops-moh-h8")
+            shown = hover(page, dest)
+            assert_row(shown["weights"], expected_row(moh, None, dest))
+            assert_choices(shown["dst"], expected_choices(heads[..., None], weights[..., None], dest, None))
+            assert "head 0: weight" in shown["panel"] and "slot" not in shown["panel"]
         page.select_option("#model", label=presets[0])
         shown = hover(page, 0)
         assert shown["dst"] == [] and "no experts" in shown["panel"]
