@@ -1,6 +1,7 @@
 """``switchbench profile``: shares that add up to the step, each unit of time counted once and put where it ran."""
 
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
         rest = sum(shares.values()) - shares[profile.EXPERT_FORWARD] - shares["outside kernels"]
         return shares[profile.EXPERT_FORWARD] / rest
 
-    before = run()
+    before = statistics.median(run() for _ in range(3))  # a median of three: one busy moment moves a run
     forward = expert_matmul.TorchExpertMatmul.forward
 
     def ten_times(*args):
@@ -62,8 +63,10 @@ def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
         return forward(*args)
 
     monkeypatch.setattr(expert_matmul.TorchExpertMatmul, "forward", staticmethod(ten_times))
-    after = run()
-    assert after > 4 * before, (before, after)  # ten times the work: about ten times the ratio
+    after = statistics.median(run() for _ in range(3))
+    # ten times the op's arithmetic: about 4.5 times the ratio here (the op's gathers and scatters are not
+    # repeated); the share attributed elsewhere would leave it near 1
+    assert after > 2.5 * before, (before, after)
 
 
 def test_each_part_of_a_switchhead_step_lands_in_its_share():
