@@ -25,14 +25,14 @@ if TYPE_CHECKING:
 
 ENTRY_POINTS = "switchbench.families"
 BUILT_IN = "switchbench.models.families"
-# The comparisons a family's presets take part in. Speed groups: "47m" / "262m" (parameter-matched to the 47M /
-# 262M dense Transformer-XL), "45m-rope" / "244m-rope" (the RoPE sizes), "tiny" / "tiny-rope" (CPU models, "tiny"
-# also the byte-level LM of `train --task lm`). "listops": the routing-analysis classifier. "bytes" / "quality":
-# the CPU / GPU models of `quality` (byte-level, parameter-matched to the dense one).
 # The byte-level CPU models of `quality`: 4 layers of d_model 128, chunks of 64 bytes and one chunk of XL memory;
 # every family's has the attention + MLP weights per layer of the dense one (212,992), its MLP width taking up the
 # difference, as the paper matches its models.
 BYTES = dict(d_model=128, n_layers=4, T=64, context_blocks=1, vocab=256)
+# The comparisons a family's presets take part in. Speed groups: "47m" / "262m" (parameter-matched to the 47M /
+# 262M dense Transformer-XL), "45m-rope" / "244m-rope" (the RoPE sizes), "tiny" / "tiny-rope" (CPU models, "tiny"
+# also the byte-level LM of `train --task lm`). "listops": the routing-analysis classifier. "bytes" / "quality":
+# the CPU / GPU models of `quality` (byte-level, parameter-matched to the dense one).
 SPEED_GROUPS = ("47m", "45m-rope", "262m", "244m-rope", "tiny", "tiny-rope")
 ROLES = (*SPEED_GROUPS, "listops", "bytes", "quality")
 
@@ -52,7 +52,8 @@ class Family:
     ``attention(cfg)`` builds one layer: ``forward(x [B, t, d_model], mem [B, S - t, d_model] | None, window)
     -> (y [B, t, d_model], auxiliary loss)``, an :class:`~switchbench.models.observe.Observable` that records
     ``maps`` [B, H, t, S] and, where it routes, ``{src,dst}_experts``/``{src,dst}_gates`` [B, L, H, k] (experts
-    per head and side) or ``experts``/``gates`` [B, t, H] (the heads a token uses and their weights).
+    per head and side) or ``experts``/``gates`` [B, t, slots] (the heads a token picks and their weights; MoA
+    fills every slot, MoH its k routed heads) and, where every head is weighted, ``head_weights`` [B, t, H].
     ``exact_cost(cfg)`` counts that layer's forward pass op by op (:mod:`~switchbench.models.cost`); a test holds
     it equal to the measured MACs and saved floats.
     """
