@@ -50,13 +50,14 @@ def validate(cfg: ModelConfig) -> None:
 class MoHAttention(Observable, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg, opts = cfg, cfg.opts
+        opts = cfg.opts
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.shared, self.routed, self.top_k = (
             opts.shared_heads,
             cfg.n_heads - opts.shared_heads,
             opts.routed_k,
         )
+        self.balance_coef = opts.balance_coef
         inner = cfg.n_heads * cfg.d_head
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
@@ -109,10 +110,9 @@ class MoHAttention(Observable, nn.Module):
         return torch.cat(parts, -1), chosen, probs
 
     def _balance_loss(self, probs: Tensor | None, chosen: Tensor | None) -> Tensor | float:
-        coef = self.cfg.opts.balance_coef
-        if not (self.training and coef and self.routed):
+        if not (self.training and self.balance_coef and self.routed):
             return 0.0
-        return coef * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
+        return self.balance_coef * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
 
 
 def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
