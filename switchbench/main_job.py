@@ -53,7 +53,7 @@ def _tables(args, results: Path, runs: Path) -> list[str]:
 
 
 def _sweep(args, results: Path, runs: Path) -> list[str]:
-    return [str(p) for p in scaling.write_sweep(results / "tables", scaling.sweep())]
+    return [str(p) for p in scaling.write_sweep(results / "tables", scaling.sweep(), args.provenance)]
 
 
 def _speed(args, results: Path, runs: Path) -> str:

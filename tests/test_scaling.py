@@ -1,6 +1,7 @@
 """The cost-against-length sweep: its quadratic model is exact, and its files are written."""
 
 import csv
+import json
 
 import pytest
 
@@ -36,7 +37,14 @@ def test_quadratic_terms_are_half_at_the_crossover():
 @pytest.mark.slow
 def test_sweep_files(tmp_path):
     written = scaling.write_sweep(tmp_path, scaling.sweep())
-    assert sorted(p.name for p in written) == ["cost_scaling.csv", "cost_scaling.png", "cost_scaling.svg"]
+    assert sorted(p.name for p in written) == [
+        "cost_scaling.csv",
+        "cost_scaling.json",
+        "cost_scaling.png",
+        "cost_scaling.svg",
+    ]
+    metadata = json.loads((tmp_path / "cost_scaling.json").read_text())
+    assert metadata["command"] == "switchbench sweep" and metadata["files"][0] == "cost_scaling.csv"
     with open(tmp_path / "cost_scaling.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == sum(len(s) for s in scaling.SERIES.values()) * len(scaling.LENGTHS)

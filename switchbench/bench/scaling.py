@@ -1,10 +1,12 @@
 """Cost against context length: where the T^2 attention terms take over from the projections.
 
-The exact count of one attention layer is a quadratic a T^2 + b T in the chunk length T (C fixed): the T^2
-terms are the attention maps (and the XL position scores), the T terms the projections and routers. The sweep
+The exact count of one attention layer is a quadratic a T^2 + b T (+ c, a few floats of a router's per-expert
+statistics) in the chunk length T (C fixed): the T^2 terms are the attention maps (and the XL position scores), the
+T terms the projections and routers. The sweep
 evaluates it from 128 to 16384 tokens; the cross-over length b / a is where the quadratic terms are half.
 """
 
+import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -15,7 +17,8 @@ from switchbench.models.presets import PRESETS
 
 from .accounting import Cost, exact_cost
 from .command import add_json, emit
-from .results import save_figure, writable_folder, write_csv
+from .environment import environment
+from .results import save_figure, writable_folder, write_atomic, write_csv
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 # Per size, every family's XL and RoPE presets of that size (a family running another's attention, as SwitchAll
@@ -110,9 +113,16 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
     return save_figure(figure(rows), path, dpi=110)
 
 
-def write_sweep(folder: Path, rows: list[dict]) -> list[Path]:
-    """The sweep's rows as CSV and their plot as PNG and SVG."""
-    return [write_csv(folder / "cost_scaling.csv", rows), *plot(rows, folder / "cost_scaling")]
+def write_sweep(folder: Path, rows: list[dict], provenance: dict | None = None) -> list[Path]:
+    """The sweep's rows as CSV, their plot as PNG and SVG, and cost_scaling.json saying where and how (with
+    ``provenance``, the main job's mode and starting commit), written last."""
+    written = [write_csv(folder / "cost_scaling.csv", rows), *plot(rows, folder / "cost_scaling")]
+    metadata = (environment("cpu") | (provenance or {})) | {
+        "command": "switchbench sweep",
+        "count": "exact_cost of one attention layer, one sequence, forward",
+        "files": [p.name for p in written],
+    }
+    return [*written, write_atomic(folder / "cost_scaling.json", json.dumps(metadata, indent=2))]
 
 
 def register(commands) -> None:
