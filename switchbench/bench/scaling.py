@@ -116,8 +116,9 @@ def plot(rows: list[dict], path: Path) -> list[Path]:
 def write_sweep(folder: Path, rows: list[dict], provenance: dict | None = None) -> list[Path]:
     """The sweep's rows as CSV, their plot as PNG and SVG, and cost_scaling.json saying where and how (with
     ``provenance``, the main job's mode and starting commit), written last."""
+    metadata = environment("cpu") | (provenance or {})  # read before writing: the commit, not a dirty one
     written = [write_csv(folder / "cost_scaling.csv", rows), *plot(rows, folder / "cost_scaling")]
-    metadata = (environment("cpu") | (provenance or {})) | {
+    metadata |= {
         "command": "switchbench sweep",
         "count": "exact_cost of one attention layer, one sequence, forward",
         "files": [p.name for p in written],
