@@ -484,7 +484,12 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
 def test_ctrl_c_during_training(tmp_path):
     cmd = [sys.executable, "-m", "switchbench", "train", "--steps", "100000", "--eval-every", "1", "--batch", "2",
            "--out", str(tmp_path / "run"), "--json"]  # fmt: skip
-    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child: a shell's background job (nohup ... &) inherits it ignored, and Python
+    # then installs no KeyboardInterrupt handler
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    process = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore
+    )
     deadline = time.monotonic() + 240
     while not (tmp_path / "run" / "checkpoint.pt").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
