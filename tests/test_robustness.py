@@ -480,15 +480,18 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     fails_cleanly(capsys, ["sweep", "--out", "unused"], code=130, says="switchbench sweep: interrupted")
 
 
+def _sigint_by_default() -> None:
+    """In the child, SIGINT at its default: a shell's background job (`tox &`) inherits it ignored, and Python then
+    installs no KeyboardInterrupt handler, so the interrupt this test sends would do nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_training(tmp_path):
     cmd = [sys.executable, "-m", "switchbench", "train", "--steps", "100000", "--eval-every", "1", "--batch", "2",
            "--out", str(tmp_path / "run"), "--json"]  # fmt: skip
-    # SIGINT at its default in the child: a shell's background job (nohup ... &) inherits it ignored, and Python
-    # then installs no KeyboardInterrupt handler
-    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
     process = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=restore
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_by_default
     )
     deadline = time.monotonic() + 240
     while not (tmp_path / "run" / "checkpoint.pt").exists() and time.monotonic() < deadline:
