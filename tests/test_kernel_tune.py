@@ -54,3 +54,43 @@ def test_the_package_tables_are_where_the_models_read_them():
 def test_kernel_tune_needs_a_gpu(capsys):
     assert main(["kernel-tune"]) == 2
     assert "autotunes on a CUDA GPU" in capsys.readouterr().err
+
+
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
+
+
+def test_a_run_that_measured_part_of_the_table_or_nothing_keeps_the_rest(tmp_path):
+    """A re-run at one size, or one stopped between writing configurations and timing, replaces only what it
+    measured: the shipped table is never emptied by a later, smaller run."""
+    path = tmp_path / "tuned.json"
+    first = {
+        "scatter_matmul": {"a": "M64 N64 K64 w4 s4", "b": "M128 N64 K64 w4 s4"},
+        "grouped_outer": {"c": "x"},
+    }
+    path.write_text(
+        json.dumps({"about": "kept", "tables": [{"device": A100, "configs": {"scatter_matmul": {}}}]})
+    )
+    kernel_tune._update(path, H100, {"configs": first})
+    kernel_tune._update(path, H100, {"configs": {}})  # a re-run that recorded nothing
+    kernel_tune._update(path, H100, {"configs": {"scatter_matmul": {"a": "M128 N128 K64 w8 s3"}}})  # one size
+    tables = {t["device"]: t for t in json.loads(path.read_text())["tables"]}
+    assert tables[H100]["configs"] == {
+        "scatter_matmul": {"a": "M128 N128 K64 w8 s3", "b": "M128 N64 K64 w4 s4"},
+        "grouped_outer": {"c": "x"},
+    }
+    assert tables[A100]["configs"] == {"scatter_matmul": {}}
+
+
+def test_retuning_autotunes_shapes_the_table_already_holds(monkeypatch):
+    """kernel-tune must autotune (and so record) every shape: a launch that read this GPU's table would record
+    nothing, and the table written back would lose it."""
+    triton_path = pytest.importorskip("switchbench.models.expert_matmul_triton")
+    saved = triton_path.CONFIGS["scatter_matmul"][0]
+    monkeypatch.delenv(triton_path.ENV_CONFIG, raising=False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(triton_path, "_ahead_of_time", lambda name, key, device: saved)
+    cuda = torch.device("cuda", 0)
+    assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is saved
+    with triton_path.retuning():
+        assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is None
+    assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is saved

@@ -26,10 +26,11 @@ def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, 
     """The autotuner's choice per kernel and shape key, after a forward and backward of every case."""
     from switchbench.models import expert_matmul_triton  # triton is optional: only GPU machines have it
 
-    for size in sizes:
-        for batch in batches:
-            for case in cases(size, batch):
-                outputs(case, make_inputs(case, "cuda", dtype), "triton")
+    with expert_matmul_triton.retuning():
+        for size in sizes:
+            for batch in batches:
+                for case in cases(size, batch):
+                    outputs(case, make_inputs(case, "cuda", dtype), "triton")
     table: dict[str, dict[str, str]] = {}
     for (kernel, key), label in sorted(expert_matmul_triton.chosen().items()):
         table.setdefault(kernel, {})[key] = label
@@ -77,18 +78,28 @@ def fastest(rows: list[dict]) -> dict[str, dict]:
 
 
 def merged(existing: dict, gpu: str, fields: dict) -> dict:
-    """``existing`` with this GPU's table replaced by one of ``fields`` (other GPUs' tables kept)."""
+    """``existing`` with ``fields`` merged into this GPU's table, entry by entry (other GPUs' tables kept): a run
+    over some sizes, or one stopped before it timed anything, replaces what it measured and keeps the rest."""
     import triton  # optional: only GPU machines have it
 
-    table = {
+    table = next((t for t in existing.get("tables", []) if t["device"] == gpu), {})
+    table = _deep_merged(table, fields) | {
         "device": gpu,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "written": datetime.date.today().isoformat(),
-        **fields,
     }
     others = [t for t in existing.get("tables", []) if t["device"] != gpu]
     return existing | {"tables": [*others, table]}
+
+
+def _deep_merged(old: dict, new: dict) -> dict:
+    """``old`` updated by ``new``: nested dictionaries merged key by key, anything else replaced."""
+    out = dict(old)
+    for key, value in new.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _deep_merged(out[key], value) if both else value
+    return out
 
 
 def register(commands) -> None:

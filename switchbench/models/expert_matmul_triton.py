@@ -247,6 +247,7 @@ def by_label(kernel: str, label: str, where: str):
 # Configurations tuned ahead of time, per GPU name: package data written by `switchbench kernel-tune`.
 TUNED_FILE = "tuned_configs.json"
 _chosen: dict[tuple[str, str], str] = {}  # (kernel, shape key) -> label, of this process's autotuned launches
+_retuning = False  # kernel-tune at work: every launch autotunes, the table tuned ahead of time is not read
 
 
 @functools.cache
@@ -266,6 +267,18 @@ def _ahead_of_time(name: str, key: str, device: torch.device):
         if label:
             return by_label(name, label, f"{TUNED_FILE} ({gpu})")
     return None
+
+
+@contextlib.contextmanager
+def retuning():
+    """Autotune every launch in the block, as if this GPU had no table yet: kernel-tune records a choice for
+    every shape it meets, including those the table already holds (reading them would record nothing)."""
+    global _retuning
+    _retuning = True
+    try:
+        yield
+    finally:
+        _retuning = False
 
 
 def chosen() -> dict[tuple[str, str], str]:
@@ -346,7 +359,7 @@ def _launch(kernel, tuned, name, grid, key, *args, **constants):
     if _recorded is not None:
         _recorded.append((kernel, tuned, args, constants))
         return
-    config = _fixed_config(name) or _ahead_of_time(name, key, args[0].device)
+    config = _config(name, key, args[0].device)
     with torch.cuda.device_of(args[0]):
         if config is None:
             tuned[grid](*args, **constants)
@@ -354,6 +367,11 @@ def _launch(kernel, tuned, name, grid, key, *args, **constants):
         else:
             options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
             kernel[grid(config.kwargs)](*args, **constants, **config.kwargs, **options)
+
+
+def _config(name: str, key: str, device: torch.device):
+    """The configuration a launch of ``name`` at ``key`` uses, or None: autotune (and record the choice)."""
+    return _fixed_config(name) or (None if _retuning else _ahead_of_time(name, key, device))
 
 
 def _narrowest_n(name: str) -> int:
