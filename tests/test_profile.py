@@ -2,16 +2,22 @@
 
 import json
 import statistics
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from switchbench.bench import profile
 from switchbench.bench.speed import model_benches
 from switchbench.cli import main
 from switchbench.models import expert_matmul, expert_matmul_choice
+from switchbench.models.lm import LanguageModel
+from switchbench.models.presets import PRESETS
+from switchbench.models.slot_rows import WEIGHT_GRADIENT_LABEL
 from switchbench.reports.report import load_profile, render
 
 
@@ -179,3 +185,59 @@ def test_a_batch_that_cannot_fit_is_refused_before_any_work(capsys, tmp_path):
     assert main(["profile", "c4-262m-switchhead-h4", "--batch", "10000000", "--device", "cpu",
                  "--out", str(tmp_path)]) == 2  # fmt: skip
     assert "try a smaller --batch" in capsys.readouterr().err
+
+
+def test_a_backward_run_on_another_thread_is_counted_in_its_shares():
+    """On CUDA autograd runs the backward on a device thread of its own, outside the thread of the step's label.
+    On the CPU the same events come from a backward called on another thread, profiled on every thread."""
+    cfg = PRESETS["tiny-switchhead"].replace(dropout=0.0)
+    model = LanguageModel(cfg)
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.T + 1), generator=torch.Generator().manual_seed(0))
+    every_thread = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    labels = profile._Labels(profile.module_roles(model))
+    with (
+        labels,
+        torch.profiler.profile(experimental_config=every_thread) as prof,
+        torch.profiler.record_function(profile.STEP_LABEL),
+    ):
+        loss = model(tokens[:, :-1]).loss(tokens[:, 1:])
+        worker = threading.Thread(target=loss.backward)
+        worker.start()
+        worker.join()
+    events = list(prof.events())
+    assert {e.thread for e in events if e.name.startswith("autograd::engine")} != {events[0].thread}
+    found, step_us = profile.units(events, "cpu")
+    shares, _ = profile.summarise(found, step_us, 1, 5)
+    fractions = {r["name"]: r["fraction"] for r in shares}
+    assert fractions[profile.EXPERT_INPUT] > 0 and fractions[profile.EXPERT_WEIGHT] > 0
+    assert fractions["outside kernels"] < 0.5  # the backward is more than half of the operators' time
+
+
+def _event(id, name, start, end, thread=1, device=DeviceType.CPU, linked=0):
+    return FunctionEvent(id=id, name=name, thread=thread, start_us=start, end_us=end, device_type=device,
+                         linked_correlation_id=linked)  # fmt: skip
+
+
+def test_a_cuda_kernel_takes_the_context_of_its_launch_on_the_backward_thread():
+    """Profiler events as torch builds them on CUDA (autograd/profiler.py): the backward on a device thread; each
+    kernel linked to its operator and sharing its correlation id with its launch, the runtime call. The Triton
+    weight-gradient kernel is launched inside the weight-gradient label, which is no operator: it lands in the
+    weight-gradient share, the input-gradient kernel of the same operator in its own."""
+    step = _event(1, profile.STEP_LABEL, 0, 100)
+    node = _event(2, "autograd::engine::evaluate_function: ExpertMatmulBackward", 10, 70, thread=2)
+    op = _event(3, profile.EXPERT_BACKWARD_OP, 12, 65, thread=2)
+    label = _event(4, WEIGHT_GRADIENT_LABEL, 30, 50, thread=2)
+    launches = [_event(900, "cuLaunchKernel", 15, 16, thread=2, linked=3),
+                _event(901, "cuLaunchKernel", 35, 36, thread=2, linked=3)]  # fmt: skip
+    kernels = [_event(900, "_scatter_matmul_kernel", 20, 30, thread=7, device=DeviceType.CUDA, linked=3),
+               _event(901, "_grouped_outer_kernel", 40, 80, thread=7, device=DeviceType.CUDA, linked=3)]  # fmt: skip
+    for kernel in kernels:  # the operator holds both kernels too, as the profiler attaches them
+        op.append_kernel(kernel.name, 0, kernel.time_range.elapsed_us())
+    events = [step, node, op, label, *launches, *kernels]
+    EventList(events)._build_tree()
+    found, step_us = profile.units(events, "cuda")
+    assert step_us == 100
+    assert sorted((u.name, profile.share(u), u.us) for u in found) == [
+        ("_grouped_outer_kernel", profile.EXPERT_WEIGHT, 40),
+        ("_scatter_matmul_kernel", profile.EXPERT_INPUT, 10),
+    ]

@@ -185,23 +185,46 @@ def _forward_contexts(events: Iterable[FunctionEvent]) -> dict[tuple[int, int], 
 
 
 def units(events: list[FunctionEvent], device: str) -> tuple[list[Unit], float]:
-    """The timed units under the profiled steps, and the steps' total time (µs)."""
-    steps = [e for e in events if e.name == STEP_LABEL]
+    """The timed units under the profiled steps, and the steps' total time (µs).
+
+    A unit belongs to a step when it starts inside the step's range, on whatever thread: on CUDA autograd runs
+    the backward on a device thread of its own, outside the step label's thread. A CUDA kernel takes the context
+    of its launch (the runtime call that started it, found by correlation id), which sits inside the labels that
+    were open then: the weight-gradient label around a Triton launch, say, which is no operator and so never
+    the kernel's innermost one."""
+    spans = [e.time_range for e in events if e.name == STEP_LABEL]
     forward = _forward_contexts(events)
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async]
+    inside = [e for e in host if any(s.start <= e.time_range.start <= s.end for s in spans)]
+    if device == "cuda":
+        found = _kernel_units(events, inside, forward)
+    else:  # an operator's self time; labels' and autograd's own are the host's, outside
+        found = [Unit(e.self_cpu_time_total, e.name, *_op_context(e, forward)) for e in inside
+                 if e.name.startswith(OPERATORS)]  # fmt: skip
+    return found, sum(s.elapsed_us() for s in spans)
+
+
+def _kernel_units(events: list[FunctionEvent], inside: list[FunctionEvent], forward: dict) -> list[Unit]:
+    """Each kernel launched inside a step, with its launch's context. The runtime call of a launch and its kernel
+    share a correlation id and link to the same operator; where the profiler gives no such link (an older torch),
+    a kernel takes its operator's context."""
+    linked = [e for e in inside if getattr(e, "linked_correlation_id", 0) > 0]
+    if not linked:
+        return [Unit(k.duration, k.name, *_op_context(e, forward)) for e in inside for k in e.kernels]
+    launches = {(e.id, e.linked_correlation_id): e for e in linked}
     found = []
-    for event in events:
-        if event.device_type != torch.autograd.DeviceType.CPU or event.is_async:
-            continue
-        chain = _chain(event)
-        if chain[0].name != STEP_LABEL:
-            continue
-        context = _context(chain, forward)
-        op = next((e.name for e in reversed(chain) if e.name.startswith(OPERATORS)), "")
-        if device == "cuda":
-            found += [Unit(k.duration, k.name, op, context) for k in event.kernels]
-        elif event.name.startswith(OPERATORS):  # labels' and autograd's own time is the host's, outside
-            found.append(Unit(event.self_cpu_time_total, event.name, op, context))
-    return found, sum(s.time_range.elapsed_us() for s in steps)
+    for kernel in events:
+        launch = launches.get((kernel.id, getattr(kernel, "linked_correlation_id", 0)))
+        if kernel.device_type == torch.autograd.DeviceType.CUDA and launch is not None:
+            found.append(Unit(kernel.time_range.elapsed_us(), kernel.name, *_op_context(launch, forward)))
+    return found
+
+
+def _op_context(event: FunctionEvent, forward: dict) -> tuple[str, tuple[str, ...]]:
+    """The innermost operator around ``event`` (itself included), and its context."""
+    chain = _chain(event)
+    op = next((e.name for e in reversed(chain) if e.name.startswith(OPERATORS)), "")
+    return op, _context(chain, forward)
 
 
 def _context(chain: list[FunctionEvent], forward: dict) -> tuple[str, ...]:
