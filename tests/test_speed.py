@@ -320,3 +320,38 @@ def test_one_sort_per_router_per_training_step(preset, routers_per_layer):
         step.run()
     sorts = sum(e.name == "aten::sort" for e in prof.events())
     assert sorts == routers_per_layer * PRESETS[preset].n_layers
+
+
+class _FakeAllocator:
+    """torch.cuda's memory counters over a pretend device: what is allocated now, and the peak since a reset."""
+
+    def __init__(self, resident: int):
+        self.now = self.peak = resident
+
+    def allocate(self, size: int) -> None:
+        self.now += size
+        self.peak = max(self.peak, self.now)
+
+    def free(self, size: int) -> None:
+        self.now -= size
+
+    def reset(self) -> None:
+        self.peak = self.now
+
+
+def test_a_members_gpu_peak_leaves_out_what_the_others_keep_resident(monkeypatch):
+    """At 262M the group's other members hold about 21 GB of weights, gradients and optimizer state, and the timer
+    a 256 MB flush buffer: a member whose step needs 1 GB at its peak is measured at 1 GB, not 22."""
+    gb = 2**30
+    device = _FakeAllocator(resident=21 * gb + 256 * 2**20)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: device.now)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: device.peak)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", device.reset)
+
+    def step():  # activations, then gradients, all freed by the end of the step
+        device.allocate(gb // 2)
+        device.allocate(gb // 2)
+        device.free(gb)
+
+    assert speed._cuda_peak(step) == gb

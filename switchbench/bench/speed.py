@@ -3,7 +3,7 @@
 Models of one group (a dense baseline and the models compared with it) are timed interleaved, one call of each
 per round, and every ratio is the median over rounds of the paired ratio, so slow drifts of the machine cancel.
 On a GPU calls are timed with CUDA events after an L2 flush; peak memory is torch.cuda.max_memory_allocated over
-one training step. On the CPU memory is the activation bytes autograd keeps for one training step.
+one training step, above what was allocated just before it. On the CPU memory is the activation bytes autograd keeps for one training step.
 The per-round paired ratios are kept, so the gate can put a confidence interval on each median; the CPU gate
 times one intra-op thread by its CPU time, which other processes on the machine do not inflate.
 """
@@ -215,12 +215,16 @@ def fitted_batch(presets: tuple[str, ...], batch: int, device: str, dtype: torch
 
 
 def _cuda_peak(step: Callable) -> float:
-    step()  # warm: allocator pools, autotuning
+    """The most one ``step()`` holds above what was allocated just before it: its own activations, gradients and
+    workspace. The group's other members, their weights and optimizer state, and the timer's L2-flush buffer
+    are all resident on the device then, and would pull every member's peak toward the same large number."""
+    step()  # warm: allocator pools, autotuning, the optimizer's state
     torch.cuda.synchronize()
+    resident = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return float(torch.cuda.max_memory_allocated())
+    return float(torch.cuda.max_memory_allocated() - resident)
 
 
 class Timer:
