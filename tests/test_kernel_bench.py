@@ -148,6 +148,22 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     )
 
 
+def test_a_kernel_that_returns_nan_is_a_wrong_row_in_strict_json(tmp_path, monkeypatch, capsys):
+    """NaN or infinity in an output is the worst error there is: a "wrong" row, saved as strict JSON (which has
+    no NaN), not a crash when the run is written."""
+    monkeypatch.setattr(kernels, "PEERS", _replaced("loop", _scaled("torch", float("nan"))))
+    monkeypatch.setattr(kernels, "default_impls", lambda device, choice: ["loop", "dense"])
+    monkeypatch.setattr(
+        kernels, "cases", lambda size, batch: [kernels.Case("tiny", 8, 1, 2, 1, 3, 1, 16, 16, True)]
+    )
+    assert main(_cli(tmp_path)) == 1
+    captured = capsys.readouterr()
+    rows = json.loads(Path(json.loads(captured.out)["saved"]).read_text())["rows"]
+    wrong = [r for r in rows if r["impl"] == "loop"]
+    assert [r["status"] for r in wrong] == ["wrong", "wrong"] and "relative error nan" in wrong[0]["error"]
+    assert all(r["max_rel_error"] is None for r in wrong)
+
+
 def test_a_case_too_large_for_memory_is_refused_before_it_starts(tmp_path, capsys):
     """--batch 10000000 on the CPU used to be killed by the system at about 24 GB, with no message and no file."""
     argv = ["kernel-bench", "--sizes", "47m", "--batch", "10000000", "--dtype", "fp32", "--device", "cpu",

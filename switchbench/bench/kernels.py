@@ -14,6 +14,7 @@ and O) and one expert-sized matmul as the paper measured its kernel.
 """
 
 import importlib.util
+import math
 import statistics
 import sys
 import time
@@ -326,8 +327,10 @@ def measure(
     checked = {}
     if peer.reference is not None:
         error, wrong = check(case, inputs, impl, dtype, references)
-        if wrong:
-            return _untimed(case, impl, "wrong", error=wrong, max_rel_error=error)
+        if wrong:  # a non-finite error (NaN, inf) is said in ``wrong``; strict JSON has no number for it
+            return _untimed(
+                case, impl, "wrong", error=wrong, max_rel_error=error if math.isfinite(error) else None
+            )
         checked = {"max_rel_error": error}
     out = peer.run(case, inputs)
     grad = torch.randn_like(out)
