@@ -83,7 +83,8 @@ def select(resolved: list[Resolved]) -> tuple[list[Resolved], list[Resolved]]:
 
 @dataclass(frozen=True)
 class Requirements:
-    """What the switchbench checkout asks for: at run time, split into the node's own and the rest, and to build."""
+    """What the switchbench checkout asks for: at run time and to run its tests on the node (the ``node-test``
+    extra), split into the node's own and the rest; and to build."""
 
     node_own: list[str]
     rest: list[str]
@@ -99,7 +100,8 @@ def read_requirements(source: Path) -> Requirements:
     project = tomllib.loads(path.read_text())
     if project.get("project", {}).get("name") != "switchbench":
         raise ValueError(f"--source {source}: {path} is not switchbench's")
-    runtime = project["project"]["dependencies"]
+    # the test suite's own needs too: evidence runs it on the node first
+    runtime = project["project"]["dependencies"] + project["project"]["optional-dependencies"]["node-test"]
     own = [r for r in runtime if is_node_own(requirement_name(r))]
     return Requirements(own, [r for r in runtime if r not in own], project["build-system"]["requires"])
 

@@ -1,7 +1,9 @@
 """Plain references shared by the tests: the expert matmul slot by slot, and the cases and routing patterns it is
 tried on."""
 
+import pytest
 import torch
+from optional import installed
 
 from switchbench.models.expert_matmul import expert_matmul as op
 from switchbench.models.expert_matmul import route
@@ -90,6 +92,8 @@ def assert_counted_exactly(cfg) -> None:
     from switchbench.bench.accounting import exact_cost
 
     exact = exact_cost(cfg)
-    assert measure.fvcore_macs(cfg) == exact.macs
     assert measure.flop_counter_macs(cfg) == exact.macs
     assert measure.saved_floats(cfg) == exact.mem
+    if not installed("fvcore"):
+        pytest.skip("needs fvcore, which is not installed here (FlopCounterMode and saved floats agreed)")
+    assert measure.fvcore_macs(cfg) == exact.macs

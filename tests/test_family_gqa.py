@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+
+pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

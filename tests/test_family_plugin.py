@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from optional import needs
 
 FAMILIES = Path(__file__).parent / "families"
 
@@ -36,6 +37,7 @@ def _run(env, cwd, *argv: str, ok: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+@needs("fvcore")
 def test_presets_params_and_count(env, tmp_path):
     names = {row["preset"] for row in json.loads(_run(env, tmp_path, "presets", "--json").stdout)}
     assert {"tiny-sharedqk", "tiny-sharedqk-rope", "listops-sharedqk-h8"} <= names

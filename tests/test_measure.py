@@ -4,9 +4,12 @@ import json
 import sys
 
 import pytest
+
+pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from naive import assert_counted_exactly
+from optional import needs
 
 from switchbench.bench import measure, tables
 from switchbench.bench.accounting import exact_cost, paper_cost
@@ -59,12 +62,14 @@ def test_exact_count_equals_fvcore_flop_counter_and_saved_floats(cfg):
         "wikitext103-47m-moa-h8",
     ],
 )
+@needs("fvcore")
 def test_exact_count_at_published_sizes(name):
     views = measure.cost_views(PRESETS[name])
     assert views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"]
     assert views["mem_exact"] == views["mem_saved_floats"]
 
 
+@needs("fvcore")
 def test_switchhead_memory_does_not_grow_with_k():
     """The expert matmul keeps no per-expert copy: only its MACs grow with k."""
     cfg = PRESETS["c4-47m-switchhead-h2"].replace(T=32, experts="qkvo")
@@ -84,6 +89,7 @@ def test_dense_xl_gap_to_the_paper_convention_term_by_term():
     assert gap == 2 * (S - T) * dm * H * dh + C * H * T * T * dh - C * T * dm * H * dh
 
 
+@needs("fvcore")
 def test_an_op_without_a_mac_count_is_an_error(monkeypatch):
     monkeypatch.setattr(measure, "NO_MACS", set())
     with pytest.raises(RuntimeError, match="fvcore has no MAC count for aten::"):
@@ -91,6 +97,7 @@ def test_an_op_without_a_mac_count_is_an_error(monkeypatch):
 
 
 @pytest.mark.slow
+@needs("fvcore")
 def test_cli_count(capsys):
     assert main(["count", "c4-262m-switchhead-h4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

@@ -53,6 +53,7 @@ def test_requirements_of_the_checkout():
     requirements = wheelhouse.read_requirements(ROOT)
     assert requirements.node_own == ["torch>=2.4"]
     assert "fvcore>=0.1.5" in requirements.rest and not any("torch" in r for r in requirements.rest)
+    assert {"pytest>=8", "hypothesis>=6"} <= set(requirements.rest)  # the node runs the tests first
     assert requirements.build == ["setuptools>=68"]  # pip install -e . builds with it on the node
 
 
