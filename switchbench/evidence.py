@@ -19,6 +19,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import signal
 import subprocess
@@ -58,8 +59,9 @@ class Context:
     device: str
     results: Path
     runs: Path
-    deadline: float
+    deadline: float  # steps are stopped here: the call's end less the report's reserve
     log: Path
+    resume: bool = False  # the step was stopped by an earlier call's budget: continue it
 
     @property
     def gpu(self) -> bool:
@@ -116,12 +118,16 @@ class Step:
     run: Callable[[Context], object]
     needs_gpu: bool = False
     cpu_seconds: float = 20.0  # the rehearsal's
+    resumable: bool = False  # a call stopped by the budget keeps what it did; the next continues from there
 
 
 # The steps
 
 
-def _tests(marker: str, cpu_file: str) -> Callable[[Context], object]:
+def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Callable[[Context], object]:
+    """pytest on ``marker``'s tests; on a GPU the ``shard``-th of ``n`` equal shares of the test files (a share
+    fits one call), on the CPU ``cpu_file`` alone."""
+
     def run(ctx: Context):
         folder = ctx.results / "tests" / ctx.tag
         folder.mkdir(parents=True, exist_ok=True)
@@ -129,7 +135,8 @@ def _tests(marker: str, cpu_file: str) -> Callable[[Context], object]:
         junit = folder / f"{marker.replace(' ', '-')}-{stamp}.xml"
         argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
         if ctx.gpu:
-            argv += ["-m", marker, str(ROOT / "tests")]
+            index, count = shard
+            argv += ["-m", marker, *map(str, sorted((ROOT / "tests").glob("test_*.py"))[index::count])]
             if importlib.util.find_spec("xdist"):
                 argv += ["-n", "8"]  # one GPU shared by 8 workers: the suite's tests are small
         else:
@@ -156,8 +163,11 @@ def _junit_summary(junit: Path, ctx: Context, marker: str) -> dict:
             "failed": failed, "seconds": float(suite.get("time", 0))}  # fmt: skip
 
 
-def _kernel_tune(ctx: Context):
-    ctx.switchbench("kernel-tune")
+def _kernel_tune(size: str) -> Callable[[Context], object]:
+    def run(ctx: Context):
+        ctx.switchbench("kernel-tune", "--sizes", size)
+
+    return run
 
 
 def _kernel_bench(ctx: Context):
@@ -167,13 +177,18 @@ def _kernel_bench(ctx: Context):
                     *extra)  # fmt: skip
 
 
-def _speed(compiled: bool = False) -> Callable[[Context], object]:
+# Each GPU speed group is a step of its own (saved when it ends); the rehearsal stands in a tiny group for it.
+REHEARSAL_GROUP = {"47m": "tiny", "45m-rope": "tiny-rope", "262m": "tiny", "244m-rope": "tiny-rope"}
+
+
+def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
     def run(ctx: Context):
-        cpu = ["--groups", "tiny", "--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
+        cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
         # the rehearsal compiles with the 'eager' backend: Dynamo's capture without Inductor's minutes
         flags = (["--compile"] if ctx.gpu else ["--compile", "eager"]) if compiled else []
         ctx.switchbench("speed", "--device", ctx.device, "--out", str(ctx.results / "speed"),
-                        *([] if ctx.gpu else cpu), *flags)  # fmt: skip
+                        "--groups", group if ctx.gpu else REHEARSAL_GROUP[group], *([] if ctx.gpu else cpu),
+                        *flags)  # fmt: skip
 
     return run
 
@@ -219,12 +234,14 @@ def _listops_runs(ctx: Context) -> list[Path]:
 
 
 def _listops(ctx: Context):
-    """The pair and the second dense seed, trained side by side: three small models leave a GPU mostly idle."""
+    """The pair and the second dense seed, trained side by side: three small models leave a GPU mostly idle.
+    Training checkpoints every evaluation, so a call stopped by its budget is continued by the next one."""
     steps = ["--steps", "10000", "--eval-every", "100"] if ctx.gpu else ["--steps", "2", "--eval-every", "2",
                                                                          "--batch", "4"]  # fmt: skip
+    start = "--resume" if ctx.resume else "--force"
     commands = [
         [sys.executable, "-m", "switchbench", "train", "--task", "listops", "--model", model, "--seed", str(seed),
-         "--device", ctx.device, "--out", str(folder), "--force", *steps]
+         "--device", ctx.device, "--out", str(folder), start, *steps]
         for (model, seed), folder in zip(LISTOPS_RUNS, _listops_runs(ctx), strict=True)
     ]  # fmt: skip
     failures = []
@@ -253,35 +270,30 @@ def _report(ctx: Context):
     ctx.switchbench("report", "--results", str(ctx.results), "--out", str(ctx.results / "report.html"))
 
 
+# Declared GPU seconds are estimates for an H100 (a step's last duration on the device replaces them); each
+# non-resumable step fits one call's budget less the report's reserve with room to spare (the planner's test).
 STEPS = (
-    Step(
-        "tests",
-        "the test suite passing on this device (fast tests)",
-        300,
-        _tests("not slow", "test_config.py"),
-    ),
-    Step(
-        "kernel-tune", "the shipped table of tuned Triton configurations", 240, _kernel_tune, needs_gpu=True
-    ),
+    Step("tests", "the test suite passing on this device (fast tests)", 300, _tests("not slow", "test_config.py")),
+    *(Step(f"kernel-tune-{size}", f"the shipped table of tuned Triton configurations at {size.upper()}", seconds,
+           _kernel_tune(size), needs_gpu=True) for size, seconds in (("47m", 110), ("262m", 150))),
     Step("kernel-bench", "expert-matmul throughput at 47M and 262M against dense", 150, _kernel_bench),
-    Step(
-        "speed", "training-step and layer times, memory and ratios of the GPU groups (eager)", 360, _speed()
-    ),
+    *(Step(f"speed-{group}", f"training-step and layer times, memory and ratios of the {group} group (eager)",
+           seconds, _speed(group)) for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80),
+                                                          ("244m-rope", 110))),
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
-    Step(
-        "speed-expert-matmul",
-        "262M training steps on each fixed expert-matmul implementation",
-        300,
-        _speed_per_implementation,
-    ),
-    Step("tests-slow", "the slow tests on this device", 480, _tests("slow", "test_scaling.py")),
-    Step("speed-compiled", "the GPU groups under torch.compile", 480, _speed(compiled=True)),
+    Step("speed-expert-matmul", "262M training steps on each fixed expert-matmul implementation", 300,
+         _speed_per_implementation),
+    *(Step(f"tests-slow-{i + 1}", f"the slow tests on this device, part {i + 1} of 2", 240,
+           _tests("slow", "test_scaling.py", (i, 2))) for i in range(2)),
+    *(Step(f"speed-compiled-{group}", f"the {group} group under torch.compile", seconds,
+           _speed(group, compiled=True)) for group, seconds in (("47m", 110), ("262m", 150), ("45m-rope", 110),
+                                                                ("244m-rope", 150))),
     Step("quality", "quality --quick at equal parameters on this device", 240, _quality),
-    Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops),
+    Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops, resumable=True),
     Step("analysis", "routing analysis of the ListOps models", 120, _analysis),
     Step(REPORT, "the report over all results", 60, _report),
-)
+)  # fmt: skip
 
 
 # State: what is done for this code, on this device
@@ -355,9 +367,44 @@ def expected_seconds(step: Step, state: dict, device: str) -> float:
     return state["durations"].get(step.name, step.gpu_seconds if device == "cuda" else step.cpu_seconds)
 
 
+MIN_PROGRESS = 60.0  # seconds left for which a resumable step is still started: what it does is kept
+
+
+def fits(step: Step, need: float, left: float, first: bool) -> bool:
+    """Whether to start ``step`` (expected to need ``need`` s) with ``left`` s before the steps' deadline. The
+    first step of a call always gets its chance, so a step estimated longer than any call still runs (and its
+    true duration is learnt); a resumable step starts whenever it can make some progress."""
+    return first or need <= left or (step.resumable and left >= MIN_PROGRESS)
+
+
+def schedule(
+    steps: list[Step], need: Callable[[Step], float], budget: float, reserve: float
+) -> list[list[Step]]:
+    """The calls of ``budget`` s that ``steps`` take if each lasts what ``need`` says (the report's ``reserve``
+    kept at each call's end): ``run_chain``'s decisions played out on the estimates. A resumable step is continued
+    by the next call; a step that cannot end within one call is left out (it would be stopped every time)."""
+    room = budget - reserve
+    left_over = {s.name: need(s) for s in steps}
+    pending = [s for s in steps if s.resumable or left_over[s.name] <= room]
+    calls = []
+    while pending and room > 0:
+        call, left = [], room
+        for step in list(pending):
+            if left <= 0 or not fits(step, left_over[step.name], left, not call):
+                continue
+            call.append(step)
+            spent = min(left_over[step.name], left)
+            left, left_over[step.name] = left - spent, left_over[step.name] - spent
+            if left_over[step.name] <= 0:
+                pending.remove(step)
+        calls.append(call)
+    return calls
+
+
 def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | None = None,
               retry_failed: bool = False, say=print) -> dict:  # fmt: skip
-    """Run what is left within ``budget`` seconds; the report (when anything ran) keeps its time at the end."""
+    """Run what is left within ``budget`` seconds. Steps are stopped at the budget less the report's reserve; the
+    report (when anything ran) has that reserve at the end, so the call ends within its budget."""
     state = load_state(state_path, fingerprint())
     todo, notes = plan(state, ctx.device, only, retry_failed)
     say(f"evidence chain on {device_name(ctx.device)} (code {state['fingerprint']}), budget {budget:.0f} s")
@@ -365,24 +412,20 @@ def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | N
         say(f"  skip   {note}")
     for step in todo:
         say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
-    ran = []
-    ctx.deadline = time.monotonic() + budget
-    # the report is redrawn whenever a step ran, and keeps its time for that at the end of the budget
+    end = time.monotonic() + budget
     report = next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
     reserve = expected_seconds(report, state, ctx.device) if report else 0.0
+    ctx.deadline = end - reserve
+    ran = []
     for step in [s for s in todo if s.name != REPORT]:
-        left = ctx.deadline - time.monotonic() - reserve
+        left = ctx.deadline - time.monotonic()
         need = expected_seconds(step, state, ctx.device)
-        if need > left:
-            say(
-                f"stopping before {step.name}: it needs about {need:.0f} s, {max(left, 0):.0f} s of the budget left"
-            )
-            break
+        if left <= 0 or not fits(step, need, left, not ran):
+            say(f"  later  {step.name}: needs about {need:.0f} s, {max(left, 0):.0f} s of this call left")
+            continue
         ran.append(_run_step(step, ctx, state, state_path, say))
-        if ran[-1] == "interrupted":
-            break
     if report and (ran or report in todo):
-        ctx.deadline = max(ctx.deadline, time.monotonic() + reserve)  # the report's reserved time
+        ctx.deadline = end
         _run_step(report, ctx, state, state_path, say)
     missing = missing_figures(state, ctx.device)
     say("still missing:" if missing else "every figure of the chain is done for this code")
@@ -396,6 +439,7 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> s
     roots = [ctx.results, ctx.runs, TUNED_TABLE]
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
+    ctx.resume = state["steps"].get(step.name, {}).get("status") == "interrupted"
     try:
         step.run(ctx)
         status, detail = "done", ""
@@ -407,9 +451,14 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> s
     record |= {"status": status, "detail": detail, "seconds": round(seconds, 1),
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": _written(before, _snapshot(roots))}  # fmt: skip
     state["steps"][step.name] = record
-    # an interrupted step ran at least this long: the next call starts it only with as much time ahead
-    state["durations"][step.name] = round(max(seconds, state["durations"].get(step.name, 0.0))
-                                          if status == "interrupted" else seconds, 1)  # fmt: skip
+    estimate = seconds
+    if status == "interrupted":
+        # A resumable step keeps its estimate. Any other needs more than it ran: twice that, so that a step that
+        # outgrew its estimate is not started again and again into the same wall (past a call's room it runs
+        # as a call's first step, with all of it).
+        previous = expected_seconds(step, state, ctx.device)
+        estimate = previous if step.resumable else max(2 * seconds, previous)
+    state["durations"][step.name] = round(estimate, 1)
     _save_state(state_path, state)
     say(f"   {status} in {seconds:.0f} s{': ' + detail if detail else ''}")
     return status
@@ -470,8 +519,8 @@ def register(commands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     device = device_from_args(args.device)
-    if args.budget <= 0:
-        raise ValueError(f"--budget must be > 0 seconds; got {args.budget}")
+    if not math.isfinite(args.budget) or args.budget <= 0:
+        raise ValueError(f"--budget must be a finite number of seconds > 0; got {args.budget}")
     results = writable_folder(Path(args.results), "--results")
     runs = writable_folder(Path(args.runs), "--runs")
     if args.pack:
@@ -479,11 +528,7 @@ def _run(args: argparse.Namespace) -> int:
     folder = results / "evidence" / slug(device_name(device))
     state_path = folder / "state.json"
     if args.list:
-        state = load_state(state_path, fingerprint())
-        todo, notes = plan(state, device, args.only, args.retry_failed)
-        lines = [f"skip {n}" for n in notes] + [f"to do {s.name}: {s.owes}" for s in todo]
-        _print(args, {"plan": lines, "missing": missing_figures(state, device)})
-        return 0
+        return _list(args, load_state(state_path, fingerprint()), device)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
@@ -501,10 +546,38 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _print(args, payload: dict) -> None:
+def _list(args: argparse.Namespace, state: dict, device: str) -> int:
+    """The GPU plan, call by call, with each step's expected seconds, on any device (off a GPU from the declared
+    estimates and nothing done), and what this device's chain still misses."""
+    gpu_state = (
+        state if device == "cuda" else {"fingerprint": state["fingerprint"], "steps": {}, "durations": {}}
+    )
+    todo, notes = plan(gpu_state, "cuda", args.only, args.retry_failed)
+    report = [s for s in todo if s.name == REPORT]
+    seconds = {s.name: expected_seconds(s, gpu_state, "cuda") for s in todo}
+    reserve = sum(seconds[s.name] for s in report)
+    steps = [s for s in todo if s.name != REPORT]
+    calls = schedule(steps, lambda s: seconds[s.name], args.budget, reserve)
+    planned = {s.name for call in calls for s in call}
+    payload = {
+        "budget": args.budget,
+        "report_reserve": reserve,
+        "calls": [[{"step": s.name, "seconds": seconds[s.name]} for s in call] for call in calls],
+        "too_long": [s.name for s in steps if s.name not in planned],
+        "skipped": notes,
+        "missing": missing_figures(state, device),
+    }
     if args.json:
         print(json.dumps(payload, indent=2))
-        return
-    print("\n".join(payload["plan"]))
-    print("still missing:" if payload["missing"] else "nothing missing")
+        return 0
+    print(f"the plan on a CUDA GPU: {len(calls)} calls of {args.budget:.0f} s, {reserve:.0f} s of each kept for the "
+          f"report{'' if device == 'cuda' else ' (declared estimates; nothing done yet)'}")  # fmt: skip
+    for number, call in enumerate(calls, 1):
+        print(f"  call {number}: " + ", ".join(f"{s.name} (~{seconds[s.name]:.0f} s)" for s in call))
+    for name in payload["too_long"]:
+        print(f"  never: {name} needs ~{seconds[name]:.0f} s, more than one call holds; raise --budget")
+    for note in notes:
+        print(f"  skip {note}")
+    print("still missing here:" if payload["missing"] else "nothing missing here")
     print("\n".join(f"  {line}" for line in payload["missing"]))
+    return 0

@@ -3,6 +3,7 @@ network cut off (the report of a quick main job is checked in test_main_job.py).
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import matplotlib
@@ -258,3 +259,24 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert "<td>grouped_mm *</td><td>op</td>" in page and "<td>grouped_mm-kernel</td><td>kernel</td>" in page
     assert "<code>--expert-matmul auto</code>" in page and ">25.0%</td>" in page  # of peak: 0.125 / 0.5
+
+
+def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path):
+    """The evidence chain writes one speed run per GPU group and compile mode: each is a figure of its own; of
+    two runs of one configuration only the newer is shown."""
+
+    def write(name: str, mtime: int, **metadata):
+        run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", **metadata},
+               "rows": [{"group": "g", "preset": name, "scope": "model", "what": "train step", "status": "ok",
+                         "ms": 1.0}]}  # fmt: skip
+        path = tmp_path / "speed" / "h100" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run))
+        os.utime(path, (mtime, mtime))
+
+    write("old-47m", 1, groups={"47m": []}, compile="eager")
+    write("new-47m", 2, groups={"47m": []}, compile="eager")
+    write("262m", 3, groups={"262m": []}, compile="eager")
+    write("262m-compiled", 4, groups={"262m": []}, compile="inductor")
+    shown = sorted(run["rows"][0]["preset"] for run in collect(tmp_path)["speed"]["runs"])
+    assert shown == ["262m", "262m-compiled", "new-47m"]

@@ -47,3 +47,10 @@ def trained(run: dict | None) -> str:
     if run.get("device"):
         words.append(f"on {run['device']}")
     return ", ".join(words)
+
+
+def speed_configuration(metadata: dict) -> tuple:
+    """What makes two speed runs different figures rather than a newer and an older one of the same: the groups,
+    the compile mode and the expert-matmul choice."""
+    groups = tuple(metadata.get("groups") or ())
+    return groups, metadata.get("compile", "eager"), metadata.get("expert_matmul", "auto")

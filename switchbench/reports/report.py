@@ -97,9 +97,15 @@ def load_sweep(results: Path) -> dict | None:
 
 
 def load_speed(results: Path) -> dict | None:
-    """The newest run of each device folder, and the paper's Table 5."""
-    folders = sorted(p for p in (results / "speed").glob("*") if p.is_dir())
-    runs = [_run(path, "speed") for path in map(newest, folders) if path is not None]
+    """The newest run of each configuration (groups, compile mode, expert matmul) in each device folder, and the
+    paper's Table 5: a GPU's evidence is one run per group and mode, not one run of everything."""
+    runs = []
+    for folder in sorted(p for p in (results / "speed").glob("*") if p.is_dir()):
+        newest_of = {}
+        for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime):
+            run = _run(path, "speed")
+            newest_of[labels.speed_configuration(run["metadata"])] = run
+        runs += newest_of.values()
     return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
 
 
