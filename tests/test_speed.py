@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -355,3 +356,33 @@ def test_a_members_gpu_peak_leaves_out_what_the_others_keep_resident(monkeypatch
         device.free(gb)
 
     assert speed._cuda_peak(step) == gb
+
+
+FAULTS = """
+import resource, statistics, sys, torch
+from switchbench.bench.heap import keep_freed_memory
+from switchbench.bench.speed import GATE_LAYERS, layer_benches
+torch.set_num_threads(1)
+said = keep_freed_memory()
+step = next(b for b in layer_benches(GATE_LAYERS[0], 4, "cpu", torch.float32) if b.what == "forward+backward")
+def faults():
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+for _ in range(3):
+    step.run()
+seen = []
+for _ in range(7):
+    before = faults()
+    step.run()
+    seen.append(faults() - before)
+print(statistics.median(seen), said)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
+def test_the_gates_dense_layer_runs_without_page_faults_in_a_kept_heap():
+    """What made the gate's dense timing wander: its temporaries of 20-30 MiB were mapped afresh and faulted page
+    by page on some calls (5k to 40k faults per forward+backward here, varying between processes); in a kept
+    heap they are reused and the step touches no new page, in the median call."""
+    done = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True)
+    faults, said = done.stdout.split(" ", 1)
+    assert said.startswith("glibc heap kept") and float(faults) < 100, done.stdout

@@ -37,6 +37,7 @@ from .command import (
     expert_matmul_metadata,
     slug,
 )
+from .heap import keep_freed_memory
 from .measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
 from .params import parameter_counts
 from .precision import autocast
@@ -131,7 +132,9 @@ def layer_benches(
     """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
     precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
     cfg = PRESETS[preset]
-    module = cfg.family.attention(cfg).to(device)
+    with torch.random.fork_rng(devices=[]):  # the same weights, so the same routing, in every run
+        torch.manual_seed(0)
+        module = cfg.family.attention(cfg).to(device)
     layer = torch.compile(module, backend=compile) if compile else module
     gen = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device).requires_grad_()
@@ -532,6 +535,8 @@ def _run(args) -> int:
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
     groups, scopes = _groups(args, device)
+    # on the CPU the clock then times the computation, not page faults (bench/heap.py)
+    allocator = keep_freed_memory() if device == "cpu" else "as is"
     if world > 1:
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
         if device == "cuda":
@@ -555,6 +560,7 @@ def _run(args) -> int:
             warmup=args.warmup,
             threads=torch.get_num_threads(),
             clock=clock,
+            allocator=allocator,
             compile=args.compile or "eager",
             groups={g: list(p) for g, p in groups.items()},
             **expert_matmul_metadata(args.expert_matmul, device),
