@@ -38,7 +38,7 @@ from switchbench.bench.environment import commit, device_name, environment
 from switchbench.bench.results import replace_atomically, writable_file, writable_folder, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: package, tests, pyproject.toml
-TUNED_TABLE = ROOT / "switchbench" / "models" / "data"
+TUNED_TABLE = ROOT / "switchbench" / "ops" / "expert_matmul" / "data"
 LISTOPS_RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))  # the analysis pair and a second dense seed
 GPU_PROFILE = ("c4-262m-transformer-h16", "c4-262m-switchhead-h4")
 REPORT = "report"

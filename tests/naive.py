@@ -5,8 +5,8 @@ import pytest
 import torch
 from optional import installed
 
-from switchbench.models.expert_matmul import expert_matmul as op
-from switchbench.models.expert_matmul import route
+from switchbench.ops.expert_matmul.op import expert_matmul as op
+from switchbench.ops.expert_matmul.op import route
 
 
 def expert_matmul(x, weight, indices, scores, s_out):

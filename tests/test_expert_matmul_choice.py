@@ -4,10 +4,10 @@ fallback, and the record of what each call resolved to."""
 import pytest
 import torch
 
-from switchbench.models import expert_matmul_choice as choice
 from switchbench.models.config import ModelConfig
 from switchbench.models.switchhead import SwitchHeadAttention
 from switchbench.models.window import make_window
+from switchbench.ops.expert_matmul import choice
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 H100 = "NVIDIA H100 80GB HBM3"

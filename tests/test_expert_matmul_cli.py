@@ -7,7 +7,7 @@ import pytest
 
 from switchbench.analysis import checkpoint
 from switchbench.cli import _parser, main
-from switchbench.models import expert_matmul_choice
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 COMMANDS = ("speed", "kernel-bench", "train", "quality", "all", "profile")
 REQUIRED = {"profile": ["tiny-switchhead"]}  # positional arguments

@@ -6,8 +6,8 @@ import pytest
 import torch
 from naive import CASES, NAMES, make_case
 
-from switchbench.models import expert_matmul_grouped
-from switchbench.models.expert_matmul import expert_matmul, route
+from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 pytestmark = pytest.mark.skipif(
     expert_matmul_grouped.unavailable() is not None, reason="this torch has no grouped_mm"

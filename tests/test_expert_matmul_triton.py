@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 import naive
 from naive import CASES, make_case
 
-from switchbench.models.expert_matmul import expert_matmul, route
+from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
 # The Triton path runs where it stands: compiled on a GPU, in the interpreter on CPU tensors otherwise.
@@ -244,7 +244,7 @@ WIDE = (6, 3, 6, 1, 5, 130, 19, "random")
 
 
 def _config_pairs() -> list:
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     scatter, outer = kernels.CONFIGS["scatter_matmul"], kernels.CONFIGS["grouped_outer"]
     return [(scatter[i], outer[i % len(outer)]) for i in range(max(len(scatter), len(outer)))]
@@ -267,7 +267,7 @@ def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
 )  # fmt: skip
 def test_every_configuration_alone_matches_float64(pair, monkeypatch):
     """Each autotuning candidate, pinned, gives the right output and gradients (the interpreter runs it too)."""
-    from switchbench.models.expert_matmul_triton import ENV_CONFIG, config_label
+    from switchbench.ops.expert_matmul.triton_kernels import ENV_CONFIG, config_label
 
     scatter, outer = pair
     monkeypatch.setenv(
@@ -281,7 +281,7 @@ def test_autotuned_path_matches_float64(monkeypatch):
     """The autotuner launches every candidate into the same buffers, then the winner again. With the winner
     the widest-N candidate, benchmarked after narrower ones, the gate gradient used to take their stale
     partial rows (0.66 relative error on an H100). Here a stand-in benchmarker picks the last candidate."""
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     def last_wins(kernel_call, quantiles):
         kernel_call()
@@ -303,7 +303,7 @@ def test_autotuned_path_matches_float64(monkeypatch):
 
 def test_a_launch_is_idempotent(monkeypatch):
     """Launching every kernel twice into the same outputs changes nothing: no output accumulates."""
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     launch = kernels._launch
 
@@ -316,7 +316,7 @@ def test_a_launch_is_idempotent(monkeypatch):
 
 
 def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monkeypatch):
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     key = kernels.shape_key(3000, 1024, 112, torch.bfloat16, gates=True, gate_grad=False)
     assert key == "4096x1024x112 bfloat16 gates"
@@ -337,9 +337,9 @@ def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monke
 
 def test_the_shipped_table_names_known_configurations():
     from switchbench.bench.kernel_tune import TABLE, merged
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
-    assert TABLE.read_text() == (kernels.importlib.resources.files("switchbench.models") / "data" /
+    assert TABLE.read_text() == (kernels.importlib.resources.files("switchbench.ops.expert_matmul") / "data" /
                                  kernels.TUNED_FILE).read_text()  # fmt: skip
     for table in kernels.tuned_tables():
         for kernel, labels in table["configs"].items():

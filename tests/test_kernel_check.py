@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from switchbench.bench import kernel_check, roofline
 from switchbench.bench.kernels import Case, cases
 from switchbench.cli import main
-from switchbench.models import expert_matmul_triton as kernels
+from switchbench.ops.expert_matmul import triton_kernels as kernels
 
 
 def test_integers_are_specialised_as_the_jit_does():

@@ -7,7 +7,7 @@ import torch
 
 from switchbench.bench import kernel_tune
 from switchbench.cli import main
-from switchbench.models import expert_matmul_choice as choice
+from switchbench.ops.expert_matmul import choice
 
 BIG, SMALL = "65536x1024x112 bfloat16 gates", "8192x412x76 bfloat16 gates"
 
@@ -46,7 +46,7 @@ def test_the_written_table_is_what_auto_reads(tmp_path, monkeypatch):
 def test_the_package_tables_are_where_the_models_read_them():
     from importlib.resources import files
 
-    data = files("switchbench.models") / "data"
+    data = files("switchbench.ops.expert_matmul") / "data"
     assert kernel_tune.AUTO_TABLE.read_text() == (data / choice.AUTO_FILE).read_text()
 
 
@@ -84,7 +84,7 @@ def test_a_run_that_measured_part_of_the_table_or_nothing_keeps_the_rest(tmp_pat
 def test_retuning_autotunes_shapes_the_table_already_holds(monkeypatch):
     """kernel-tune must autotune (and so record) every shape: a launch that read this GPU's table would record
     nothing, and the table written back would lose it."""
-    triton_path = pytest.importorskip("switchbench.models.expert_matmul_triton")
+    triton_path = pytest.importorskip("switchbench.ops.expert_matmul.triton_kernels")
     saved = triton_path.CONFIGS["scatter_matmul"][0]
     monkeypatch.delenv(triton_path.ENV_CONFIG, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)

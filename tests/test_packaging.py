@@ -33,7 +33,7 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
         "analysis/templates/explorer.html.j2",
         "analysis/templates/explorer.js",
         "analysis/templates/explorer.css",
-        "models/data/expert_matmul_auto.json",
+        "ops/expert_matmul/data/expert_matmul_auto.json",
     ):
         assert f"switchbench/{data}" in names
 

@@ -14,10 +14,11 @@ from torch.autograd.profiler_util import EventList, FunctionEvent
 from switchbench.bench import profile
 from switchbench.bench.speed import model_benches
 from switchbench.cli import main
-from switchbench.models import expert_matmul, expert_matmul_choice
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
-from switchbench.models.slot_rows import WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.ops.expert_matmul import op as expert_matmul
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
 from switchbench.reports.report import load_profile, render
 
 

@@ -19,13 +19,13 @@ from switchbench.models import switchhead as switchhead_module
 from switchbench.models.attention_dense import DenseAttention
 from switchbench.models.attention_xl import relative_shift, sinusoids
 from switchbench.models.config import ModelConfig
-from switchbench.models.expert_matmul import expert_matmul, route
 from switchbench.models.moa import MoAAttention, moa_losses
 from switchbench.models.observe import observe
 from switchbench.models.router import entropy_regularizer, sigmoid_topk
 from switchbench.models.sigma_moe import SigmaMoE
 from switchbench.models.switchhead import SwitchHeadAttention
 from switchbench.models.window import make_window
+from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 F64 = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-11)

@@ -288,7 +288,7 @@ def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
     matmul (one op to a dispatch mode) the profiler's record of each matmul's inputs is read too."""
     from torch.profiler import ProfilerActivity, profile
 
-    from switchbench.models import expert_matmul_choice
+    from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     step = speed.model_benches(preset, 2, device, torch.bfloat16)[0]

@@ -8,13 +8,12 @@ import numpy as np
 import pandas as pd
 import torch
 
+from switchbench.analysis import checkpoint, explorer, listops, plots, similarity, stats, text
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.environment import environment
 from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.bench.schema import read_table
 from switchbench.models.observe import observe
-
-from . import checkpoint, explorer, listops, plots, similarity, stats, text
 
 SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default
 

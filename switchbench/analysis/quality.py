@@ -17,6 +17,9 @@ from pathlib import Path
 
 import torch
 
+from switchbench.analysis import plots
+from switchbench.analysis.intervals import difference_interval, mean_interval
+from switchbench.analysis.train import LMTask, TrainConfig, train
 from switchbench.bench.accounting import model_macs
 from switchbench.bench.command import (
     add_expert_matmul,
@@ -43,10 +46,6 @@ from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
-
-from . import plots
-from .intervals import difference_interval, mean_interval
-from .train import LMTask, TrainConfig, train
 
 CONFIDENCE = 0.95
 ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two moments, all fp32

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from switchbench.analysis import checkpoint, listops, text
 from switchbench.bench.command import (
     add_expert_matmul,
     add_json,
@@ -23,12 +24,10 @@ from switchbench.bench.command import (
 )
 from switchbench.bench.results import writable_folder, write_csv
 from switchbench.bench.schema import read_table
-from switchbench.models import expert_matmul_choice
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
-
-from . import checkpoint, listops, text
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 
 def default_preset(task: str, model: str) -> str:

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 import torch
 from tabulate import tabulate
 
-from switchbench.models import expert_matmul_choice, expert_matmul_grouped
 from switchbench.models import family as registry
 from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
-from switchbench.models.expert_matmul_choice import CHOICES, ENV_IMPL, FALLBACK_RULE
 from switchbench.models.presets import from_name
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _CHOICES = {"pos": POSITIONS, "moa_gating": MOA_GATINGS}

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from switchbench.bench.results import newest, writable_file, write_atomic
+from switchbench.bench.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
-
-from .results import newest, writable_file, write_atomic
-from .schema import read_json, read_run
 
 TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")

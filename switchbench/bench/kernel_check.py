@@ -93,7 +93,7 @@ def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:
 
 def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, tuple, dict]]:
     """(pass, kernel, autotuner, args, constexprs) of every kernel launch of the op at ``case``'s shapes."""
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     n, e = case.tokens, case.groups * case.experts_per_group
     meta = {"device": "meta"}
@@ -166,7 +166,7 @@ def _compile(job: tuple) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from switchbench.models import expert_matmul_triton as kernels
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     name, signature, constexprs, divisible, num_warps, num_stages, capability = job
     target = GPUTarget("cuda", capability, 32)

@@ -9,22 +9,21 @@ from pathlib import Path
 
 import torch
 
-from switchbench.models.expert_matmul_choice import IMPLS
-
-from .command import DTYPES, device_from_args
-from .kernels import SIZES, bucket, cases, make_inputs, measure, outputs
-from .results import replace_atomically, writable_file
+from switchbench.bench.command import DTYPES, device_from_args
+from switchbench.bench.kernels import SIZES, bucket, cases, make_inputs, measure, outputs
+from switchbench.bench.results import replace_atomically, writable_file
+from switchbench.ops.expert_matmul.choice import IMPLS
 
 # The package's tables (switchbench.models reads them as package data).
-TABLE = Path(__file__).parents[1] / "models" / "data" / "tuned_configs.json"
-AUTO_TABLE = Path(__file__).parents[1] / "models" / "data" / "expert_matmul_auto.json"
+TABLE = Path(__file__).parents[1] / "ops" / "expert_matmul" / "data" / "tuned_configs.json"
+AUTO_TABLE = Path(__file__).parents[1] / "ops" / "expert_matmul" / "data" / "expert_matmul_auto.json"
 # Batches whose shape buckets a training step meets: the paper's 64 on one GPU, 8 on each of eight, and between.
 BATCHES = (8, 16, 32, 64)
 
 
 def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, dict[str, str]]:
     """The autotuner's choice per kernel and shape key, after a forward and backward of every case."""
-    from switchbench.models import expert_matmul_triton  # triton is optional: only GPU machines have it
+    from switchbench.ops.expert_matmul import triton_kernels as expert_matmul_triton
 
     with expert_matmul_triton.retuning():
         for size in sizes:

@@ -24,17 +24,25 @@ from pathlib import Path
 
 import torch
 
-from switchbench.models import expert_matmul_choice, expert_matmul_grouped
+from switchbench.bench.command import (
+    DTYPES,
+    add_expert_matmul,
+    add_json,
+    device_from_args,
+    emit,
+    expert_matmul_metadata,
+    slug,
+)
+from switchbench.bench.environment import environment
+from switchbench.bench.measure import free_memory, is_oom
+from switchbench.bench.results import nothing_measured, save_run, writable_folder
+from switchbench.bench.speed import matmul_peak_tflops
 from switchbench.models import family as registry
-from switchbench.models.expert_matmul import expert_matmul, route
 from switchbench.models.presets import PRESETS
-from switchbench.models.slot_rows import aligned
-
-from .command import DTYPES, add_expert_matmul, add_json, device_from_args, emit, expert_matmul_metadata, slug
-from .environment import environment
-from .measure import free_memory, is_oom
-from .results import nothing_measured, save_run, writable_folder
-from .speed import matmul_peak_tflops
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.op import expert_matmul, route
+from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
 

@@ -4,12 +4,18 @@ from functools import cache
 
 import torch
 
+from switchbench.bench.command import (
+    add_config_args,
+    add_json,
+    config_from_args,
+    describe,
+    emit,
+    format_table,
+)
 from switchbench.models.attention_xl import UNMATCHED
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
-
-from .command import add_config_args, add_json, config_from_args, describe, emit, format_table
 
 
 @cache

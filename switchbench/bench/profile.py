@@ -29,11 +29,8 @@ import torch
 from torch import nn
 from torch.autograd.profiler_util import FunctionEvent
 
-from switchbench.models.expert_matmul import WEIGHT_GRADIENT_LABEL
-from switchbench.models.presets import PRESETS
-
-from . import precision
-from .command import (
+from switchbench.bench import precision
+from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
     add_json,
@@ -42,9 +39,11 @@ from .command import (
     expert_matmul_metadata,
     slug,
 )
-from .environment import environment
-from .results import save_run, writable_folder
-from .speed import GROUPS, PAPER_GPU_BATCH, Timer, fitted_batch, model_benches, too_large
+from switchbench.bench.environment import environment
+from switchbench.bench.results import save_run, writable_folder
+from switchbench.bench.speed import GROUPS, PAPER_GPU_BATCH, Timer, fitted_batch, model_benches, too_large
+from switchbench.models.presets import PRESETS
+from switchbench.ops.expert_matmul.op import WEIGHT_GRADIENT_LABEL
 
 EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
     "expert matmul: forward",

@@ -11,14 +11,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from switchbench.bench.accounting import Cost, exact_cost
+from switchbench.bench.command import add_json, emit
+from switchbench.bench.environment import environment
+from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
-
-from .accounting import Cost, exact_cost
-from .command import add_json, emit
-from .environment import environment
-from .results import save_figure, writable_folder, write_atomic, write_csv
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 # Per size, every family's XL and RoPE presets of that size (a family running another's attention, as SwitchAll

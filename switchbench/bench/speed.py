@@ -21,15 +21,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from switchbench.models import expert_matmul_choice
-from switchbench.models import family as registry
-from switchbench.models.lm import LanguageModel
-from switchbench.models.presets import PRESETS
-from switchbench.models.window import make_window
-
-from . import precision
-from .accounting import exact_cost, model_macs
-from .command import (
+from switchbench.bench import precision
+from switchbench.bench.accounting import exact_cost, model_macs
+from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
     describe_expert_matmul,
@@ -37,12 +31,17 @@ from .command import (
     expert_matmul_metadata,
     slug,
 )
-from .heap import keep_freed_memory
-from .measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
-from .params import parameter_counts
-from .precision import autocast
-from .published import WALLCLOCK
-from .results import nothing_measured, save_run, writable_folder
+from switchbench.bench.heap import keep_freed_memory
+from switchbench.bench.measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
+from switchbench.bench.params import parameter_counts
+from switchbench.bench.precision import autocast
+from switchbench.bench.published import WALLCLOCK
+from switchbench.bench.results import nothing_measured, save_run, writable_folder
+from switchbench.models import family as registry
+from switchbench.models.lm import LanguageModel
+from switchbench.models.presets import PRESETS
+from switchbench.models.window import make_window
+from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
 GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
@@ -382,7 +381,7 @@ def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
 
 def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict:
     """The run's metadata; each timed row gains its fraction of this device's matmul peak, measured now."""
-    from .environment import environment
+    from switchbench.bench.environment import environment
 
     peak = matmul_peak_tflops(device, DTYPES[dtype_name])
     for row in rows:

@@ -6,15 +6,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from switchbench.bench.accounting import Cost, format_paper, paper_cost, parse_paper
+from switchbench.bench.command import (
+    add_config_args,
+    add_json,
+    config_from_args,
+    describe,
+    emit,
+    format_table,
+)
+from switchbench.bench.environment import environment
+from switchbench.bench.measure import cost_views
+from switchbench.bench.published import TABLES as PUBLISHED
+from switchbench.bench.results import frame, read_csv, replace_together, writable_folder
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
-
-from .accounting import Cost, format_paper, paper_cost, parse_paper
-from .command import add_config_args, add_json, config_from_args, describe, emit, format_table
-from .environment import environment
-from .measure import cost_views
-from .published import TABLES as PUBLISHED
-from .results import frame, read_csv, replace_together, writable_folder
 
 TABLES = ("1", "2", "3", "7")
 MAC_MATCHED = (

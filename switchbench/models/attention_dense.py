@@ -2,11 +2,11 @@
 
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .initialization import init_projection_
-from .observe import Observable
-from .positions import positional_attention
-from .window import Window, with_memory
+from switchbench.models.config import ModelConfig
+from switchbench.models.initialization import init_projection_
+from switchbench.models.observe import Observable
+from switchbench.models.positions import positional_attention
+from switchbench.models.window import Window, with_memory
 
 
 class DenseAttention(Observable, nn.Module):

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from . import family as registry
+from switchbench.models import family as registry
 
 POSITIONS = ("xl", "rope")
 MOA_GATINGS = ("softmax", "sigmoid")

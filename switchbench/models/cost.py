@@ -8,8 +8,8 @@ backward pass (distinct storages of floating tensors, parameters excluded).
 
 from dataclasses import dataclass
 
-from .attention_rope import sdpa_width
-from .config import ModelConfig
+from switchbench.models.attention_rope import sdpa_width
+from switchbench.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

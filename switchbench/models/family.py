@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch import nn
 
-    from .config import ModelConfig
-    from .cost import Cost
+    from switchbench.models.config import ModelConfig
+    from switchbench.models.cost import Cost
 
 ENTRY_POINTS = "switchbench.families"
 BUILT_IN = "switchbench.models.families"
@@ -120,7 +120,7 @@ _loaded = False
 
 def register(family: Family) -> Family:
     """Add ``family``; a second family of the same name is an error, as is an option that shadows a field."""
-    from .config import ModelConfig
+    from switchbench.models.config import ModelConfig
 
     if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
         raise ValueError(f"an attention family named {family.name!r} is registered already")

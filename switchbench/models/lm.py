@@ -6,10 +6,10 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .mlp import DenseMLP
-from .sigma_moe import SigmaMoE
-from .window import make_window, next_memory, with_memory
+from switchbench.models.config import ModelConfig
+from switchbench.models.mlp import DenseMLP
+from switchbench.models.sigma_moe import SigmaMoE
+from switchbench.models.window import make_window, next_memory, with_memory
 
 MLPS = {"dense": DenseMLP, "sigma_moe": SigmaMoE}
 

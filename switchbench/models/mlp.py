@@ -3,8 +3,8 @@
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .initialization import init_projection_
+from switchbench.models.config import ModelConfig
+from switchbench.models.initialization import init_projection_
 
 
 class DenseMLP(nn.Module):

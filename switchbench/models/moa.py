@@ -4,13 +4,13 @@ owning a Q and an O projection; a router picks the H active experts of every tok
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .expert_matmul import expert_matmul, route
-from .initialization import init_projection_
-from .observe import Observable
-from .positions import positional_attention
-from .router import full_precision, sigmoid_topk
-from .window import Window, with_memory
+from switchbench.models.config import ModelConfig
+from switchbench.models.initialization import init_projection_
+from switchbench.models.observe import Observable
+from switchbench.models.positions import positional_attention
+from switchbench.models.router import full_precision, sigmoid_topk
+from switchbench.models.window import Window, with_memory
+from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 
 class MoAAttention(Observable, nn.Module):

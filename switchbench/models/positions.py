@@ -2,9 +2,9 @@
 
 from torch import nn
 
-from .attention_rope import RoPEAttention
-from .attention_xl import XLAttention
-from .config import ModelConfig
+from switchbench.models.attention_rope import RoPEAttention
+from switchbench.models.attention_xl import XLAttention
+from switchbench.models.config import ModelConfig
 
 
 def positional_attention(

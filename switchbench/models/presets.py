@@ -5,8 +5,8 @@ presets each registered family declares (families the paper does not have: param
 import difflib
 from types import MappingProxyType
 
-from . import family as registry
-from .config import ModelConfig
+from switchbench.models import family as registry
+from switchbench.models.config import ModelConfig
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
 _SMALL_XL = dict(d_model=412, n_layers=16, T=256, context_blocks=1, vocab=8000, dropout=0.1)

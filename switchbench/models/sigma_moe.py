@@ -3,11 +3,11 @@
 import torch
 from torch import Tensor, nn
 
-from .config import ModelConfig
-from .expert_matmul import expert_matmul, route
-from .initialization import init_equal_rows_, init_projection_
-from .observe import Observable
-from .router import entropy_regularizer, full_precision, sigmoid_topk
+from switchbench.models.config import ModelConfig
+from switchbench.models.initialization import init_equal_rows_, init_projection_
+from switchbench.models.observe import Observable
+from switchbench.models.router import entropy_regularizer, full_precision, sigmoid_topk
+from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 
 class SigmaMoE(Observable, nn.Module):

@@ -21,8 +21,7 @@ from switchbench.bench.environment import environment
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.results import newest, read_csv, writable_file, write_atomic
 from switchbench.bench.schema import read_run, read_table
-
-from . import labels, summary
+from switchbench.reports import labels, summary
 
 STRONGEST = 12  # token preferences shown before the disclosure
 TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",

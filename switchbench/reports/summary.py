@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from switchbench.bench.published import CLAIMS, TABLES
 from switchbench.bench.results import read_csv
-
-from . import labels
+from switchbench.reports import labels
 
 HEADLINE = ("table2", "c4-262m-switchhead-h4")  # the abstract's 44% / 27%: C4 262M, Table 2
 # Quality at equal parameters, WikiText-103: each family's published rows (table, metric, heads or None for the

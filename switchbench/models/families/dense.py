@@ -1,9 +1,9 @@
 """Dense multi-head attention: the baseline of every comparison (the paper's Transformer-XL and RoPE models)."""
 
-from ..attention_dense import DenseAttention
-from ..config import ModelConfig
-from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import BYTES, Family, register
+from switchbench.models.attention_dense import DenseAttention
+from switchbench.models.config import ModelConfig
+from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.family import BYTES, Family, register
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention_rope import rotate, sdpa_width
-from ..config import ModelConfig, in_range
-from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import Family, register
-from ..initialization import init_projection_
-from ..observe import Observable
-from ..positions import positional_attention
-from ..window import Window, with_memory
+from switchbench.models.attention_rope import rotate, sdpa_width
+from switchbench.models.config import ModelConfig, in_range
+from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.family import Family, register
+from switchbench.models.initialization import init_projection_
+from switchbench.models.observe import Observable
+from switchbench.models.positions import positional_attention
+from switchbench.models.window import Window, with_memory
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """MoA, Mixture of Attention heads (Zhang et al. 2022): one shared K and V head and a pool of E experts, each
 owning a Q and an O projection; a router picks the H active experts of every token."""
 
-from ..config import MOA_GATINGS, ModelConfig, in_range, one_of
-from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import BYTES, Family, register
-from ..moa import MoAAttention
+from switchbench.models.config import MOA_GATINGS, ModelConfig, in_range, one_of
+from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.family import BYTES, Family, register
+from switchbench.models.moa import MoAAttention
 
 
 def validate(cfg: ModelConfig) -> None:

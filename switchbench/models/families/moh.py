@@ -17,14 +17,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig, in_range
-from ..cost import Cost, layer_inputs, softmax_attention, symbols
-from ..family import Family, register
-from ..initialization import init_projection_
-from ..observe import Observable
-from ..positions import positional_attention
-from ..router import full_precision
-from ..window import Window, with_memory
+from switchbench.models.config import ModelConfig, in_range
+from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
+from switchbench.models.family import Family, register
+from switchbench.models.initialization import init_projection_
+from switchbench.models.observe import Observable
+from switchbench.models.positions import positional_attention
+from switchbench.models.router import full_precision
+from switchbench.models.window import Window, with_memory
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 
 from dataclasses import replace
 
-from ..config import ModelConfig
-from ..family import BYTES, register
-from . import switchhead
+from switchbench.models.config import ModelConfig
+from switchbench.models.families import switchhead
+from switchbench.models.family import BYTES, register
 
 
 def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:

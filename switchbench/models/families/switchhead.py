@@ -1,11 +1,11 @@
 """SwitchHead (Csordás et al., NeurIPS 2024): a few heads whose V and O projections (by default) are mixtures of
 experts, chosen per token by sigmoid routers on the source and destination side."""
 
-from ..config import ModelConfig, in_range
-from ..cost import Cost, layer_inputs, o_input, softmax_attention, symbols
-from ..family import BYTES, Family, register
-from ..switchhead import SwitchHeadAttention
-from .dense import printed_xl
+from switchbench.models.config import ModelConfig, in_range
+from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.families.dense import printed_xl
+from switchbench.models.family import BYTES, Family, register
+from switchbench.models.switchhead import SwitchHeadAttention
 
 
 def validate(cfg: ModelConfig) -> None:

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)

@@ -109,7 +109,7 @@ def device_name(device: torch.device) -> str:
 
 @functools.cache
 def auto_tables() -> tuple[dict, ...]:
-    text = importlib.resources.files("switchbench.models").joinpath("data", AUTO_FILE).read_text()
+    text = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", AUTO_FILE).read_text()
     return tuple(json.loads(text)["tables"])
 
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from . import expert_matmul_grouped
-from .expert_matmul_choice import IMPLS, resolve, shape_bucket
-from .slot_rows import WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,7 +164,7 @@ _expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _implementation(impl: str):
     if impl == "triton":
-        from . import expert_matmul_triton  # triton is optional: imported only when its kernels are asked for
+        from switchbench.ops.expert_matmul import triton_kernels as expert_matmul_triton
 
         return expert_matmul_triton
     return expert_matmul_grouped if impl == "grouped_mm" else TorchExpertMatmul

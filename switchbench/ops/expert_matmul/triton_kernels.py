@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
 
 @triton.jit
@@ -252,7 +252,7 @@ _retuning = False  # kernel-tune at work: every launch autotunes, the table tune
 
 @functools.cache
 def tuned_tables() -> tuple[dict, ...]:
-    text = importlib.resources.files("switchbench.models").joinpath("data", TUNED_FILE).read_text()
+    text = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", TUNED_FILE).read_text()
     return tuple(json.loads(text)["tables"])
 
 
