@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from switchbench.bench import accounting, tables
+from switchbench.models.families.switchhead import paper_switchhead
 from switchbench.models.presets import PRESETS
 
 ROWS = tables.published_rows()
@@ -63,9 +64,9 @@ def test_hand_count_of_the_printed_switchhead_equation():
 def test_switchhead_expert_subsets_follow_n_exp_and_n_sel():
     """V only: n_exp = 1, n_sel = 1; QKVO: n_exp = 4, n_sel = 2 (hand-expanded convention)."""
     H, dh, dm, T, C, E, k = 2, 64, 256, 128, 2, 4, 2
-    v_only = accounting.paper_switchhead(H, dh, dm, T, C, E, k, "v", xl=False)
+    v_only = paper_switchhead(H, dh, dm, T, C, E, k, "v", xl=False)
     assert v_only.macs == 2 * H * dh * T * T * C + (k + 3) * dm * H * dh * T + H * k * T * dh + E * dm * T * C
-    qkvo = accounting.paper_switchhead(H, dh, dm, T, C, E, k, "qkvo", xl=True)
+    qkvo = paper_switchhead(H, dh, dm, T, C, E, k, "qkvo", xl=True)
     expected = 2 * H * dh * T * T * C + 4 * k * dm * H * dh * T + 4 * H * k * T * dh + 2 * E * dm * T * C
     assert qkvo.macs == expected + 2 * H * dm * T * dh
     assert qkvo.mem == 2 * H * T * T * C + 4 * H * dh * T + 2 * E * T * C + 2 * H * T * dh

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from switchbench.models.config import ModelConfig
-from switchbench.models.switchhead import SwitchHeadAttention
-from switchbench.models.window import make_window
+from switchbench.models.families.switchhead import SwitchHeadAttention
+from switchbench.models.layers.window import make_window
 from switchbench.ops.expert_matmul import choice
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)

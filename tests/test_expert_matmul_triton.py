@@ -168,8 +168,8 @@ def test_custom_op_registration():
 @pytest.mark.slow
 def test_torch_compile_traces_a_switchhead_layer():
     from switchbench.models.config import ModelConfig
-    from switchbench.models.switchhead import SwitchHeadAttention
-    from switchbench.models.window import make_window
+    from switchbench.models.families.switchhead import SwitchHeadAttention
+    from switchbench.models.layers.window import make_window
 
     cfg = ModelConfig(model="switchhead", d_model=32, n_layers=2, n_heads=2, d_head=8, n_experts=4, k=2, T=8)
     layer = SwitchHeadAttention(cfg)
@@ -183,8 +183,8 @@ def test_torch_compile_traces_a_switchhead_layer():
 def test_switchhead_layer_on_the_triton_path(monkeypatch):
     """A whole SwitchHead layer, forward and backward, gives the same result through either implementation."""
     from switchbench.models.config import ModelConfig
-    from switchbench.models.switchhead import SwitchHeadAttention
-    from switchbench.models.window import make_window
+    from switchbench.models.families.switchhead import SwitchHeadAttention
+    from switchbench.models.layers.window import make_window
 
     cfg = ModelConfig(model="switchhead", d_model=24, n_layers=2, n_heads=2, d_head=8, n_experts=3, k=2, T=6)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 on both paths

@@ -14,7 +14,7 @@ import torch
 from browser import CHROMIUM, WIDTH, opened
 
 from switchbench.analysis import analyze, checkpoint, explorer, listops, text
-from switchbench.models.observe import observe
+from switchbench.models.layers.observe import observe
 from switchbench.models.presets import PRESETS
 
 LISTOPS = ("listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4", "listops-moh-h8")

@@ -17,11 +17,11 @@ from naive import assert_counted_exactly
 from switchbench.bench import measure
 from switchbench.bench.accounting import exact_cost
 from switchbench.bench.params import parameter_counts
-from switchbench.models.attention_rope import rotate
 from switchbench.models.config import ModelConfig
-from switchbench.models.observe import observe
+from switchbench.models.layers.attention_rope import rotate
+from switchbench.models.layers.observe import observe
+from switchbench.models.layers.window import make_window
 from switchbench.models.presets import PRESETS
-from switchbench.models.window import make_window
 
 
 def _cfg(pos="rope", causal=True, kv=2, H=4, T=5, context_blocks=1, **extra) -> ModelConfig:

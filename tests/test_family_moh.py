@@ -15,12 +15,12 @@ from naive import assert_counted_exactly
 from switchbench.bench import measure
 from switchbench.bench.accounting import exact_cost
 from switchbench.bench.params import parameter_counts
-from switchbench.models.attention_rope import rotate
 from switchbench.models.config import ModelConfig
 from switchbench.models.families.moh import balance_loss
-from switchbench.models.observe import observe
+from switchbench.models.layers.attention_rope import rotate
+from switchbench.models.layers.observe import observe
+from switchbench.models.layers.window import make_window
 from switchbench.models.presets import PRESETS
-from switchbench.models.window import make_window
 
 
 def _cfg(pos="rope", shared=2, k=2, H=6, T=5, causal=True, context_blocks=1, coef=0.01) -> ModelConfig:

@@ -13,7 +13,7 @@ from switchbench.bench.accounting import model_macs
 from switchbench.bench.params import parameter_counts
 from switchbench.bench.speed import intra_op_threads
 from switchbench.cli import main
-from switchbench.models.attention_dense import DenseAttention
+from switchbench.models.families.dense import DenseAttention
 from switchbench.models.presets import PRESETS
 from switchbench.reports import summary
 from switchbench.reports.report import collect, write_report

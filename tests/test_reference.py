@@ -15,16 +15,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from switchbench.models import switchhead as switchhead_module
-from switchbench.models.attention_dense import DenseAttention
-from switchbench.models.attention_xl import relative_shift, sinusoids
 from switchbench.models.config import ModelConfig
-from switchbench.models.moa import MoAAttention, moa_losses
-from switchbench.models.observe import observe
-from switchbench.models.router import entropy_regularizer, sigmoid_topk
-from switchbench.models.sigma_moe import SigmaMoE
-from switchbench.models.switchhead import SwitchHeadAttention
-from switchbench.models.window import make_window
+from switchbench.models.families import switchhead as switchhead_module
+from switchbench.models.families.dense import DenseAttention
+from switchbench.models.families.moa import MoAAttention, moa_losses
+from switchbench.models.families.switchhead import SwitchHeadAttention
+from switchbench.models.layers.attention_xl import relative_shift, sinusoids
+from switchbench.models.layers.observe import observe
+from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
+from switchbench.models.layers.sigma_moe import SigmaMoE
+from switchbench.models.layers.window import make_window
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 F64 = torch.float64

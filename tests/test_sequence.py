@@ -13,13 +13,13 @@ from hypothesis import strategies as st
 
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
+from switchbench.models.families.moa import MoAAttention
+from switchbench.models.families.switchhead import SwitchHeadAttention
+from switchbench.models.layers.observe import Observable, observe
+from switchbench.models.layers.sigma_moe import SigmaMoE
+from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel, SequenceClassifier
-from switchbench.models.moa import MoAAttention
-from switchbench.models.observe import Observable, observe
 from switchbench.models.presets import PRESETS
-from switchbench.models.sigma_moe import SigmaMoE
-from switchbench.models.switchhead import SwitchHeadAttention
-from switchbench.models.window import make_window
 
 FAMILIES = registry.names()  # every registered family, the paper's and the others
 POSITIONS = ("xl", "rope")

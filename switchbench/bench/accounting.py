@@ -12,25 +12,6 @@ one that reproduces the published cells. The last two exist only for the familie
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
-from switchbench.models.families.dense import paper_dense, printed_xl
-from switchbench.models.families.moa import paper_moa, printed_moa
-from switchbench.models.families.switchhead import paper_switchhead, printed_switchhead
-
-__all__ = [
-    "Cost",
-    "exact_cost",
-    "format_paper",
-    "model_macs",
-    "paper_cost",
-    "paper_dense",
-    "paper_moa",
-    "paper_switchhead",
-    "parse_paper",
-    "printed_cost",
-    "printed_moa",
-    "printed_switchhead",
-    "printed_xl",
-]
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:

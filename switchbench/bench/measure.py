@@ -17,7 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from switchbench.bench import accounting
 from switchbench.models.config import ModelConfig
-from switchbench.models.window import make_window
+from switchbench.models.layers.window import make_window
 
 # Ops of the layers that fvcore has no handle for and that perform no multiply-accumulate (elementwise, routing,
 # sorting). Any other op without a handle is an error rather than a silent zero.

@@ -12,8 +12,8 @@ from switchbench.bench.command import (
     emit,
     format_table,
 )
-from switchbench.models.attention_xl import UNMATCHED
 from switchbench.models.config import ModelConfig
+from switchbench.models.layers.attention_xl import UNMATCHED
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
 

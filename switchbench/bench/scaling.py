@@ -11,12 +11,13 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from switchbench.bench.accounting import Cost, exact_cost
+from switchbench.bench.accounting import exact_cost
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.environment import environment
 from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
+from switchbench.models.cost import Cost
 from switchbench.models.presets import PRESETS
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384

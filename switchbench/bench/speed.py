@@ -38,9 +38,9 @@ from switchbench.bench.precision import autocast
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
+from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
-from switchbench.models.window import make_window
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.

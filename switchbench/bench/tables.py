@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.accounting import Cost, format_paper, paper_cost, parse_paper
+from switchbench.bench.accounting import format_paper, paper_cost, parse_paper
 from switchbench.bench.command import (
     add_config_args,
     add_json,
@@ -20,6 +20,7 @@ from switchbench.bench.measure import cost_views
 from switchbench.bench.published import TABLES as PUBLISHED
 from switchbench.bench.results import frame, read_csv, replace_together, writable_folder
 from switchbench.models.config import ModelConfig
+from switchbench.models.cost import Cost
 from switchbench.models.presets import PRESETS
 
 TABLES = ("1", "2", "3", "7")

@@ -126,6 +126,11 @@ def _family_options(family: "registry.Family", given) -> tuple[tuple[str, Any], 
             raise ValueError(f"model {family.name} takes no options; got {', '.join(sorted(given))}")
         return ()
     known = {f.name for f in family.option_fields()}
+    shadowed = known & {f.name for f in fields(ModelConfig)}
+    if shadowed:
+        raise ValueError(
+            f"family {family.name}: options {', '.join(sorted(shadowed))} shadow ModelConfig fields"
+        )
     unknown = sorted(set(given) - known)
     if unknown:
         raise ValueError(

@@ -8,8 +8,8 @@ backward pass (distinct storages of floating tensors, parameters excluded).
 
 from dataclasses import dataclass
 
-from switchbench.models.attention_rope import sdpa_width
 from switchbench.models.config import ModelConfig
+from switchbench.models.layers.attention_rope import sdpa_width
 
 
 @dataclass(frozen=True)
@@ -60,3 +60,12 @@ def softmax_attention(cfg: ModelConfig, n_kv_heads: int, kept_queries: int = 0) 
     # q and k rotated, v and the output (all four padded), its logsumexp, and the boolean mask made additive
     sdpa = T * H * dp + S * Hk * dp + S * Hk * dp + T * H * dp + H * T + (T * S if cfg.causal else 0)
     return Cost(2 * H * T * S * dp, rotation + sdpa)
+
+
+def printed_xl(H: int, d_head: int, d_model: int, T: int, C: int) -> Cost:
+    """SwitchHead paper, appendix A.2, dense Transformer-XL: MACs = H(4 T dh dm + 2 C T^2 dh + 2 C T dh dm),
+    mem = H(4 T dh + 2 C T^2 + 2 C T dh)."""
+    return Cost(
+        H * (4 * T * d_head * d_model + 2 * C * T * T * d_head + 2 * C * T * d_head * d_model),
+        H * (4 * T * d_head + 2 * C * T * T + 2 * C * T * d_head),
+    )

@@ -119,16 +119,10 @@ _loaded = False
 
 
 def register(family: Family) -> Family:
-    """Add ``family``; a second family of the same name is an error, as is an option that shadows a field."""
-    from switchbench.models.config import ModelConfig
-
+    """Add ``family``; a second family of the same name is an error (an option that shadows a ModelConfig field
+    is one too, found when a configuration of the family is built: the registry knows nothing of the config)."""
     if family.name in _REGISTRY and _REGISTRY[family.name] is not family:
         raise ValueError(f"an attention family named {family.name!r} is registered already")
-    shadowed = {f.name for f in family.option_fields()} & {f.name for f in dataclasses.fields(ModelConfig)}
-    if shadowed:
-        raise ValueError(
-            f"family {family.name}: options {', '.join(sorted(shadowed))} shadow ModelConfig fields"
-        )
     _REGISTRY[family.name] = family
     return family
 

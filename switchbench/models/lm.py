@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchbench.models.config import ModelConfig
-from switchbench.models.mlp import DenseMLP
-from switchbench.models.sigma_moe import SigmaMoE
-from switchbench.models.window import make_window, next_memory, with_memory
+from switchbench.models.layers.mlp import DenseMLP
+from switchbench.models.layers.sigma_moe import SigmaMoE
+from switchbench.models.layers.window import make_window, next_memory, with_memory
 
 MLPS = {"dense": DenseMLP, "sigma_moe": SigmaMoE}
 

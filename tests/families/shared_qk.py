@@ -7,10 +7,10 @@ from torch import nn
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost, o_input, softmax_attention, symbols
 from switchbench.models.family import Family, register
-from switchbench.models.initialization import init_projection_
-from switchbench.models.observe import Observable
-from switchbench.models.positions import positional_attention
-from switchbench.models.window import with_memory
+from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.observe import Observable
+from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.window import with_memory
 
 
 class SharedQKAttention(Observable, nn.Module):

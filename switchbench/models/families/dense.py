@@ -1,9 +1,38 @@
-"""Dense multi-head attention: the baseline of every comparison (the paper's Transformer-XL and RoPE models)."""
+"""Dense multi-head attention, the baseline of every comparison (the paper's Transformer-XL and RoPE models): per-head
+Q, K, V projections and one output projection; the layer, its exact cost, the paper's convention and its presets."""
 
-from switchbench.models.attention_dense import DenseAttention
+from torch import Tensor, nn
+
 from switchbench.models.config import ModelConfig
-from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.cost import Cost, layer_inputs, o_input, printed_xl, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
+from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.observe import Observable
+from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.window import Window, with_memory
+
+
+class DenseAttention(Observable, nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        inner = cfg.n_heads * cfg.d_head
+        self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
+        self.o = nn.Linear(inner, cfg.d_model, bias=False)
+        for proj in (self.q, self.k, self.v, self.o):
+            init_projection_(proj.weight, proj.in_features, cfg.n_layers)
+        self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
+
+    def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
+        # B batch, t current tokens, S memory + current tokens, H heads, D d_head
+        B, t, _ = x.shape
+        xs = x if mem is None else with_memory(mem, x)  # [B, S, d_model]
+        q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
+        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
+        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
+        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        self.record(maps=maps)
+        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1)), 0.0
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:
@@ -13,15 +42,6 @@ def exact_cost(cfg: ModelConfig) -> Cost:
     projections = Cost((T + 2 * S) * dm * H * dh + T * H * dh * dm, layer_inputs(cfg) + o_input(cfg))
     kept = 2 if cfg.pos == "xl" and cfg.xl_bias_and_scale else 0  # q + u and q + v
     return projections + softmax_attention(cfg, H, kept)
-
-
-def printed_xl(H: int, d_head: int, d_model: int, T: int, C: int) -> Cost:
-    """SwitchHead paper, appendix A.2, dense Transformer-XL: MACs = H(4 T dh dm + 2 C T^2 dh + 2 C T dh dm),
-    mem = H(4 T dh + 2 C T^2 + 2 C T dh)."""
-    return Cost(
-        H * (4 * T * d_head * d_model + 2 * C * T * T * d_head + 2 * C * T * d_head * d_model),
-        H * (4 * T * d_head + 2 * C * T * T + 2 * C * T * d_head),
-    )
 
 
 def paper_dense(H: int, d_head: int, d_model: int, T: int, C: int, xl: bool) -> Cost:

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from switchbench.models.attention_rope import rotate, sdpa_width
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
 from switchbench.models.family import Family, register
-from switchbench.models.initialization import init_projection_
-from switchbench.models.observe import Observable
-from switchbench.models.positions import positional_attention
-from switchbench.models.window import Window, with_memory
+from switchbench.models.layers.attention_rope import rotate, sdpa_width
+from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.observe import Observable
+from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.window import Window, with_memory
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,11 @@ from torch import Tensor, nn
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
 from switchbench.models.family import Family, register
-from switchbench.models.initialization import init_projection_
-from switchbench.models.observe import Observable
-from switchbench.models.positions import positional_attention
-from switchbench.models.router import full_precision
-from switchbench.models.window import Window, with_memory
+from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.observe import Observable
+from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.router import full_precision
+from switchbench.models.layers.window import Window, with_memory
 
 
 @dataclass(frozen=True)

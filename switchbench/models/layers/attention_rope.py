@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from switchbench.models.window import Window, attend
+from switchbench.models.layers.window import Window, attend
 
 ROTATE_FRACTION = 0.5
 BASE = 10000.0

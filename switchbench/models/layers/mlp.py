@@ -4,7 +4,7 @@ import torch
 from torch import Tensor, nn
 
 from switchbench.models.config import ModelConfig
-from switchbench.models.initialization import init_projection_
+from switchbench.models.layers.initialization import init_projection_
 
 
 class DenseMLP(nn.Module):

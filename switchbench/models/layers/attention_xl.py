@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from switchbench.models.initialization import init_projection_
-from switchbench.models.window import Window, attend
+from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.window import Window, attend
 
 # Learned per-layer parameters that are not among the weights the paper matches (listed apart, like LayerNorm).
 UNMATCHED = ("content_bias", "position_bias", "logit_scale")

@@ -2,9 +2,9 @@
 
 from torch import nn
 
-from switchbench.models.attention_rope import RoPEAttention
-from switchbench.models.attention_xl import XLAttention
 from switchbench.models.config import ModelConfig
+from switchbench.models.layers.attention_rope import RoPEAttention
+from switchbench.models.layers.attention_xl import XLAttention
 
 
 def positional_attention(
