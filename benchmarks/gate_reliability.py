@@ -20,9 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from switchbench.bench.environment import commit, environment
-from switchbench.bench.gate import TIME
-from switchbench.bench.results import write_atomic
+from switchbench.bench.timing.gate import TIME
+from switchbench.core.environment import commit, environment
+from switchbench.core.results import write_atomic
 
 CLI = [sys.executable, "-m", "switchbench"]
 BUSY = "while True:\n    pass\n"

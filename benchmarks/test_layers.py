@@ -7,7 +7,7 @@ SwitchHead/dense ratios are checked by `switchbench check`, which times the two 
 import pytest
 import torch
 
-from switchbench.bench.speed import GATE_LAYERS, layer_benches
+from switchbench.bench.timing.speed import GATE_LAYERS, layer_benches
 
 
 @pytest.mark.parametrize("what", ["forward", "forward+backward"])

@@ -6,18 +6,12 @@ import sys
 
 from switchbench import evidence, main_job, wheelhouse
 from switchbench.analysis import analyze, quality, train
-from switchbench.bench import (
-    gate,
-    kernel_check,
-    kernel_tune,
-    kernels,
-    params,
-    profile,
-    scaling,
-    speed,
-    tables,
-)
 from switchbench.bench.command import expert_matmul_in_force
+from switchbench.bench.cost import params, scaling, tables
+from switchbench.bench.kernels import bench as kernels
+from switchbench.bench.kernels import check as kernel_check
+from switchbench.bench.kernels import tune as kernel_tune
+from switchbench.bench.timing import gate, profile, speed
 from switchbench.models import family as registry
 from switchbench.reports import report
 

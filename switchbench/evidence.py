@@ -34,8 +34,8 @@ from pathlib import Path
 
 from switchbench.analysis.train import default_preset, run_name
 from switchbench.bench.command import add_json, device_from_args, slug
-from switchbench.bench.environment import commit, device_name, environment
-from switchbench.bench.results import replace_atomically, writable_file, writable_folder, write_atomic
+from switchbench.core.environment import commit, device_name, environment
+from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]  # the checkout: package, tests, pyproject.toml
 TUNED_TABLE = ROOT / "switchbench" / "ops" / "expert_matmul" / "data"

@@ -17,7 +17,6 @@ import torch
 
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, default_preset, run_name, train
-from switchbench.bench import scaling, speed, tables
 from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
@@ -26,8 +25,10 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.environment import commit
-from switchbench.bench.results import save_run, writable_file, writable_folder
+from switchbench.bench.cost import scaling, tables
+from switchbench.bench.timing import speed
+from switchbench.core.environment import commit
+from switchbench.core.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
 
 # The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.

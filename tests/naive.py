@@ -88,8 +88,8 @@ def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
 def assert_counted_exactly(cfg) -> None:
     """The exact cost of ``cfg``'s attention layer equals what fvcore and FlopCounterMode count (MACs) and what
     saved-tensor hooks see (floats kept for backward): the check every family's cost is held to."""
-    from switchbench.bench import measure
-    from switchbench.bench.accounting import exact_cost
+    from switchbench.bench.cost import measure
+    from switchbench.bench.cost.accounting import exact_cost
 
     exact = exact_cost(cfg)
     assert measure.flop_counter_macs(cfg) == exact.macs

@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import pytest
 
-from switchbench.bench import accounting, tables
+from switchbench.bench.cost import accounting, tables
 from switchbench.models.families.switchhead import paper_switchhead
 from switchbench.models.presets import PRESETS
 

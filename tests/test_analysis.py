@@ -10,8 +10,8 @@ import torch
 from switchbench.analysis import checkpoint, listops, stats
 from switchbench.analysis.analyze import analyze
 from switchbench.analysis.train import TrainConfig, run_name, train
-from switchbench.bench.results import read_csv
 from switchbench.cli import main
+from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 

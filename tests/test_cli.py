@@ -2,7 +2,7 @@
 
 import pytest
 
-from switchbench.bench import kernels
+from switchbench.bench.kernels import bench as kernels
 from switchbench.cli import main
 
 

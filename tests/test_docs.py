@@ -27,7 +27,7 @@ import pytest
 from switchbench import cli
 from switchbench.analysis.train import run_name
 from switchbench.bench.command import config_from_args
-from switchbench.bench.speed import GROUPS
+from switchbench.bench.timing.speed import GROUPS
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 

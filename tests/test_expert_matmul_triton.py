@@ -336,7 +336,7 @@ def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monke
 
 
 def test_the_shipped_table_names_known_configurations():
-    from switchbench.bench.kernel_tune import TABLE, merged
+    from switchbench.bench.kernels.tune import TABLE, merged
     from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     assert TABLE.read_text() == (kernels.importlib.resources.files("switchbench.ops.expert_matmul") / "data" /

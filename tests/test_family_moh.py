@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from naive import assert_counted_exactly
 
-from switchbench.bench import measure
-from switchbench.bench.accounting import exact_cost
-from switchbench.bench.params import parameter_counts
+from switchbench.bench.cost import measure
+from switchbench.bench.cost.accounting import exact_cost
+from switchbench.bench.cost.params import parameter_counts
 from switchbench.models.config import ModelConfig
 from switchbench.models.families.moh import balance_loss
 from switchbench.models.layers.attention_rope import rotate

@@ -11,8 +11,8 @@ from matplotlib.figure import Figure
 from matplotlib.text import Text
 
 from switchbench.analysis import plots
-from switchbench.bench import scaling
-from switchbench.bench.results import save_figure
+from switchbench.bench.cost import scaling
+from switchbench.core.results import save_figure
 
 REPORT_WIDTH = 1160  # pixels of the report's content column (body 1200 px less its padding)
 SAVED_DPI = 100  # bench.results.save_figure

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from switchbench.bench import gate, speed
-from switchbench.bench.measure import count_op_calls, layer_and_inputs
+from switchbench.bench.cost.measure import count_op_calls, layer_and_inputs
+from switchbench.bench.timing import gate, speed
 from switchbench.cli import main
 from switchbench.models.presets import PRESETS
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from switchbench.bench import kernels
+from switchbench.bench.kernels import bench as kernels
 from switchbench.cli import main
 
 pytest.importorskip("triton")

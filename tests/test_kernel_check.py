@@ -8,8 +8,9 @@ import torch
 
 pytest.importorskip("triton")
 
-from switchbench.bench import kernel_check, roofline
-from switchbench.bench.kernels import Case, cases
+from switchbench.bench.kernels import check as kernel_check
+from switchbench.bench.kernels import roofline
+from switchbench.bench.kernels.bench import Case, cases
 from switchbench.cli import main
 from switchbench.ops.expert_matmul import triton_kernels as kernels
 

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from switchbench.bench import kernel_tune
+from switchbench.bench.kernels import tune as kernel_tune
 from switchbench.cli import main
 from switchbench.ops.expert_matmul import choice
 

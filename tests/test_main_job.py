@@ -13,9 +13,9 @@ import torch
 from test_report import CHROMIUM, browse
 
 from switchbench import main_job
-from switchbench.bench import tables
-from switchbench.bench.results import write_csv
+from switchbench.bench.cost import tables
 from switchbench.cli import main
+from switchbench.core.results import write_csv
 
 PROJECT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

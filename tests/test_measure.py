@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from naive import assert_counted_exactly
 from optional import needs
 
-from switchbench.bench import measure, tables
-from switchbench.bench.accounting import exact_cost, paper_cost
+from switchbench.bench.cost import measure, tables
+from switchbench.bench.cost.accounting import exact_cost, paper_cost
 from switchbench.cli import main
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS

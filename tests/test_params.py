@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from switchbench.bench.params import parameter_counts
+from switchbench.bench.cost.params import parameter_counts
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 

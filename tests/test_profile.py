@@ -11,8 +11,8 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from switchbench.bench import profile
-from switchbench.bench.speed import model_benches
+from switchbench.bench.timing import profile
+from switchbench.bench.timing.speed import model_benches
 from switchbench.cli import main
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS

@@ -9,9 +9,9 @@ import pytest
 from switchbench.analysis import quality
 from switchbench.analysis.intervals import difference_interval, mean_interval, t_quantile
 from switchbench.analysis.train import LMTask
-from switchbench.bench.accounting import model_macs
-from switchbench.bench.params import parameter_counts
-from switchbench.bench.speed import intra_op_threads
+from switchbench.bench.cost.accounting import model_macs
+from switchbench.bench.cost.params import parameter_counts
+from switchbench.bench.timing.speed import intra_op_threads
 from switchbench.cli import main
 from switchbench.models.families.dense import DenseAttention
 from switchbench.models.presets import PRESETS

@@ -17,8 +17,11 @@ from switchbench import main_job
 from switchbench.analysis import analyze, checkpoint, quality, text
 from switchbench.analysis import train as training
 from switchbench.analysis.train import LMTask, TrainConfig
-from switchbench.bench import gate, kernels, measure, results, scaling, speed, tables
+from switchbench.bench.cost import measure, scaling, tables
+from switchbench.bench.kernels import bench as kernels
+from switchbench.bench.timing import gate, speed
 from switchbench.cli import main
+from switchbench.core import results
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 from switchbench.reports import report

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from switchbench.bench import scaling
-from switchbench.bench.accounting import exact_cost
+from switchbench.bench.cost import scaling
+from switchbench.bench.cost.accounting import exact_cost
 from switchbench.models.presets import PRESETS
 
 

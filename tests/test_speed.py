@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from switchbench.bench import speed
+from switchbench.bench.timing import speed
 from switchbench.cli import main
 
 
@@ -240,7 +240,7 @@ def test_each_row_stands_beside_its_mac_floor_and_attention_kernel():
 def test_the_attention_kernel_is_read_off_the_dispatched_operators():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from switchbench.bench.measure import attention_kernel
+    from switchbench.bench.cost.measure import attention_kernel
 
     rope = speed.layer_benches("tiny-transformer-rope", 2, "cpu", torch.float32)[0]
     assert rope.attention() == "flash (CPU)"
@@ -360,8 +360,8 @@ def test_a_members_gpu_peak_leaves_out_what_the_others_keep_resident(monkeypatch
 
 FAULTS = """
 import resource, statistics, sys, torch
-from switchbench.bench.heap import keep_freed_memory
-from switchbench.bench.speed import GATE_LAYERS, layer_benches
+from switchbench.bench.timing.heap import keep_freed_memory
+from switchbench.bench.timing.speed import GATE_LAYERS, layer_benches
 torch.set_num_threads(1)
 said = keep_freed_memory()
 step = next(b for b in layer_benches(GATE_LAYERS[0], 4, "cpu", torch.float32) if b.what == "forward+backward")

@@ -10,9 +10,9 @@ import torch
 
 from switchbench.analysis import checkpoint, explorer, listops, plots, similarity, stats, text
 from switchbench.bench.command import add_json, emit
-from switchbench.bench.environment import environment
-from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
-from switchbench.bench.schema import read_table
+from switchbench.core.environment import environment
+from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
+from switchbench.core.schema import read_table
 from switchbench.models.layers.observe import observe
 
 SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default

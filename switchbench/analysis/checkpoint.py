@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from switchbench.bench.results import replace_atomically
-from switchbench.bench.schema import check_checkpoint
+from switchbench.core.results import replace_atomically
+from switchbench.core.schema import check_checkpoint
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, SequenceClassifier
 

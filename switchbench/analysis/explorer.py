@@ -21,7 +21,7 @@ from pathlib import Path
 import jinja2
 import torch
 
-from switchbench.bench.results import write_atomic
+from switchbench.core.results import write_atomic
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 

@@ -20,7 +20,6 @@ import torch
 from switchbench.analysis import plots
 from switchbench.analysis.intervals import difference_interval, mean_interval
 from switchbench.analysis.train import LMTask, TrainConfig, train
-from switchbench.bench.accounting import model_macs
 from switchbench.bench.command import (
     add_expert_matmul,
     add_json,
@@ -30,10 +29,12 @@ from switchbench.bench.command import (
     format_table,
     slug,
 )
-from switchbench.bench.environment import environment
-from switchbench.bench.measure import count_saved_bytes
-from switchbench.bench.params import parameter_counts
-from switchbench.bench.results import (
+from switchbench.bench.cost.accounting import model_macs
+from switchbench.bench.cost.measure import count_saved_bytes
+from switchbench.bench.cost.params import parameter_counts
+from switchbench.bench.timing.speed import intra_op_threads
+from switchbench.core.environment import environment
+from switchbench.core.results import (
     frame,
     new_run_stem,
     save_figure,
@@ -41,7 +42,6 @@ from switchbench.bench.results import (
     write_atomic,
     write_csv,
 )
-from switchbench.bench.speed import intra_op_threads
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters

@@ -22,8 +22,8 @@ from switchbench.bench.command import (
     emit,
     expert_matmul_metadata,
 )
-from switchbench.bench.results import writable_folder, write_csv
-from switchbench.bench.schema import read_table
+from switchbench.core.results import writable_folder, write_csv
+from switchbench.core.schema import read_table
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS

@@ -50,7 +50,7 @@ class Family:
     """What the suite needs of one attention family. ``name`` is the value of ``ModelConfig.model``.
 
     ``attention(cfg)`` builds one layer: ``forward(x [B, t, d_model], mem [B, S - t, d_model] | None, window)
-    -> (y [B, t, d_model], auxiliary loss)``, an :class:`~switchbench.models.observe.Observable` that records
+    -> (y [B, t, d_model], auxiliary loss)``, an :class:`~switchbench.models.layers.observe.Observable` that records
     ``maps`` [B, H, t, S] and, where it routes, ``{src,dst}_experts``/``{src,dst}_gates`` [B, L, H, k] (experts
     per head and side) or ``experts``/``gates`` [B, t, slots] (the heads a token picks and their weights; MoA
     fills every slot, MoH its k routed heads) and, where every head is weighted, ``head_weights`` [B, t, H].

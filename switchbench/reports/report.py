@@ -17,10 +17,10 @@ from pathlib import Path
 import jinja2
 
 from switchbench.bench.command import device_from_args
-from switchbench.bench.environment import environment
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.results import newest, read_csv, writable_file, write_atomic
-from switchbench.bench.schema import read_run, read_table
+from switchbench.core.environment import environment
+from switchbench.core.results import newest, read_csv, writable_file, write_atomic
+from switchbench.core.schema import read_run, read_table
 from switchbench.reports import labels, summary
 
 STRONGEST = 12  # token preferences shown before the disclosure

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass
 
 from switchbench.bench.published import CLAIMS, TABLES
-from switchbench.bench.results import read_csv
+from switchbench.core.results import read_csv
 from switchbench.reports import labels
 
 HEADLINE = ("table2", "c4-262m-switchhead-h4")  # the abstract's 44% / 27%: C4 262M, Table 2

@@ -29,7 +29,6 @@ import torch
 from torch import nn
 from torch.autograd.profiler_util import FunctionEvent
 
-from switchbench.bench import precision
 from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
@@ -39,9 +38,17 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.environment import environment
-from switchbench.bench.results import save_run, writable_folder
-from switchbench.bench.speed import GROUPS, PAPER_GPU_BATCH, Timer, fitted_batch, model_benches, too_large
+from switchbench.bench.timing.speed import (
+    GROUPS,
+    PAPER_GPU_BATCH,
+    Timer,
+    fitted_batch,
+    model_benches,
+    too_large,
+)
+from switchbench.core import precision
+from switchbench.core.environment import environment
+from switchbench.core.results import save_run, writable_folder
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul.op import WEIGHT_GRADIENT_LABEL
 

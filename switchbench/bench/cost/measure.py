@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from switchbench.bench import accounting
+from switchbench.bench.cost import accounting
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.window import make_window
 

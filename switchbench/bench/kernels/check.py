@@ -23,9 +23,9 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from switchbench.bench import roofline
 from switchbench.bench.command import DTYPES
-from switchbench.bench.kernels import SIZES, Case, cases
+from switchbench.bench.kernels import roofline
+from switchbench.bench.kernels.bench import SIZES, Case, cases
 
 ARCHS = {"sm_90": 90, "sm_80": 80}
 _POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}

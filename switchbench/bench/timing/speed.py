@@ -21,8 +21,6 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from switchbench.bench import precision
-from switchbench.bench.accounting import exact_cost, model_macs
 from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
@@ -31,12 +29,20 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.heap import keep_freed_memory
-from switchbench.bench.measure import attention_kernel, count_op_calls, count_saved_bytes, free_memory, is_oom
-from switchbench.bench.params import parameter_counts
-from switchbench.bench.precision import autocast
+from switchbench.bench.cost.accounting import exact_cost, model_macs
+from switchbench.bench.cost.measure import (
+    attention_kernel,
+    count_op_calls,
+    count_saved_bytes,
+    free_memory,
+    is_oom,
+)
+from switchbench.bench.cost.params import parameter_counts
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.results import nothing_measured, save_run, writable_folder
+from switchbench.bench.timing.heap import keep_freed_memory
+from switchbench.core import precision
+from switchbench.core.precision import autocast
+from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
@@ -381,7 +387,7 @@ def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
 
 def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict:
     """The run's metadata; each timed row gains its fraction of this device's matmul peak, measured now."""
-    from switchbench.bench.environment import environment
+    from switchbench.core.environment import environment
 
     peak = matmul_peak_tflops(device, DTYPES[dtype_name])
     for row in rows:
@@ -534,7 +540,7 @@ def _run(args) -> int:
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
     groups, scopes = _groups(args, device)
-    # on the CPU the clock then times the computation, not page faults (bench/heap.py)
+    # on the CPU the clock then times the computation, not page faults (timing/heap.py)
     allocator = keep_freed_memory() if device == "cpu" else "as is"
     if world > 1:
         torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.results import newest, writable_file, write_atomic
-from switchbench.bench.schema import read_json, read_run
+from switchbench.core.results import newest, writable_file, write_atomic
+from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
 
 TIME = "ratio_time"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
-# Relative slack above the baseline before a time ratio counts as a regression. With the heap kept (bench/heap.py),
+# Relative slack above the baseline before a time ratio counts as a regression. With the heap kept (timing/heap.py),
 # twelve runs beside 4 and 6 busy processes on the 2-core machine stayed within 2% of the baseline and every one
 # caught a 30% regression (benchmarks/gate_reliability.py; docs/speed-and-gate.md, "The regression gate"); 15%
 # leaves room for a CI machine of another processor.

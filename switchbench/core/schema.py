@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.results import read_csv
+from switchbench.core.results import read_csv
 
 TEXT, NUMBER, INTEGER, OBJECT = "text", "a number", "an integer", "an object"
 

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from switchbench.bench.accounting import exact_cost
 from switchbench.bench.command import add_json, emit
-from switchbench.bench.environment import environment
-from switchbench.bench.results import save_figure, writable_folder, write_atomic, write_csv
+from switchbench.bench.cost.accounting import exact_cost
+from switchbench.core.environment import environment
+from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost

@@ -9,7 +9,7 @@ arrays are counted; launch overheads, L2 hits on rows gathered twice and the gat
 
 import math
 
-from switchbench.bench.kernels import Case, cases
+from switchbench.bench.kernels.bench import Case, cases
 
 # bandwidth bytes/s; dense tensor-core peak MAC/s x 2 = FLOP/s (fp32: FMA units, TF32 off), from the datasheets
 GPUS = {

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.accounting import format_paper, paper_cost, parse_paper
 from switchbench.bench.command import (
     add_config_args,
     add_json,
@@ -15,10 +14,11 @@ from switchbench.bench.command import (
     emit,
     format_table,
 )
-from switchbench.bench.environment import environment
-from switchbench.bench.measure import cost_views
+from switchbench.bench.cost.accounting import format_paper, paper_cost, parse_paper
+from switchbench.bench.cost.measure import cost_views
 from switchbench.bench.published import TABLES as PUBLISHED
-from switchbench.bench.results import frame, read_csv, replace_together, writable_folder
+from switchbench.core.environment import environment
+from switchbench.core.results import frame, read_csv, replace_together, writable_folder
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
 from switchbench.models.presets import PRESETS

@@ -33,10 +33,10 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.environment import environment
-from switchbench.bench.measure import free_memory, is_oom
-from switchbench.bench.results import nothing_measured, save_run, writable_folder
-from switchbench.bench.speed import matmul_peak_tflops
+from switchbench.bench.cost.measure import free_memory, is_oom
+from switchbench.bench.timing.speed import matmul_peak_tflops
+from switchbench.core.environment import environment
+from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
