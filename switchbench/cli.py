@@ -4,16 +4,18 @@ import argparse
 import os
 import sys
 
-from switchbench import evidence, main_job, wheelhouse
-from switchbench.analysis import analyze, quality, train
+from switchbench import wheelhouse
+from switchbench.analysis import analyze, quality
 from switchbench.bench.command import expert_matmul_in_force
 from switchbench.bench.cost import params, scaling, tables
 from switchbench.bench.kernels import bench as kernels
 from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import tune as kernel_tune
 from switchbench.bench.timing import gate, profile, speed
+from switchbench.jobs import evidence, main_job
 from switchbench.models import family as registry
 from switchbench.reports import report
+from switchbench.train import run as train
 
 DEBUG = "SWITCHBENCH_DEBUG"
 COMMANDS = (

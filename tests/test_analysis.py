@@ -7,13 +7,14 @@ import matplotlib.image
 import pytest
 import torch
 
-from switchbench.analysis import checkpoint, listops, stats
+from switchbench.analysis import stats
 from switchbench.analysis.analyze import analyze
-from switchbench.analysis.train import TrainConfig, run_name, train
 from switchbench.cli import main
 from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
+from switchbench.train import checkpoint, listops
+from switchbench.train.run import TrainConfig, run_name, train
 
 
 def evaluate(tokens: list[str]) -> int:

@@ -25,11 +25,11 @@ from unittest import mock
 import pytest
 
 from switchbench import cli
-from switchbench.analysis.train import run_name
 from switchbench.bench.command import config_from_args
 from switchbench.bench.timing.speed import GROUPS
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
+from switchbench.train.run import run_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

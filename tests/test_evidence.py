@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from switchbench import evidence
 from switchbench.cli import main
+from switchbench.jobs import evidence
 
 
 def _writer(name: str, seconds: float = 0.0, code: int = 0):

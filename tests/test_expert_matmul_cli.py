@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from switchbench.analysis import checkpoint
 from switchbench.cli import _parser, main
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.train import checkpoint
 
 COMMANDS = ("speed", "kernel-bench", "train", "quality", "all", "profile")
 REQUIRED = {"profile": ["tiny-switchhead"]}  # positional arguments

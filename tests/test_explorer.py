@@ -13,9 +13,10 @@ import pytest
 import torch
 from browser import CHROMIUM, WIDTH, opened
 
-from switchbench.analysis import analyze, checkpoint, explorer, listops, text
+from switchbench.analysis import analyze, explorer
 from switchbench.models.layers.observe import observe
 from switchbench.models.presets import PRESETS
+from switchbench.train import checkpoint, listops, text
 
 LISTOPS = ("listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4", "listops-moh-h8")
 TEXT = ("tiny-transformer", "tiny-switchhead")

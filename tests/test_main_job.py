@@ -12,10 +12,10 @@ import pytest
 import torch
 from test_report import CHROMIUM, browse
 
-from switchbench import main_job
 from switchbench.bench.cost import tables
 from switchbench.cli import main
 from switchbench.core.results import write_csv
+from switchbench.jobs import main_job
 
 PROJECT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")

@@ -28,7 +28,7 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"switchbench"}
     for data in (
         "bench/data/published_tables.csv",
-        "analysis/data/tempest.txt",
+        "train/data/tempest.txt",
         "reports/templates/report.html.j2",
         "analysis/templates/explorer.html.j2",
         "analysis/templates/explorer.js",

@@ -8,7 +8,6 @@ import pytest
 
 from switchbench.analysis import quality
 from switchbench.analysis.intervals import difference_interval, mean_interval, t_quantile
-from switchbench.analysis.train import LMTask
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.params import parameter_counts
 from switchbench.bench.timing.speed import intra_op_threads
@@ -17,6 +16,7 @@ from switchbench.models.families.dense import DenseAttention
 from switchbench.models.presets import PRESETS
 from switchbench.reports import summary
 from switchbench.reports.report import collect, write_report
+from switchbench.train.run import LMTask
 
 # Student t quantiles as printed in statistical tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}

@@ -13,18 +13,19 @@ import pandas as pd
 import pytest
 import torch
 
-from switchbench import main_job
-from switchbench.analysis import analyze, checkpoint, quality, text
-from switchbench.analysis import train as training
-from switchbench.analysis.train import LMTask, TrainConfig
+from switchbench.analysis import analyze, quality
 from switchbench.bench.cost import measure, scaling, tables
 from switchbench.bench.kernels import bench as kernels
 from switchbench.bench.timing import gate, speed
 from switchbench.cli import main
 from switchbench.core import results
+from switchbench.jobs import main_job
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 from switchbench.reports import report
+from switchbench.train import checkpoint, text
+from switchbench.train import run as training
+from switchbench.train.run import LMTask, TrainConfig
 
 ROOT = os.geteuid() == 0
 TINY_LISTOPS = dict(steps=4, batch=4, eval_every=2, warmup=1, val_size=16)

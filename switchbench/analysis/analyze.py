@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from switchbench.analysis import checkpoint, explorer, listops, plots, similarity, stats, text
+from switchbench.analysis import explorer, plots, similarity, stats
 from switchbench.bench.command import add_json, emit
 from switchbench.core.environment import environment
 from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.core.schema import read_table
 from switchbench.models.layers.observe import observe
+from switchbench.train import checkpoint, listops, text
 
 SAMPLE = 256  # sequences (ListOps) or chunks (LM) behind the statistics, by default
 

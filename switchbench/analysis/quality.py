@@ -19,7 +19,6 @@ import torch
 
 from switchbench.analysis import plots
 from switchbench.analysis.intervals import difference_interval, mean_interval
-from switchbench.analysis.train import LMTask, TrainConfig, train
 from switchbench.bench.command import (
     add_expert_matmul,
     add_json,
@@ -46,6 +45,7 @@ from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
+from switchbench.train.run import LMTask, TrainConfig, train
 
 CONFIDENCE = 0.95
 ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two moments, all fp32

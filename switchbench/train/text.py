@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_TEXT = files("switchbench.analysis") / "data" / "tempest.txt"
+DEFAULT_TEXT = files("switchbench.train") / "data" / "tempest.txt"
 VOCAB = 256  # bytes
 
 

@@ -32,12 +32,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from switchbench.analysis.train import default_preset, run_name
 from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
+from switchbench.train.run import default_preset, run_name
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: package, tests, pyproject.toml
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: package, tests, pyproject.toml
 TUNED_TABLE = ROOT / "switchbench" / "ops" / "expert_matmul" / "data"
 LISTOPS_RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))  # the analysis pair and a second dense seed
 GPU_PROFILE = ("c4-262m-transformer-h16", "c4-262m-switchhead-h4")

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from switchbench.analysis import checkpoint, listops, text
 from switchbench.bench.command import (
     add_expert_matmul,
     add_json,
@@ -28,6 +27,7 @@ from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.train import checkpoint, listops, text
 
 
 def default_preset(task: str, model: str) -> str:

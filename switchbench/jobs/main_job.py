@@ -16,7 +16,6 @@ from pathlib import Path
 import torch
 
 from switchbench.analysis.analyze import analyze
-from switchbench.analysis.train import TrainConfig, default_preset, run_name, train
 from switchbench.bench.command import (
     DTYPES,
     add_expert_matmul,
@@ -30,6 +29,7 @@ from switchbench.bench.timing import speed
 from switchbench.core.environment import commit
 from switchbench.core.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
+from switchbench.train.run import TrainConfig, default_preset, run_name, train
 
 # The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.
 RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))
