@@ -43,8 +43,12 @@ def timed_run(out: Path, busy: int) -> Path:
     """One quick speed run beside ``busy`` spinning processes; the run's JSON."""
     spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
     try:
-        done = subprocess.run([*CLI, "speed", "--quick", "--out", str(out), "--json"],
-                              capture_output=True, text=True, check=True)  # fmt: skip
+        done = subprocess.run(
+            [*CLI, "speed", "--quick", "--out", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     finally:
         for spinner in spinners:
             spinner.kill()
@@ -54,8 +58,9 @@ def timed_run(out: Path, busy: int) -> Path:
 
 def check(run: Path, baseline: Path) -> dict:
     """``switchbench check``'s exit code and its time verdicts (medians, intervals, limits)."""
-    done = subprocess.run([*CLI, "check", str(run), "--baseline", str(baseline), "--json"],
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [*CLI, "check", str(run), "--baseline", str(baseline), "--json"], capture_output=True, text=True
+    )
     if done.returncode not in (0, 1):
         raise RuntimeError(f"switchbench check exited {done.returncode}: {done.stderr.strip()}")
     checks = [c for c in json.loads(done.stdout)["checks"] if c["quantity"] == TIME]
@@ -86,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
             busy = args.busy[i % len(args.busy)]
             run = timed_run(work / f"run-{i}", busy)
             verdicts = {name: check(run, path) for name, path in baselines.items()}
-            row = {"run": i + 1, "busy": busy, "false_alarm": verdicts["committed"]["exit"] == 1,
-                   "missed": [name for name in REGRESSIONS if verdicts[name]["exit"] == 0],
-                   "time": verdicts["committed"]["time"]}  # fmt: skip
+            row = {
+                "run": i + 1,
+                "busy": busy,
+                "false_alarm": verdicts["committed"]["exit"] == 1,
+                "missed": [name for name in REGRESSIONS if verdicts[name]["exit"] == 0],
+                "time": verdicts["committed"]["time"],
+            }
             rows.append(row)
             medians = ", ".join(f"{c['measured']:.4f} [{c['low']:.4f}, {c['high']:.4f}]" for c in row["time"])
             print(
@@ -99,9 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         "false_alarms": sum(r["false_alarm"] for r in rows),
         "missed": {name: sum(name in r["missed"] for r in rows) for name in REGRESSIONS},
     }
-    metadata = environment("cpu") | {"commit": code, "command": "python benchmarks/gate_reliability.py "
-                                     + " ".join(argv if argv is not None else sys.argv[1:]),
-                                     "baseline": str(args.baseline)}  # fmt: skip
+    metadata = environment("cpu") | {
+        "commit": code,
+        "command": "python benchmarks/gate_reliability.py "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
+        "baseline": str(args.baseline),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(args.out, json.dumps({"metadata": metadata, "summary": summary, "rows": rows}, indent=2))
     print(json.dumps(summary))

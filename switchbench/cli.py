@@ -60,8 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get(DEBUG):
             raise
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        print(f"switchbench {args.command}: failed: {type(error).__name__}: {first} ({DEBUG}=1 shows the traceback)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"switchbench {args.command}: failed: {type(error).__name__}: {first} ({DEBUG}=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return 3
 
 

@@ -192,8 +192,10 @@ def _usable_folder(folder: Path) -> None:
 def describe(house: Wheelhouse, source: Path) -> str:
     """What was put in, what the node must already have, and the node's install command, last."""
     size = sum((house.folder / w).stat().st_size for w in house.wheels) / 1e6
-    lines = [f"{len(house.wheels)} wheels in {house.folder} ({size:.1f} MB), built here from source: "
-             f"{', '.join(house.built)}"]  # fmt: skip
+    lines = [
+        f"{len(house.wheels)} wheels in {house.folder} ({size:.1f} MB), built here from source: "
+        f"{', '.join(house.built)}"
+    ]
     lines += [f"  {w}" for w in house.wheels]
     lines += ["The node must already have (left out):"] + [f"  {r}" for r in house.node_must_have]
     lines += [
@@ -216,17 +218,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source", type=Path, default=Path("."), help="the switchbench checkout (default: .)"
     )
-    parser.add_argument("--python-version", type=_python_version,
-                        help="also fetch binary wheels for this Python (e.g. 3.12)")  # fmt: skip
-    parser.add_argument("--platform", action="append", default=[], dest="platforms",
-                        help="also fetch binary wheels for this platform tag; pip matches tags literally, so give "
-                             "each the node accepts: --platform manylinux_2_28_x86_64 --platform "
-                             "manylinux2014_x86_64")  # fmt: skip
+    parser.add_argument(
+        "--python-version", type=_python_version, help="also fetch binary wheels for this Python (e.g. 3.12)"
+    )
+    parser.add_argument(
+        "--platform",
+        action="append",
+        default=[],
+        dest="platforms",
+        help="also fetch binary wheels for this platform tag; pip matches tags literally, so give "
+        "each the node accepts: --platform manylinux_2_28_x86_64 --platform "
+        "manylinux2014_x86_64",
+    )
 
 
 def register(commands) -> None:
-    parser = commands.add_parser("wheelhouse", help="build the wheels an offline GPU node needs (needs network)",
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = commands.add_parser(
+        "wheelhouse",
+        help="build the wheels an offline GPU node needs (needs network)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     parser.set_defaults(run=run)
 
@@ -238,8 +250,11 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m switchbench.wheelhouse``: the command from a bare checkout, with the command line's exits."""
-    parser = argparse.ArgumentParser(prog="python3 -m switchbench.wheelhouse", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python3 -m switchbench.wheelhouse",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     try:
         run(parser.parse_args(argv))

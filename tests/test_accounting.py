@@ -78,8 +78,12 @@ def test_published_rows_map_to_their_presets(row):
     import csv
 
     with tables.PUBLISHED.open(newline="") as f:
-        raw = [r for r in csv.DictReader(f) if (r["table"], r["dataset"], r["params"], r["model"], r["n_heads"])
-               == (row.table, row.dataset, row.params, row.model, str(row.n_heads))]  # fmt: skip
+        raw = [
+            r
+            for r in csv.DictReader(f)
+            if (r["table"], r["dataset"], r["params"], r["model"], r["n_heads"])
+            == (row.table, row.dataset, row.params, row.model, str(row.n_heads))
+        ]
     cfg = PRESETS[row.preset]
     fields = ("n_heads", "d_head", "d_model", "n_layers", "T", "context_blocks")
     assert all(int(raw[0][f]) == getattr(cfg, f) for f in fields)
@@ -103,8 +107,11 @@ def test_tables_files(tmp_path):
         for ext in ("csv", "md", "tex")
     ]
     assert sorted(p.name for p in written) == sorted(["metadata.json", *names])
-    rows = {line.split("|")[1].strip(): line for line in (tmp_path / "table2.md").read_text().splitlines()
-            if line.startswith("| ")}  # fmt: skip
+    rows = {
+        line.split("|")[1].strip(): line
+        for line in (tmp_path / "table2.md").read_text().splitlines()
+        if line.startswith("| ")
+    }
     assert "| 43.9% " in rows["c4-262m-switchhead-h4"]  # the headline MAC ratio
     tex = (tmp_path / "table7.tex").read_text()
     assert tex.count(r"\\") == 1 + len(tables.table_rows("7")) and r"65.4\%" in tex

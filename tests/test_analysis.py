@@ -26,8 +26,12 @@ def evaluate(tokens: list[str]) -> int:
         elif token == "]":
             op, *args = stack.pop()
             ordered = sorted(args)
-            value = {"[MAX": ordered[-1], "[MIN": ordered[0], "[MED": ordered[(len(args) - 1) // 2],
-                     "[SM": sum(args) % 10}[op]  # fmt: skip
+            value = {
+                "[MAX": ordered[-1],
+                "[MIN": ordered[0],
+                "[MED": ordered[(len(args) - 1) // 2],
+                "[SM": sum(args) % 10,
+            }[op]
             if not stack:
                 return value
             stack[-1].append(value)
@@ -90,8 +94,9 @@ def test_statistics_on_a_hand_made_routing():
     ]
     # token 6 (once, with expert 1) ranks only with min_count 1: expert 1 every time, lift 2; token 5's lift 2/3 on it is no preference
     assert stats.token_preferences(experts, tokens, 2, min_count=1) == [
-        (0, 5, pytest.approx(4 / 3), 2 / 3, 2), (1, 6, 2.0, 1.0, 1)
-    ]  # fmt: skip
+        (0, 5, pytest.approx(4 / 3), 2 / 3, 2),
+        (1, 6, 2.0, 1.0, 1),
+    ]
 
 
 def test_run_names_hold_the_task_once():
@@ -129,9 +134,19 @@ def _non_blank(png: Path) -> bool:
 def test_every_figure_and_table(runs, tmp_path):
     written = analyze([runs["listops-transformer-h8"], runs["listops-switchhead-h2"]], tmp_path, sample=16)
     names = {p.name for p in written}
-    assert {"attention_maxima.png", "attention_maxima.svg", "training_curves.png", "usage.csv", "summary.csv",
-            "cooccurrence.csv", "preferences.csv", "training_log.csv", "similarity.csv", "similarity.png",
-            "explorer.html"} <= names  # fmt: skip
+    assert {
+        "attention_maxima.png",
+        "attention_maxima.svg",
+        "training_curves.png",
+        "usage.csv",
+        "summary.csv",
+        "cooccurrence.csv",
+        "preferences.csv",
+        "training_log.csv",
+        "similarity.csv",
+        "similarity.png",
+        "explorer.html",
+    } <= names
     for layer in range(6):
         for head in range(2):
             assert f"listops-switchhead-h2-selection-layer{layer}-head{head}.png" in names

@@ -374,8 +374,14 @@ def _to_run(kinds: set[str], stand_ins: bool) -> list[list[str]]:
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "switchbench", *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "switchbench", *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize("argv", _to_run(RUN_FAST, stand_ins=False), ids=shlex.join)

@@ -21,8 +21,10 @@ def _writer(name: str, seconds: float = 0.0, code: int = 0):
 
     def run(ctx: evidence.Context):
         target = ctx.results / f"{name}.txt"
-        script = (f"import time, pathlib; time.sleep({seconds}); p = pathlib.Path({str(target)!r}); "
-                  f"p.write_text(p.read_text() + 'x' if p.exists() else 'x'); raise SystemExit({code})")  # fmt: skip
+        script = (
+            f"import time, pathlib; time.sleep({seconds}); p = pathlib.Path({str(target)!r}); "
+            f"p.write_text(p.read_text() + 'x' if p.exists() else 'x'); raise SystemExit({code})"
+        )
         ctx.command([sys.executable, "-c", script])
 
     return run
@@ -46,11 +48,15 @@ def _runs(tmp_path: Path, name: str) -> int:
 
 
 def test_a_step_that_does_not_fit_waits_for_a_later_call_and_the_steps_after_it_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(evidence, "STEPS", _steps(
-        evidence.Step("a", "figure A", 1, _writer("a"), cpu_seconds=0.5),
-        evidence.Step("b", "figure B", 1, _writer("b"), cpu_seconds=60),
-        evidence.Step("c", "figure C", 1, _writer("c"), cpu_seconds=0.5),
-    ))  # fmt: skip
+    monkeypatch.setattr(
+        evidence,
+        "STEPS",
+        _steps(
+            evidence.Step("a", "figure A", 1, _writer("a"), cpu_seconds=0.5),
+            evidence.Step("b", "figure B", 1, _writer("b"), cpu_seconds=60),
+            evidence.Step("c", "figure C", 1, _writer("c"), cpu_seconds=0.5),
+        ),
+    )
     first = _chain(tmp_path, budget=20)
     assert [_runs(tmp_path, n) for n in "abc"] == [1, 0, 1] and _runs(tmp_path, "report") == 1
     assert any(line.startswith("  later  b: needs about 60 s") for line in first["said"])
@@ -65,8 +71,9 @@ def test_a_step_that_does_not_fit_waits_for_a_later_call_and_the_steps_after_it_
 
 
 def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it_again(tmp_path, monkeypatch):
-    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("slow", "figure S", 1, _writer("slow", 30),
-                                                                cpu_seconds=0.1)))  # fmt: skip
+    monkeypatch.setattr(
+        evidence, "STEPS", _steps(evidence.Step("slow", "figure S", 1, _writer("slow", 30), cpu_seconds=0.1))
+    )
     start = time.monotonic()
     state = _chain(tmp_path, budget=4)
     assert time.monotonic() - start < 10 and _runs(tmp_path, "slow") == 0  # killed, nothing written
@@ -81,10 +88,14 @@ def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it
 
 
 def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_path, monkeypatch):
-    monkeypatch.setattr(evidence, "STEPS", _steps(
-        evidence.Step("bad", "figure X", 1, _writer("bad", code=3), cpu_seconds=0.5),
-        evidence.Step("good", "figure G", 1, _writer("good"), cpu_seconds=0.5),
-    ))  # fmt: skip
+    monkeypatch.setattr(
+        evidence,
+        "STEPS",
+        _steps(
+            evidence.Step("bad", "figure X", 1, _writer("bad", code=3), cpu_seconds=0.5),
+            evidence.Step("good", "figure G", 1, _writer("good"), cpu_seconds=0.5),
+        ),
+    )
     state = _chain(tmp_path, budget=60)
     assert state["steps"]["bad"]["status"] == "failed" and "exited 3" in state["steps"]["bad"]["detail"]
     assert state["steps"]["good"]["status"] == "done"  # a failure does not stop the chain
@@ -103,8 +114,9 @@ def test_new_code_runs_everything_again_with_the_old_durations_as_estimates(tmp_
 
 
 def test_a_step_that_needs_a_gpu_is_missing_on_the_cpu(tmp_path, monkeypatch):
-    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("tune", "tuned table", 1, _writer("t"),
-                                                                needs_gpu=True)))  # fmt: skip
+    monkeypatch.setattr(
+        evidence, "STEPS", _steps(evidence.Step("tune", "tuned table", 1, _writer("t"), needs_gpu=True))
+    )
     state = _chain(tmp_path, budget=60)
     assert _runs(tmp_path, "t") == 0
     assert evidence.missing_figures(state, "cpu") == ["tuned table (tune: needs a CUDA GPU)"]
@@ -122,13 +134,16 @@ def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_path
     assert names == ["log.txt", "results/a.txt", "results/report.txt", "state.json"]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--budget", "0"], "--budget must be a finite number of seconds > 0"),
-    (["--budget", "nan"], "--budget must be a finite number of seconds > 0; got nan"),
-    (["--budget", "inf"], "--budget must be a finite number of seconds > 0; got inf"),
-    (["--results", "/proc/no-such"], "--results /proc/no-such"),
-    (["--pack", "/proc/x.tar.gz"], "--pack /proc/x.tar.gz"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--budget", "0"], "--budget must be a finite number of seconds > 0"),
+        (["--budget", "nan"], "--budget must be a finite number of seconds > 0; got nan"),
+        (["--budget", "inf"], "--budget must be a finite number of seconds > 0; got inf"),
+        (["--results", "/proc/no-such"], "--results /proc/no-such"),
+        (["--pack", "/proc/x.tar.gz"], "--pack /proc/x.tar.gz"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["evidence", "--device", "cpu", *argv]) == 2
@@ -241,8 +256,14 @@ def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
     assert evidence.missing_figures(state, "cuda") == [], f"after {len(lengths)} calls"
     assert max(lengths) <= budget, lengths
     if slower == 1.0:  # the plan --list prints is what the chain did
-        assert len(lengths) == len(evidence.schedule(
-            [s for s in evidence.STEPS if s.name != evidence.REPORT], lambda s: s.gpu_seconds, budget, 60.0))  # fmt: skip
+        assert len(lengths) == len(
+            evidence.schedule(
+                [s for s in evidence.STEPS if s.name != evidence.REPORT],
+                lambda s: s.gpu_seconds,
+                budget,
+                60.0,
+            )
+        )
 
 
 def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, capsys, monkeypatch):

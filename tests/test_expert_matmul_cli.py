@@ -40,8 +40,26 @@ def _resolved(metadata: dict) -> set:
 
 
 def test_train_runs_on_the_choice_and_records_it(tmp_path, capsys):
-    argv = ["train", "--task", "lm", "--model", "switchall", "--steps", "2", "--batch", "2", "--eval-every", "2",
-            "--device", "cpu", "--expert-matmul", "grouped_mm", "--out", str(tmp_path / "run"), "--json"]  # fmt: skip
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--model",
+        "switchall",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--eval-every",
+        "2",
+        "--device",
+        "cpu",
+        "--expert-matmul",
+        "grouped_mm",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+    ]
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["expert_matmul"] == "grouped_mm" and _resolved(printed) == {("grouped_mm", "named")}
@@ -52,8 +70,24 @@ def test_train_runs_on_the_choice_and_records_it(tmp_path, capsys):
 
 
 def test_quality_runs_on_the_choice_and_records_it(tmp_path, capsys):
-    argv = ["quality", "--families", "switchhead", "--seeds", "2", "--steps", "1", "--batch", "2", "--device", "cpu",
-            "--expert-matmul", "grouped_mm", "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "quality",
+        "--families",
+        "switchhead",
+        "--seeds",
+        "2",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--device",
+        "cpu",
+        "--expert-matmul",
+        "grouped_mm",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["expert_matmul"] == "grouped_mm" and _resolved(metadata) == {("grouped_mm", "named")}
@@ -62,8 +96,23 @@ def test_quality_runs_on_the_choice_and_records_it(tmp_path, capsys):
 
 def test_auto_says_where_it_fell_back(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv(expert_matmul_choice.ENV_IMPL, raising=False)
-    argv = ["train", "--task", "lm", "--model", "switchhead", "--steps", "1", "--batch", "2", "--eval-every", "1",
-            "--device", "cpu", "--out", str(tmp_path / "run")]  # fmt: skip
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--model",
+        "switchhead",
+        "--steps",
+        "1",
+        "--batch",
+        "2",
+        "--eval-every",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "run"),
+    ]
     assert main(argv) == 0
     fell_back = (
         "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA, torch elsewhere)"

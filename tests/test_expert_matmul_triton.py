@@ -228,9 +228,14 @@ def test_backward_takes_an_fp32_gradient_with_bf16_inputs(impl):
     routing = route(indices.to(device), weight.shape[0])
     inputs = [t.to(device, half) for t in (x, weight, scores)]
     got = torch.ops.switchbench.expert_matmul_backward(
-        grad_out.to(device, torch.float32), *inputs, routing.indices, routing.order, routing.experts,
-        routing.offsets, impl,
-    )  # fmt: skip
+        grad_out.to(device, torch.float32),
+        *inputs,
+        routing.indices,
+        routing.order,
+        routing.experts,
+        routing.offsets,
+        impl,
+    )
     exact = run("torch", x, weight, indices, scores, 1, grad_out)[1:]
     for name, a, ref in zip(NAMES[1:], got, exact, strict=True):
         assert a.dtype == half, name
@@ -262,9 +267,10 @@ def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
 
 
 @pytest.mark.parametrize(
-    "pair", [pytest.param(p, marks=() if i == 0 else pytest.mark.slow) for i, p in enumerate(_config_pairs())],
+    "pair",
+    [pytest.param(p, marks=() if i == 0 else pytest.mark.slow) for i, p in enumerate(_config_pairs())],
     ids=lambda p: " + ".join(map(str, map(lambda c: c.kwargs["BLOCK_N"], p))),
-)  # fmt: skip
+)
 def test_every_configuration_alone_matches_float64(pair, monkeypatch):
     """Each autotuning candidate, pinned, gives the right output and gradients (the interpreter runs it too)."""
     from switchbench.ops.expert_matmul.triton_kernels import ENV_CONFIG, config_label
@@ -339,8 +345,12 @@ def test_the_shipped_table_names_known_configurations():
     from switchbench.bench.kernels.tune import TABLE, merged
     from switchbench.ops.expert_matmul import triton_kernels as kernels
 
-    assert TABLE.read_text() == (kernels.importlib.resources.files("switchbench.ops.expert_matmul") / "data" /
-                                 kernels.TUNED_FILE).read_text()  # fmt: skip
+    assert (
+        TABLE.read_text()
+        == (
+            kernels.importlib.resources.files("switchbench.ops.expert_matmul") / "data" / kernels.TUNED_FILE
+        ).read_text()
+    )
     for table in kernels.tuned_tables():
         for kernel, labels in table["configs"].items():
             for label in labels.values():

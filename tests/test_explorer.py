@@ -33,8 +33,16 @@ def _checkpoint(folder: Path, task: str, preset: str, seed: int) -> Path:
     model = checkpoint.build_model(task, PRESETS[preset], n_classes)
     path = folder / preset / "checkpoint.pt"
     path.parent.mkdir(parents=True)
-    checkpoint.save(path, task=task, cfg=PRESETS[preset], model=model, n_classes=n_classes, step=0,
-                    optimizer=torch.optim.SGD(model.parameters(), lr=0.1), train={"preset": preset, "seed": 0})  # fmt: skip
+    checkpoint.save(
+        path,
+        task=task,
+        cfg=PRESETS[preset],
+        model=model,
+        n_classes=n_classes,
+        step=0,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train={"preset": preset, "seed": 0},
+    )
     return path
 
 
@@ -61,8 +69,14 @@ def test_inline_data_cannot_end_its_script_element():
 
 def test_the_policy_allows_the_page_script_only_and_text_is_escaped():
     record = {"maps": torch.full((1, 1, 2, 2), 0.5)}
-    model = {"name": "<i>m</i>", "attention": "dense", "heads": 1, "trained": "untrained",
-             "sides": {}, "sequences": [explorer.layers([record])]}  # fmt: skip
+    model = {
+        "name": "<i>m</i>",
+        "attention": "dense",
+        "heads": 1,
+        "trained": "untrained",
+        "sides": {},
+        "sequences": [explorer.layers([record])],
+    }
     page = explorer.render("t", [{"name": "</script>", "tokens": ["<", "&"], "line_ends": []}], [model])
     script = re.search(r"<script>(.*?)</script>", page, re.S).group(1)
     digest = base64.b64encode(hashlib.sha256(script.encode()).digest()).decode()
@@ -99,8 +113,11 @@ def expected_row(record: dict, head: int | None, dest: int) -> torch.Tensor:
 def expected_choices(experts: torch.Tensor, gates: torch.Tensor, position: int, head: int | None) -> list:
     """[(head, expert, gate)] at ``position`` of [t, H, K] experts and gates."""
     heads = range(experts.shape[1]) if head is None else [head]
-    return [(h, int(experts[position, h, c]), float(gates[position, h, c]))
-            for h in heads for c in range(experts.shape[2])]  # fmt: skip
+    return [
+        (h, int(experts[position, h, c]), float(gates[position, h, c]))
+        for h in heads
+        for c in range(experts.shape[2])
+    ]
 
 
 SHOWN = """() => {
@@ -172,8 +189,10 @@ def test_the_hovered_token_shows_the_models_own_routing(pages, task, tmp_path):
                 picked, expected_choices(record["src_experts"][0], record["src_gates"][0], position, head)
             )
         # the comparison can fail: the next token's row, or another head's, is not what the page shows
-        worst = max((torch.tensor(shown["weights"]).double() - expected_row(record, h, d).double()).abs().max()
-                    for h, d in ((head, dest + 1), (0, dest)))  # fmt: skip
+        worst = max(
+            (torch.tensor(shown["weights"]).double() - expected_row(record, h, d).double()).abs().max()
+            for h, d in ((head, dest + 1), (0, dest))
+        )
         assert worst > STEP
 
         # the maximum over heads, with dense's maximum beside it for the same token

@@ -25,8 +25,19 @@ from switchbench.models.presets import PRESETS
 
 
 def _cfg(pos="rope", causal=True, kv=2, H=4, T=5, context_blocks=1, **extra) -> ModelConfig:
-    return ModelConfig(model="gqa", pos=pos, causal=causal, context_blocks=context_blocks if causal else 0,
-                       d_model=12, n_heads=H, d_head=6, T=T, n_layers=2, options={"n_kv_heads": kv}, **extra)  # fmt: skip
+    return ModelConfig(
+        model="gqa",
+        pos=pos,
+        causal=causal,
+        context_blocks=context_blocks if causal else 0,
+        d_model=12,
+        n_heads=H,
+        d_head=6,
+        T=T,
+        n_layers=2,
+        options={"n_kv_heads": kv},
+        **extra,
+    )
 
 
 def _inputs(cfg, seed=0):
@@ -173,9 +184,12 @@ def test_presets_match_their_dense_rows_in_weights_per_layer():
 
 @pytest.mark.parametrize(
     ("options", "heads", "message"),
-    [({"n_kv_heads": 3}, 4, "multiple of n_kv_heads"), ({"n_kv_heads": 0}, 4, "n_kv_heads must be in"),
-     ({"n_kv_heads": 2, "n_shared": 1}, 4, "n_shared is no option of model gqa")],
-)  # fmt: skip
+    [
+        ({"n_kv_heads": 3}, 4, "multiple of n_kv_heads"),
+        ({"n_kv_heads": 0}, 4, "n_kv_heads must be in"),
+        ({"n_kv_heads": 2, "n_shared": 1}, 4, "n_shared is no option of model gqa"),
+    ],
+)
 def test_bad_options_are_value_errors_that_say_why(options, heads, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(model="gqa", n_heads=heads, options=options)

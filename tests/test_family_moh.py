@@ -24,9 +24,18 @@ from switchbench.models.presets import PRESETS
 
 
 def _cfg(pos="rope", shared=2, k=2, H=6, T=5, causal=True, context_blocks=1, coef=0.01) -> ModelConfig:
-    return ModelConfig(model="moh", pos=pos, causal=causal, context_blocks=context_blocks if causal else 0,
-                       d_model=12, n_heads=H, d_head=4, T=T, n_layers=2,
-                       options={"shared_heads": shared, "routed_k": k, "balance_coef": coef})  # fmt: skip
+    return ModelConfig(
+        model="moh",
+        pos=pos,
+        causal=causal,
+        context_blocks=context_blocks if causal else 0,
+        d_model=12,
+        n_heads=H,
+        d_head=4,
+        T=T,
+        n_layers=2,
+        options={"shared_heads": shared, "routed_k": k, "balance_coef": coef},
+    )
 
 
 def _layer_and_inputs(cfg, seed=0):
@@ -197,10 +206,14 @@ def test_presets_match_their_dense_rows_in_weights_per_layer():
 
 @pytest.mark.parametrize(
     ("H", "options", "message"),
-    [(4, {"shared_heads": 5}, "at most n_heads"), (4, {"shared_heads": 2, "routed_k": 3}, r"routed_k must be in \[1, 2\]"),
-     (4, {"shared_heads": 2, "routed_k": 0}, r"routed_k must be in \[1, 2\]"), (4, {"balance_coef": -1.0}, "balance_coef"),
-     (4, {"n_kv_heads": 2}, "n_kv_heads is no option of model moh")],
-)  # fmt: skip
+    [
+        (4, {"shared_heads": 5}, "at most n_heads"),
+        (4, {"shared_heads": 2, "routed_k": 3}, r"routed_k must be in \[1, 2\]"),
+        (4, {"shared_heads": 2, "routed_k": 0}, r"routed_k must be in \[1, 2\]"),
+        (4, {"balance_coef": -1.0}, "balance_coef"),
+        (4, {"n_kv_heads": 2}, "n_kv_heads is no option of model moh"),
+    ],
+)
 def test_bad_options_are_value_errors_that_say_why(H, options, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(model="moh", n_heads=H, options=options)

@@ -30,8 +30,14 @@ def env(tmp_path_factory) -> dict:
 
 
 def _run(env, cwd, *argv: str, ok: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, "-m", "switchbench", *argv], env=env, cwd=cwd, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "switchbench", *argv],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if ok:
         assert done.returncode == 0, done.stderr
     return done
@@ -41,8 +47,10 @@ def _run(env, cwd, *argv: str, ok: bool = True) -> subprocess.CompletedProcess:
 def test_presets_params_and_count(env, tmp_path):
     names = {row["preset"] for row in json.loads(_run(env, tmp_path, "presets", "--json").stdout)}
     assert {"tiny-sharedqk", "tiny-sharedqk-rope", "listops-sharedqk-h8"} <= names
-    mine, dense = (json.loads(_run(env, tmp_path, "params", name, "--json").stdout)
-                   for name in ("listops-sharedqk-h8", "listops-transformer-h8"))  # fmt: skip
+    mine, dense = (
+        json.loads(_run(env, tmp_path, "params", name, "--json").stdout)
+        for name in ("listops-sharedqk-h8", "listops-transformer-h8")
+    )
     assert mine["per_layer"]["attention_plus_mlp"] == dense["per_layer"]["attention_plus_mlp"]
     assert mine["per_layer"]["attention"] < dense["per_layer"]["attention"]
     for name in ("tiny-sharedqk", "tiny-sharedqk-rope"):
@@ -54,13 +62,44 @@ def test_presets_params_and_count(env, tmp_path):
 
 @pytest.mark.slow
 def test_speed_train_and_analyze(env, tmp_path):
-    speed = _run(env, tmp_path, "speed", "--groups", "tiny-rope", "--scopes", "layer", "--batch", "1", "--rounds",
-                 "2", "--warmup", "1", "--out", str(tmp_path / "speed"), "--json")  # fmt: skip
+    speed = _run(
+        env,
+        tmp_path,
+        "speed",
+        "--groups",
+        "tiny-rope",
+        "--scopes",
+        "layer",
+        "--batch",
+        "1",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--out",
+        str(tmp_path / "speed"),
+        "--json",
+    )
     rows = [r for r in json.loads(speed.stdout)["rows"] if r["preset"] == "tiny-sharedqk-rope"]
     assert rows and all(r["status"] == "ok" for r in rows)
     for model in ("dense", "shared_qk"):
-        _run(env, tmp_path, "train", "--task", "listops", "--model", model, "--steps", "2", "--eval-every", "2",
-             "--batch", "4", "--out", str(tmp_path / model))  # fmt: skip
+        _run(
+            env,
+            tmp_path,
+            "train",
+            "--task",
+            "listops",
+            "--model",
+            model,
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--batch",
+            "4",
+            "--out",
+            str(tmp_path / model),
+        )
     checkpoints = [str(tmp_path / model / "checkpoint.pt") for model in ("dense", "shared_qk")]
     _run(env, tmp_path, "analyze", *checkpoints, "--out", str(tmp_path / "analysis"))
     explorer = (tmp_path / "analysis" / "explorer.html").read_text()

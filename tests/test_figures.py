@@ -47,8 +47,11 @@ def labels(fig: Figure) -> list[Text]:
         found += [label for label in (ax.xaxis.label, ax.yaxis.label) if label.get_text()]
         for axis, limits, which in ((ax.xaxis, ax.get_xlim(), 0), (ax.yaxis, ax.get_ylim(), 1)):
             low, high = sorted(limits)  # the locator also places ticks outside the view, which are not drawn
-            found += [t for t in axis.get_ticklabels() if t.get_visible() and t.get_text()
-                      and low - 1e-9 <= t.get_position()[which] <= high + 1e-9]  # fmt: skip
+            found += [
+                t
+                for t in axis.get_ticklabels()
+                if t.get_visible() and t.get_text() and low - 1e-9 <= t.get_position()[which] <= high + 1e-9
+            ]
     return found
 
 
@@ -88,8 +91,11 @@ def covered_data(artists: list, fig: Figure, renderer) -> list[str]:
 def too_small(fig: Figure) -> list[str]:
     """Texts smaller than SMALLEST pixels once the saved figure is scaled to the report's width."""
     scale = min(1.0, REPORT_WIDTH / (fig.get_figwidth() * SAVED_DPI))
-    return [f"{_name(t)} at {t.get_fontsize() * SAVED_DPI / 72 * scale:.1f} px" for t in texts(fig)
-            if t.get_fontsize() * SAVED_DPI / 72 * scale < SMALLEST]  # fmt: skip
+    return [
+        f"{_name(t)} at {t.get_fontsize() * SAVED_DPI / 72 * scale:.1f} px"
+        for t in texts(fig)
+        if t.get_fontsize() * SAVED_DPI / 72 * scale < SMALLEST
+    ]
 
 
 def _name(artist) -> str:
@@ -100,9 +106,19 @@ def similarity_rows() -> list[dict]:
     """The shape of the real similarity.csv: three pairs, six layers, the seed pair dashed."""
     rng = np.random.default_rng(0)
     pairs = [(NAMES[0], NAMES[1], False), (NAMES[0], NAMES[2], True), (NAMES[1], NAMES[2], False)]
-    return [{"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": float(rng.uniform(0, 0.9)),
-             "js_distance": float(rng.uniform(0.1, 0.8)), "rows": 100}
-            for a, b, base in pairs for layer in range(6)]  # fmt: skip
+    return [
+        {
+            "model_a": a,
+            "model_b": b,
+            "baseline": base,
+            "layer": layer,
+            "pearson": float(rng.uniform(0, 0.9)),
+            "js_distance": float(rng.uniform(0.1, 0.8)),
+            "rows": 100,
+        }
+        for a, b, base in pairs
+        for layer in range(6)
+    ]
 
 
 def maxima(tokens: int = 41) -> dict[str, list[np.ndarray]]:

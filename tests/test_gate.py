@@ -315,8 +315,12 @@ def test_gate_passes_beside_4_busy_processes(tmp_path):
         done = subprocess.run(speed_run, capture_output=True, text=True, timeout=limit)
         assert done.returncode == 0, done.stderr[-2000:]
         still_busy = sum(p.poll() is None for p in busy)
-        check = subprocess.run([*cli, "check", str(tmp_path), "--baseline", str(BASELINE)],
-                               capture_output=True, text=True, timeout=240)  # fmt: skip
+        check = subprocess.run(
+            [*cli, "check", str(tmp_path), "--baseline", str(BASELINE)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
     finally:
         for p in busy:
             p.kill()

@@ -41,8 +41,18 @@ def test_cases_are_the_presets_shapes():
 
 @pytest.mark.slow
 def test_triton_is_checked_then_timed():
-    case = kernels.Case("tiny", tokens=20, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2,
-                        d_in=24, d_out=20, gated=True)  # fmt: skip
+    case = kernels.Case(
+        "tiny",
+        tokens=20,
+        in_groups=2,
+        slots=4,
+        out_groups=1,
+        experts_per_group=3,
+        groups=2,
+        d_in=24,
+        d_out=20,
+        gated=True,
+    )
     rows = kernels.measure(case, "triton", "cpu", torch.float32)
     assert [r["pass"] for r in rows] == ["forward", "forward+backward"]
     assert all(r["max_rel_error"] < 1e-5 and r["ms"] > 0 for r in rows)
@@ -78,14 +88,29 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     saved = json.loads(Path(first["saved"]).read_text())
     assert saved["metadata"]["torch"] == torch.__version__ and saved["metadata"]["batch"] == 1
     assert {r["impl"] for r in saved["rows"]} == {
-        "torch", "grouped_mm", "loop", "torch-kernel", "grouped_mm-kernel", "dense"
-    }  # fmt: skip
+        "torch",
+        "grouped_mm",
+        "loop",
+        "torch-kernel",
+        "grouped_mm-kernel",
+        "dense",
+    }
     assert len(list(tmp_path.glob("*.csv"))) == 2
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-TINY = kernels.Case("tiny", tokens=9, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2, d_in=24,
-                    d_out=20, gated=True)  # fmt: skip  # unaligned widths; an expert without tokens (k=2 of 3)
+TINY = kernels.Case(
+    "tiny",
+    tokens=9,
+    in_groups=2,
+    slots=4,
+    out_groups=1,
+    experts_per_group=3,
+    groups=2,
+    d_in=24,
+    d_out=20,
+    gated=True,
+)  # unaligned widths; an expert without tokens (k=2 of 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -166,8 +191,20 @@ def test_a_kernel_that_returns_nan_is_a_wrong_row_in_strict_json(tmp_path, monke
 
 def test_a_case_too_large_for_memory_is_refused_before_it_starts(tmp_path, capsys):
     """--batch 10000000 on the CPU used to be killed by the system at about 24 GB, with no message and no file."""
-    argv = ["kernel-bench", "--sizes", "47m", "--batch", "10000000", "--dtype", "fp32", "--device", "cpu",
-            "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "kernel-bench",
+        "--sizes",
+        "47m",
+        "--batch",
+        "10000000",
+        "--dtype",
+        "fp32",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 1  # nothing measured: it used to exit 0 with a file of OOM rows and no word
     captured = capsys.readouterr()
     out = json.loads(captured.out)
@@ -181,8 +218,18 @@ def test_a_case_too_large_for_memory_is_refused_before_it_starts(tmp_path, capsy
 
 
 def test_the_memory_estimate_is_a_lower_bound_of_the_inputs():
-    case = kernels.Case("tiny", tokens=9, in_groups=2, slots=4, out_groups=1, experts_per_group=3, groups=2,
-                        d_in=24, d_out=16, gated=True)  # fmt: skip
+    case = kernels.Case(
+        "tiny",
+        tokens=9,
+        in_groups=2,
+        slots=4,
+        out_groups=1,
+        experts_per_group=3,
+        groups=2,
+        d_in=24,
+        d_out=16,
+        gated=True,
+    )
     inputs = kernels.make_inputs(case, "cpu", torch.float32)
     held = sum(inputs[k].numel() for k in ("x", "weight", "scores", "rows")) * 4
     assert held <= kernels.estimated_bytes(case) <= held + 4 * 9 * 4 * 16  # plus one output row per slot

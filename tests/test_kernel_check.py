@@ -73,8 +73,18 @@ def test_pinned_config(monkeypatch):
 
 def test_roofline_counts_by_hand():
     # 4 tokens x 2 slots, one input row each and one output row for both; 3 experts, 32 -> 16 wide, bf16
-    case = Case("hand", tokens=4, in_groups=2, slots=2, out_groups=1, experts_per_group=3, groups=1,
-                d_in=32, d_out=16, gated=False)  # fmt: skip
+    case = Case(
+        "hand",
+        tokens=4,
+        in_groups=2,
+        slots=2,
+        out_groups=1,
+        experts_per_group=3,
+        groups=1,
+        d_in=32,
+        d_out=16,
+        gated=False,
+    )
     got = {name: (nbytes, macs) for name, nbytes, macs in roofline.passes(case, 2)}
     m, w = 8, 3 * 32 * 16 * 2
     assert got["forward matmul"] == (m * 32 * 2 + w + m * 16 * 2 + m * 8, m * 32 * 16)

@@ -19,12 +19,16 @@ def _row(bucket, case, impl, ms=None, what="forward+backward", status="ok"):
 
 def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
     rows = [
-        _row(BIG, "v b32", "torch", 9.0), _row(BIG, "v b64", "torch", 18.0),
-        _row(BIG, "v b32", "grouped_mm", 4.0), _row(BIG, "v b64", "grouped_mm", 8.0),
-        _row(BIG, "v b32", "triton", 1.0), _row(BIG, "v b64", "triton", status="wrong"),  # ruled out
+        _row(BIG, "v b32", "torch", 9.0),
+        _row(BIG, "v b64", "torch", 18.0),
+        _row(BIG, "v b32", "grouped_mm", 4.0),
+        _row(BIG, "v b64", "grouped_mm", 8.0),
+        _row(BIG, "v b32", "triton", 1.0),
+        _row(BIG, "v b64", "triton", status="wrong"),  # ruled out
         _row(BIG, "v b32", "triton", 0.1, what="forward"),  # forward alone decides nothing
-        _row(SMALL, "o b8", "torch", status="OOM"), _row(SMALL, "o b8", "triton", status="skipped"),
-    ]  # fmt: skip
+        _row(SMALL, "o b8", "torch", status="OOM"),
+        _row(SMALL, "o b8", "triton", status="skipped"),
+    ]
     table = kernel_tune.fastest(rows)
     assert table == {"choices": {BIG: "grouped_mm"}, "ms": {BIG: {"torch": 27.0, "grouped_mm": 12.0}}}
 

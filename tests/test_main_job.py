@@ -23,8 +23,9 @@ pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 
 def git(repo: Path, *args: str) -> str:
     identity = ["-c", "user.name=test", "-c", "user.email=test@example.com", "-c", "commit.gpgsign=false"]
-    return subprocess.run(["git", "-C", str(repo), *identity, *args], capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
+    return subprocess.run(
+        ["git", "-C", str(repo), *identity, *args], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def git_state(repo: Path) -> str:
@@ -57,8 +58,11 @@ def fake_steps(seen: list[dict]) -> tuple:
         return {"val_accuracy": 0.5, "majority_class": 0.2}
 
     names = [f"training {name}" for name in main_job._run_names()]
-    return (main_job.Step("tables", writes), *(main_job.Step(name, writes) for name in names),
-            main_job.Step("report", lambda args, results, runs: str(results / "report.html")))  # fmt: skip
+    return (
+        main_job.Step("tables", writes),
+        *(main_job.Step(name, writes) for name in names),
+        main_job.Step("report", lambda args, results, runs: str(results / "report.html")),
+    )
 
 
 def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, monkeypatch, capsys):
@@ -72,8 +76,12 @@ def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, mo
     assert (checkout / "runs-quick" / "run" / "log.csv").exists() and not (checkout / "runs").exists()
     last = capsys.readouterr().out.splitlines()[-1]
     assert "results-quick/" in last and "runs-quick/" in last
-    assert seen[0] == {"job": "switchbench all --quick", "quick": True, "training_steps": {"listops": 150, "lm": 150},
-                       "commit": git_state(checkout)}  # fmt: skip
+    assert seen[0] == {
+        "job": "switchbench all --quick",
+        "quick": True,
+        "training_steps": {"listops": 150, "lm": 150},
+        "commit": git_state(checkout),
+    }
 
 
 def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, monkeypatch, capsys):
@@ -85,8 +93,16 @@ def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, mon
     assert git_state(checkout) == clean + "-dirty"  # a full run refreshes results/ ...
     assert len(calls) == 1 and len(seen) == 4  # ... and every step was told the commit it started from
     listops = 10_000 if torch.cuda.is_available() else 5000  # a GPU trains longer in less time
-    assert all(s == {"job": "switchbench all", "quick": False, "training_steps": {"listops": listops, "lm": 1500},
-                     "commit": clean} for s in seen)  # fmt: skip
+    assert all(
+        s
+        == {
+            "job": "switchbench all",
+            "quick": False,
+            "training_steps": {"listops": listops, "lm": 1500},
+            "commit": clean,
+        }
+        for s in seen
+    )
 
 
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
@@ -125,8 +141,13 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     one."""
     clone = copy_of_the_checkout(tmp_path)
     head = git(clone, "rev-parse", "HEAD").strip()
-    job = subprocess.run([sys.executable, "-m", "switchbench", "all", "--quick"], cwd=clone, capture_output=True,
-                         text=True, env=os.environ | {"PYTHONPATH": str(clone)})  # fmt: skip
+    job = subprocess.run(
+        [sys.executable, "-m", "switchbench", "all", "--quick"],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(clone)},
+    )
     assert job.returncode == 0, job.stderr[-2000:]
     assert "results-quick/" in job.stdout.splitlines()[-1]
     assert git(clone, "status", "--porcelain", "--untracked-files=all") == ""
@@ -156,9 +177,12 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         assert section in page
     assert head in page and 'id="speed"' in page and "150 training steps, quick run" in page
     assert {p.name for p in runs.iterdir()} == {
-        "listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8-seed1", "lm-tiny-transformer",
-        "lm-tiny-switchhead"
-    }  # fmt: skip
+        "listops-transformer-h8",
+        "listops-switchhead-h2",
+        "listops-transformer-h8-seed1",
+        "lm-tiny-transformer",
+        "lm-tiny-switchhead",
+    }
     for task in ("listops", "text"):  # each analysis' explorer, linked from the report
         assert (results / "analysis" / task / "explorer.html").exists()
         assert f'/analysis/{task}/explorer.html">Routing explorer</a>' in page

@@ -43,8 +43,12 @@ def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # The dependencies come from this environment (no download); a path listed in a .pth file is not itself
     # scanned for .pth files, so this environment's editable switchbench stays invisible there.
     Path(site, "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
@@ -54,11 +58,22 @@ def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([python, "-c", "import switchbench; print(switchbench.__file__)"], cwd=elsewhere,
-                           check=True, capture_output=True, text=True, env=env).stdout  # fmt: skip
+    where = subprocess.run(
+        [python, "-c", "import switchbench; print(switchbench.__file__)"],
+        cwd=elsewhere,
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout
     assert where.startswith(site)
-    tables = subprocess.run([venv / "bin" / "switchbench", "tables", "--out", "out", "--json"], cwd=elsewhere,
-                            capture_output=True, text=True, env=env)  # fmt: skip
+    tables = subprocess.run(
+        [venv / "bin" / "switchbench", "tables", "--out", "out", "--json"],
+        cwd=elsewhere,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert tables.returncode == 0, tables.stderr
     rows = json.loads(tables.stdout)["rows"]
     assert len(rows) == 55 and {r["reproduced"] for r in rows} == {"yes", "with C = 2"}

@@ -104,8 +104,21 @@ def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsy
         rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 1, 1, 50)
     grouped = {r["share"] for r in rows if r["kind"] == "kernel" and r["name"] == "aten::_grouped_mm"}
     assert grouped == set(profile.SHARES[:3])
-    argv = ["profile", "tiny-switchhead", "--device", "cpu", "--steps", "1", "--warmup", "0", "--expert-matmul",
-            "grouped_mm", "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "profile",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--expert-matmul",
+        "grouped_mm",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["expert_matmul"] == "grouped_mm"
@@ -183,8 +196,21 @@ def test_bad_input_is_one_line_and_exit_2(extra, message, capsys, tmp_path):
 
 
 def test_a_batch_that_cannot_fit_is_refused_before_any_work(capsys, tmp_path):
-    assert main(["profile", "c4-262m-switchhead-h4", "--batch", "10000000", "--device", "cpu",
-                 "--out", str(tmp_path)]) == 2  # fmt: skip
+    assert (
+        main(
+            [
+                "profile",
+                "c4-262m-switchhead-h4",
+                "--batch",
+                "10000000",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "try a smaller --batch" in capsys.readouterr().err
 
 
@@ -215,8 +241,15 @@ def test_a_backward_run_on_another_thread_is_counted_in_its_shares():
 
 
 def _event(id, name, start, end, thread=1, device=DeviceType.CPU, linked=0):
-    return FunctionEvent(id=id, name=name, thread=thread, start_us=start, end_us=end, device_type=device,
-                         linked_correlation_id=linked)  # fmt: skip
+    return FunctionEvent(
+        id=id,
+        name=name,
+        thread=thread,
+        start_us=start,
+        end_us=end,
+        device_type=device,
+        linked_correlation_id=linked,
+    )
 
 
 def test_a_cuda_kernel_takes_the_context_of_its_launch_on_the_backward_thread():
@@ -228,10 +261,14 @@ def test_a_cuda_kernel_takes_the_context_of_its_launch_on_the_backward_thread():
     node = _event(2, "autograd::engine::evaluate_function: ExpertMatmulBackward", 10, 70, thread=2)
     op = _event(3, profile.EXPERT_BACKWARD_OP, 12, 65, thread=2)
     label = _event(4, WEIGHT_GRADIENT_LABEL, 30, 50, thread=2)
-    launches = [_event(900, "cuLaunchKernel", 15, 16, thread=2, linked=3),
-                _event(901, "cuLaunchKernel", 35, 36, thread=2, linked=3)]  # fmt: skip
-    kernels = [_event(900, "_scatter_matmul_kernel", 20, 30, thread=7, device=DeviceType.CUDA, linked=3),
-               _event(901, "_grouped_outer_kernel", 40, 80, thread=7, device=DeviceType.CUDA, linked=3)]  # fmt: skip
+    launches = [
+        _event(900, "cuLaunchKernel", 15, 16, thread=2, linked=3),
+        _event(901, "cuLaunchKernel", 35, 36, thread=2, linked=3),
+    ]
+    kernels = [
+        _event(900, "_scatter_matmul_kernel", 20, 30, thread=7, device=DeviceType.CUDA, linked=3),
+        _event(901, "_grouped_outer_kernel", 40, 80, thread=7, device=DeviceType.CUDA, linked=3),
+    ]
     for kernel in kernels:  # the operator holds both kernels too, as the profiler attaches them
         op.append_kernel(kernel.name, 0, kernel.time_range.elapsed_us())
     events = [step, node, op, label, *launches, *kernels]

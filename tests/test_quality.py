@@ -20,8 +20,21 @@ from switchbench.train.run import LMTask
 
 # Student t quantiles as printed in statistical tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)
 T_975 = {1: 12.706205, 2: 4.302653, 3: 3.182446, 4: 2.776445, 10: 2.228139, 30: 2.042272}
-RUN_KEYS = {"family", "preset", "seed", "val_bits_per_byte", "val_perplexity", "train_macs", "train_seconds",
-            "memory_bytes", "peak_allocated_bytes", "params", "layer_params", "steps", "tokens"}  # fmt: skip
+RUN_KEYS = {
+    "family",
+    "preset",
+    "seed",
+    "val_bits_per_byte",
+    "val_perplexity",
+    "train_macs",
+    "train_seconds",
+    "memory_bytes",
+    "peak_allocated_bytes",
+    "params",
+    "layer_params",
+    "steps",
+    "tokens",
+}
 
 
 # Intervals
@@ -77,11 +90,23 @@ def test_no_spread_gives_a_point_and_one_seed_no_interval():
 
 
 def test_summary_per_family():
-    rows = [{"family": family, "preset": family, "seed": seed, "val_bits_per_byte": bpb, "train_macs": macs,
-             "train_seconds": 10.0 + seed, "memory_bytes": 100}
-            for family, macs, values in (("dense", 4e12, (2.0, 2.1, 2.2)), ("switchhead", 3e12, (2.05, 2.1, 2.15)),
-                                         ("moa", 3.5e12, (2.5, 2.6, 2.7)))
-            for seed, bpb in enumerate(values)]  # fmt: skip
+    rows = [
+        {
+            "family": family,
+            "preset": family,
+            "seed": seed,
+            "val_bits_per_byte": bpb,
+            "train_macs": macs,
+            "train_seconds": 10.0 + seed,
+            "memory_bytes": 100,
+        }
+        for family, macs, values in (
+            ("dense", 4e12, (2.0, 2.1, 2.2)),
+            ("switchhead", 3e12, (2.05, 2.1, 2.15)),
+            ("moa", 3.5e12, (2.5, 2.6, 2.7)),
+        )
+        for seed, bpb in enumerate(values)
+    ]
     dense, switchhead, moa = quality.summarize(rows)
     assert (dense["verdict"], switchhead["verdict"], moa["verdict"]) == ("baseline", "matches", "worse")
     assert switchhead["vs_dense"] == pytest.approx(0.0) and moa["vs_dense"] == pytest.approx(0.5)
@@ -146,8 +171,23 @@ def _never(*args, **kwargs):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("results") / "quality"
-    argv = ["quality", "--families", "dense", "switchhead", "--seeds", "2", "--steps", "3", "--threads", "1",
-            "--device", "cpu", "--out", str(out), "--json"]  # fmt: skip
+    argv = [
+        "quality",
+        "--families",
+        "dense",
+        "switchhead",
+        "--seeds",
+        "2",
+        "--steps",
+        "3",
+        "--threads",
+        "1",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        "--json",
+    ]
     return out, argv
 
 
@@ -158,12 +198,17 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
     printed = json.loads(capsys.readouterr().out)
     (folder,) = out.iterdir()  # named after the device
     stem = "2seeds-3steps"
-    assert {p.name for p in folder.iterdir()} == {f"{stem}{suffix}" for suffix in (".json", ".csv", "-summary.csv",
-                                                                                   ".png", ".svg")}  # fmt: skip
+    assert {p.name for p in folder.iterdir()} == {
+        f"{stem}{suffix}" for suffix in (".json", ".csv", "-summary.csv", ".png", ".svg")
+    }
     saved = json.loads((folder / f"{stem}.json").read_text())
     assert printed["rows"] == saved["rows"] and printed["saved"] == str(folder / f"{stem}.json")
-    assert [(r["family"], r["seed"]) for r in saved["rows"]] == [("dense", 0), ("switchhead", 0), ("dense", 1),
-                                                                   ("switchhead", 1)]  # fmt: skip
+    assert [(r["family"], r["seed"]) for r in saved["rows"]] == [
+        ("dense", 0),
+        ("switchhead", 0),
+        ("dense", 1),
+        ("switchhead", 1),
+    ]
     for row in saved["rows"]:
         assert set(row) == RUN_KEYS
         assert row["val_perplexity"] == pytest.approx(2 ** row["val_bits_per_byte"])
@@ -186,8 +231,14 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
 @pytest.mark.slow
 def test_a_model_with_its_attention_zeroed_is_reported_worse(monkeypatch):
     """Dense against itself with every attention output multiplied by 0 (a bigram model): 3 seeds of 300 steps."""
-    plan = quality.Plan({"dense": ("tiny-transformer", PRESETS["tiny-transformer"])}, seeds=3, steps=300, batch=8,
-                        lr=3e-3, clip=1.0)  # fmt: skip
+    plan = quality.Plan(
+        {"dense": ("tiny-transformer", PRESETS["tiny-transformer"])},
+        seeds=3,
+        steps=300,
+        batch=8,
+        lr=3e-3,
+        clip=1.0,
+    )
     real = DenseAttention.forward
     with intra_op_threads(1):  # busy neighbours stall a pool of one thread per core
         rows = quality.run(plan, progress=False)

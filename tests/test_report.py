@@ -42,26 +42,82 @@ def _png(path: Path, title: str) -> None:
 def fixture_results(tmp_path) -> Path:
     """A small results folder with one file of every kind the report reads."""
     root = tmp_path / "results"
-    _csv(root / "tables" / "table2.csv", [{
-        "preset": "c4-262m-switchhead-h4", "model": "switchhead", "pos": "xl", "n_heads": 4, "d_head": 112,
-        "n_experts": 4, "k": 2, "macs_published": "2.4G", "macs_paper_printed": "2.4G", "mem_published": "5.6M",
-        "mem_paper_printed": "5.6M", "reproduced": "with C = 2", "macs_vs_dense": 0.4392, "mem_vs_dense": 0.266,
-        "macs_exact": 3313500160, "macs_fvcore": 3313500160, "macs_flop_counter": 3313500160, "mem_exact": 6578176,
-        "mem_saved_floats": 6578176, "macs_exact_vs_dense": 0.561, "mem_exact_vs_dense": 0.433,
-        "measured_agree": "yes", "note": "a flagged row",
-    }])  # fmt: skip
-    _csv(root / "tables" / "cost_scaling.csv", [{"size": "47m", "model": "dense XL", "macs_crossover_T": 549.2,
-                                                 "mem_crossover_T": 267.0}])  # fmt: skip
+    _csv(
+        root / "tables" / "table2.csv",
+        [
+            {
+                "preset": "c4-262m-switchhead-h4",
+                "model": "switchhead",
+                "pos": "xl",
+                "n_heads": 4,
+                "d_head": 112,
+                "n_experts": 4,
+                "k": 2,
+                "macs_published": "2.4G",
+                "macs_paper_printed": "2.4G",
+                "mem_published": "5.6M",
+                "mem_paper_printed": "5.6M",
+                "reproduced": "with C = 2",
+                "macs_vs_dense": 0.4392,
+                "mem_vs_dense": 0.266,
+                "macs_exact": 3313500160,
+                "macs_fvcore": 3313500160,
+                "macs_flop_counter": 3313500160,
+                "mem_exact": 6578176,
+                "mem_saved_floats": 6578176,
+                "macs_exact_vs_dense": 0.561,
+                "mem_exact_vs_dense": 0.433,
+                "measured_agree": "yes",
+                "note": "a flagged row",
+            }
+        ],
+    )
+    _csv(
+        root / "tables" / "cost_scaling.csv",
+        [{"size": "47m", "model": "dense XL", "macs_crossover_T": 549.2, "mem_crossover_T": 267.0}],
+    )
     _png(root / "tables" / "cost_scaling.png", "cost against length")
-    run = {"metadata": {"device": "test cpu", "dtype": "fp32", "batch": 4, "processes": 1, "commit": "abc",
-                        "torch": "2.13", "clock": "thread", "threads": 1},
-           "rows": [{"group": "gate", "preset": "dense", "scope": "layer", "what": "forward+backward", "status": "ok",
-                     "ms": 130.5, "ms_iqr": 3.2, "ratio_time": 1.0, "memory_bytes": 41943040, "ratio_memory": 1.0,
-                     "tflops": 0.09, "fraction_of_matmul_peak": 0.45},
-                    {"group": "gate", "preset": "c4-47m-switchhead-h2", "scope": "model", "what": "train step",
-                     "status": "ok", "ms": 90.0, "ms_iqr": 1.0, "ratio_time": 0.7, "memory_bytes": 2**24,
-                     "ratio_memory": 0.55},
-                    {"group": "gate", "preset": "big", "scope": "model", "what": "train step", "status": "OOM"}]}  # fmt: skip
+    run = {
+        "metadata": {
+            "device": "test cpu",
+            "dtype": "fp32",
+            "batch": 4,
+            "processes": 1,
+            "commit": "abc",
+            "torch": "2.13",
+            "clock": "thread",
+            "threads": 1,
+        },
+        "rows": [
+            {
+                "group": "gate",
+                "preset": "dense",
+                "scope": "layer",
+                "what": "forward+backward",
+                "status": "ok",
+                "ms": 130.5,
+                "ms_iqr": 3.2,
+                "ratio_time": 1.0,
+                "memory_bytes": 41943040,
+                "ratio_memory": 1.0,
+                "tflops": 0.09,
+                "fraction_of_matmul_peak": 0.45,
+            },
+            {
+                "group": "gate",
+                "preset": "c4-47m-switchhead-h2",
+                "scope": "model",
+                "what": "train step",
+                "status": "ok",
+                "ms": 90.0,
+                "ms_iqr": 1.0,
+                "ratio_time": 0.7,
+                "memory_bytes": 2**24,
+                "ratio_memory": 0.55,
+            },
+            {"group": "gate", "preset": "big", "scope": "model", "what": "train step", "status": "OOM"},
+        ],
+    }
     (root / "speed" / "test-cpu").mkdir(parents=True)
     (root / "speed" / "test-cpu" / "fp32-b4.json").write_text(json.dumps(run))
     analysis = root / "analysis" / "listops"
@@ -73,30 +129,99 @@ def fixture_results(tmp_path) -> Path:
         "m-cooccurrence",
     ):
         _png(analysis / f"{name}.png", name)
-    _csv(analysis / "summary.csv", [{"model": "m", "layer": 0, "module": "attn", "head": 0, "side": "src",
-                                     "entropy": 1.2, "perplexity": 3.3, "dead_experts": "2"}])  # fmt: skip
-    _csv(analysis / "preferences.csv", [{"model": "m", "layer": 1, "module": "attn", "head": 0, "side": "dst",
-                                         "expert": 1, "token": HOSTILE, "lift": 3.5, "share": 0.9, "count": 12}])  # fmt: skip
+    _csv(
+        analysis / "summary.csv",
+        [
+            {
+                "model": "m",
+                "layer": 0,
+                "module": "attn",
+                "head": 0,
+                "side": "src",
+                "entropy": 1.2,
+                "perplexity": 3.3,
+                "dead_experts": "2",
+            }
+        ],
+    )
+    _csv(
+        analysis / "preferences.csv",
+        [
+            {
+                "model": "m",
+                "layer": 1,
+                "module": "attn",
+                "head": 0,
+                "side": "dst",
+                "expert": 1,
+                "token": HOSTILE,
+                "lift": 3.5,
+                "share": 0.9,
+                "count": 12,
+            }
+        ],
+    )
     _csv(analysis / "training_log.csv", [{"model": "m", "step": 100, "val_accuracy": 0.42}])
-    (analysis / "metadata.json").write_text(json.dumps({"device": "test cpu", "commit": "abc", "checkpoints": [
-        {"path": "runs/m/checkpoint.pt", "step": 100, "train": {"steps": 100, "device": "cpu"}}]}))  # fmt: skip
+    (analysis / "metadata.json").write_text(
+        json.dumps(
+            {
+                "device": "test cpu",
+                "commit": "abc",
+                "checkpoints": [
+                    {"path": "runs/m/checkpoint.pt", "step": 100, "train": {"steps": 100, "device": "cpu"}}
+                ],
+            }
+        )
+    )
     (analysis / "explorer.html").write_text("<!DOCTYPE html><title>explorer</title>")
-    _csv(root / "analysis" / "text" / "preferences.csv", [{"model": "lm", "layer": 1, "module": "attn", "head": 0,
-                                                          "side": "src", "expert": 2, "token": "␣", "lift": 4.25,
-                                                          "share": 0.8, "count": 300}])  # fmt: skip
+    _csv(
+        root / "analysis" / "text" / "preferences.csv",
+        [
+            {
+                "model": "lm",
+                "layer": 1,
+                "module": "attn",
+                "head": 0,
+                "side": "src",
+                "expert": 2,
+                "token": "␣",
+                "lift": 4.25,
+                "share": 0.8,
+                "count": 300,
+            }
+        ],
+    )
     _png(analysis / "similarity.png", "similarity")
-    _csv(analysis / "similarity.csv", [
-        {"model_a": a, "model_b": b, "baseline": base, "layer": layer, "pearson": r, "js_distance": js, "rows": 9}
-        for a, b, base, r, js in (("d", "m", False, 0.6, 0.3), ("d", "d-seed1", True, 0.8, 0.2))
-        for layer in (0, 1)
-    ])  # fmt: skip
+    _csv(
+        analysis / "similarity.csv",
+        [
+            {
+                "model_a": a,
+                "model_b": b,
+                "baseline": base,
+                "layer": layer,
+                "pearson": r,
+                "js_distance": js,
+                "rows": 9,
+            }
+            for a, b, base, r, js in (("d", "m", False, 0.6, 0.3), ("d", "d-seed1", True, 0.8, 0.2))
+            for layer in (0, 1)
+        ],
+    )
     return root
 
 
 def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     page = write_report(fixture_results, tmp_path / "report.html", {"device": "test <b>cpu</b>"}).read_text()
-    for section in ("Summary", "Compute and memory", "Cost against context length", "Speed and peak memory",
-                    "What the experts learn", "Methods", "switchbench tables"):  # fmt: skip
+    for section in (
+        "Summary",
+        "Compute and memory",
+        "Cost against context length",
+        "Speed and peak memory",
+        "What the experts learn",
+        "Methods",
+        "switchbench tables",
+    ):
         assert section in page
     assert "Expert-matmul throughput" not in page  # no kernel results: no section
     assert HOSTILE not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
@@ -135,8 +260,10 @@ def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
     assert (exact.ours, exact.verdict) == ("43.3%", "differs: +16.3 pp")  # 43.3% against 27%
     # Table 5, 47M: time 0.72 and memory 0.65 against the CPU run's 0.70 and 0.55, within 0.05 or not; a time
     # says its clock and threads
-    time = lines["time of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU), "
-                 "the timing thread's CPU time, 1 intra-op thread"]  # fmt: skip
+    time = lines[
+        "time of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU), "
+        "the timing thread's CPU time, 1 intra-op thread"
+    ]
     memory = lines["memory of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU)"]
     assert (time.paper, time.ours, memory.paper, memory.ours) == (
         "0.72 (47M, RTX 3090)",
@@ -181,8 +308,13 @@ def browse(report: Path, screenshot: Path) -> dict:
             "Array.from(document.images).map(i => i.complete && i.naturalWidth > 0 && i.naturalHeight > 0)"
         )
         page.screenshot(path=str(screenshot), full_page=False)
-    return {"errors": seen["errors"], "external": seen["external"], "failed": seen["failed"], "images": images,
-            **layout}  # fmt: skip
+    return {
+        "errors": seen["errors"],
+        "external": seen["external"],
+        "failed": seen["failed"],
+        "images": images,
+        **layout,
+    }
 
 
 def _non_blank(png: Path) -> bool:
@@ -209,22 +341,38 @@ def test_the_speed_headline_stands_beside_its_compute_floor(tmp_path):
     verdict on the baseline; RoPE groups, absent from Table 5, are read against their floor."""
 
     def row(preset, ratio, floor, **extra):
-        return {"group": "g", "preset": preset, "scope": "model", "what": "train step", "status": "ok", "ms": 1.0,
-                "ratio_time": ratio, "ratio_macs": floor, "time_over_floor": ratio / floor,
-                "attention": "flash", **extra}  # fmt: skip
+        return {
+            "group": "g",
+            "preset": preset,
+            "scope": "model",
+            "what": "train step",
+            "status": "ok",
+            "ms": 1.0,
+            "ratio_time": ratio,
+            "ratio_macs": floor,
+            "time_over_floor": ratio / floor,
+            "attention": "flash",
+            **extra,
+        }
 
-    run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", "commit": "abc"}, "rows": [
-        row("c4-262m-switchhead-h4", 0.87, 0.76, ratio_memory=0.72),
-        row("wikitext103-243m-switchhead-h4", 1.41, 0.81),
-        row("c4-47m-switchhead-h2", 0.56, 0.78),
-        row("wikitext103-45m-switchhead-h2", 1.44, 0.83, attention_mixed=True),
-    ]}  # fmt: skip
+    run = {
+        "metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", "commit": "abc"},
+        "rows": [
+            row("c4-262m-switchhead-h4", 0.87, 0.76, ratio_memory=0.72),
+            row("wikitext103-243m-switchhead-h4", 1.41, 0.81),
+            row("c4-47m-switchhead-h2", 0.56, 0.78),
+            row("wikitext103-45m-switchhead-h2", 1.44, 0.83, attention_mixed=True),
+        ],
+    }
     (tmp_path / "speed" / "h100").mkdir(parents=True)
     (tmp_path / "speed" / "h100" / "bf16-bfit.json").write_text(json.dumps(run))
     found = {line.claim.split(" vs dense")[0]: line for line in summary.lines(collect(tmp_path))}
     xl = found["time of c4-262m-switchhead-h4"]
-    assert (xl.paper, xl.ours, xl.verdict) == ("0.65 (262M, V100)", "0.87 (MAC floor 0.76: 1.14x it; flash)",
-                                               "differs: +0.22")  # fmt: skip
+    assert (xl.paper, xl.ours, xl.verdict) == (
+        "0.65 (262M, V100)",
+        "0.87 (MAC floor 0.76: 1.14x it; flash)",
+        "differs: +0.22",
+    )
     assert found["memory of c4-262m-switchhead-h4"].verdict == "differs: +0.11"
     rope = found["time of wikitext103-243m-switchhead-h4"]
     assert (rope.paper, rope.verdict, rope.reproduced) == ("not in Table 5", "1.74x its compute floor", None)
@@ -250,10 +398,20 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
             "chosen": chosen,
         }
 
-    run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", "batch": 64,
-                        "expert_matmul": "auto"},
-           "rows": [row("grouped_mm", "op", 1.0, chosen=True), row("grouped_mm-kernel", "kernel", 0.5),
-                    row("dense", "dense", 1.0)]}  # fmt: skip
+    run = {
+        "metadata": {
+            "device": "NVIDIA H100",
+            "cuda": "13.0",
+            "dtype": "bf16",
+            "batch": 64,
+            "expert_matmul": "auto",
+        },
+        "rows": [
+            row("grouped_mm", "op", 1.0, chosen=True),
+            row("grouped_mm-kernel", "kernel", 0.5),
+            row("dense", "dense", 1.0),
+        ],
+    }
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "h100-bf16-b64.json").write_text(json.dumps(run))
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
@@ -266,9 +424,19 @@ def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path)
     two runs of one configuration only the newer is shown."""
 
     def write(name: str, mtime: int, **metadata):
-        run = {"metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", **metadata},
-               "rows": [{"group": "g", "preset": name, "scope": "model", "what": "train step", "status": "ok",
-                         "ms": 1.0}]}  # fmt: skip
+        run = {
+            "metadata": {"device": "NVIDIA H100", "cuda": "13.0", "dtype": "bf16", **metadata},
+            "rows": [
+                {
+                    "group": "g",
+                    "preset": name,
+                    "scope": "model",
+                    "what": "train step",
+                    "status": "ok",
+                    "ms": 1.0,
+                }
+            ],
+        }
         path = tmp_path / "speed" / "h100" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(run))

@@ -95,11 +95,26 @@ def test_published_figures_are_shown_as_printed(fixture_results, tmp_path):  # n
 
 
 def test_the_mac_matched_table_prints_counts_as_the_others_do(fixture_results, tmp_path):  # noqa: F811
-    _csv(fixture_results / "tables" / "macmatched.csv", [{
-        "preset": "macmatched-63m-switchhead-h3", "model": "switchhead", "n_heads": 3, "d_head": 112, "n_experts": 5,
-        "k": 2, "macs_vs_dense": 0.82, "mem_vs_dense": 0.38, "macs_exact": 526691328, "mem_exact": 1620224,
-        "macs_exact_vs_dense": 1.04, "mem_exact_vs_dense": 0.56, "measured_agree": "yes",
-    }])  # fmt: skip
+    _csv(
+        fixture_results / "tables" / "macmatched.csv",
+        [
+            {
+                "preset": "macmatched-63m-switchhead-h3",
+                "model": "switchhead",
+                "n_heads": 3,
+                "d_head": 112,
+                "n_experts": 5,
+                "k": 2,
+                "macs_vs_dense": 0.82,
+                "mem_vs_dense": 0.38,
+                "macs_exact": 526691328,
+                "mem_exact": 1620224,
+                "macs_exact_vs_dense": 1.04,
+                "mem_exact_vs_dense": 0.56,
+                "measured_agree": "yes",
+            }
+        ],
+    )
     tables = _section(_page(fixture_results, tmp_path), "tables")
     compact = tables[tables.index('id="macmatched"') :].split("<details>")[0]
     assert '<td class="num">527M</td><td class="num">1.62M</td>' in compact and "526,691,328" not in compact

@@ -164,8 +164,24 @@ def test_speed_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsys):
         return found
 
     monkeypatch.setattr(speed, "layer_benches", benches)
-    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "tiny-moa", "--scopes", "layer",
-            "--device", "cpu", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "tiny-moa",
+        "--scopes",
+        "layer",
+        "--device",
+        "cpu",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     status = {(r["preset"], r["what"]): r["status"] for r in rows if r["scope"] == "layer"}
@@ -262,8 +278,11 @@ def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, t
     change, message = CHECKPOINT_DAMAGE[damage]
     folder = _damaged_checkpoint(run_folder, tmp_path, change)
     before = snapshot(tmp_path)
-    argv = (["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")] if command == "analyze"
-            else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"])  # fmt: skip
+    argv = (
+        ["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")]
+        if command == "analyze"
+        else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"]
+    )
     line = fails_cleanly(capsys, argv, says=message)
     assert str(folder / "checkpoint.pt") in line
     assert snapshot(tmp_path) == before
@@ -276,8 +295,11 @@ def test_a_log_without_steps_is_named(command, run_folder, tmp_path, capsys):
         folder / "log.csv", index=False
     )
     before = snapshot(tmp_path)
-    argv = (["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")] if command == "analyze"
-            else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"])  # fmt: skip
+    argv = (
+        ["analyze", str(folder / "checkpoint.pt"), "--out", str(tmp_path / "analysis")]
+        if command == "analyze"
+        else ["train", "--preset", "listops-switchhead-h2", "--out", str(folder), "--resume", "--json"]
+    )
     fails_cleanly(capsys, argv, says=f"{folder / 'log.csv'}: no 'step' column")
     assert snapshot(tmp_path) == before
 
@@ -456,8 +478,9 @@ def test_a_text_file_is_read_as_its_bytes(tmp_path):
 
 @pytest.mark.slow
 def test_a_diverging_run_stops_and_keeps_its_last_finite_checkpoint(tmp_path, capsys):
-    cfg = TrainConfig("listops", "listops-switchhead-h2", steps=6, batch=4, eval_every=1, warmup=1, val_size=8,
-                      lr=1e30)  # fmt: skip
+    cfg = TrainConfig(
+        "listops", "listops-switchhead-h2", steps=6, batch=4, eval_every=1, warmup=1, val_size=8, lr=1e30
+    )
     with pytest.raises(ValueError, match=r"not finite|the loss is (nan|inf)") as stopped:
         training.train(cfg, tmp_path, progress=False)
     saved = checkpoint.load(tmp_path / "checkpoint.pt")
@@ -492,8 +515,21 @@ def _sigint_by_default() -> None:
 
 @pytest.mark.slow
 def test_ctrl_c_during_training(tmp_path):
-    cmd = [sys.executable, "-m", "switchbench", "train", "--steps", "100000", "--eval-every", "1", "--batch", "2",
-           "--out", str(tmp_path / "run"), "--json"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "switchbench",
+        "train",
+        "--steps",
+        "100000",
+        "--eval-every",
+        "1",
+        "--batch",
+        "2",
+        "--out",
+        str(tmp_path / "run"),
+        "--json",
+    ]
     process = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_by_default
     )
@@ -538,8 +574,9 @@ def test_a_kill_around_the_checkpoint_loses_no_log_row(renamed, straight_run, tm
     straight, resumed = (pd.read_csv(folder / "log.csv") for folder in (straight_run, tmp_path / "killed"))
     assert resumed["step"].tolist() == straight["step"].tolist() == [2, 4, 6]
     assert resumed["train_seconds"].is_monotonic_increasing  # timed anew after the resume, so not compared
-    pd.testing.assert_frame_equal(resumed.drop(columns="train_seconds"), straight.drop(columns="train_seconds"),
-                                  rtol=1e-5)  # fmt: skip
+    pd.testing.assert_frame_equal(
+        resumed.drop(columns="train_seconds"), straight.drop(columns="train_seconds"), rtol=1e-5
+    )
 
 
 def test_stale_temporary_files_are_removed_by_the_next_write(tmp_path):
@@ -553,8 +590,16 @@ def test_stale_temporary_files_are_removed_by_the_next_write(tmp_path):
 
 def test_a_tables_run_stopped_while_writing_leaves_the_earlier_set(tmp_path, monkeypatch, capsys):
     def built(ratio):
-        row = {"preset": "p", "macs_published": "1M", "macs_paper_printed": "1M", "mem_published": "2M",
-               "mem_paper_printed": "2M", "macs_vs_dense": ratio, "mem_vs_dense": ratio, "reproduced": "yes"}  # fmt: skip
+        row = {
+            "preset": "p",
+            "macs_published": "1M",
+            "macs_paper_printed": "1M",
+            "mem_published": "2M",
+            "mem_paper_printed": "2M",
+            "macs_vs_dense": ratio,
+            "mem_vs_dense": ratio,
+            "reproduced": "yes",
+        }
         return {f"table{t}": [row] for t in tables.TABLES}
 
     monkeypatch.setattr(tables, "all_tables", lambda: built(0.5))

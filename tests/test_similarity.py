@@ -53,8 +53,10 @@ def test_identical_maps_and_the_baseline_flag():
         {"d": maps, "s": maps, "d2": maps}, {"d": "x", "s": "y", "d2": "x"}, [5] * 4
     )
     assert [(r["model_a"], r["model_b"], r["baseline"]) for r in table[::2]] == [
-        ("d", "s", False), ("d", "d2", True), ("s", "d2", False)
-    ]  # fmt: skip
+        ("d", "s", False),
+        ("d", "d2", True),
+        ("s", "d2", False),
+    ]
     assert all(
         r["pearson"] == pytest.approx(1) and r["js_distance"] == pytest.approx(0, abs=1e-6) for r in table
     )

@@ -75,34 +75,65 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["metadata"]["threads"] == 1
     timed = [r for r in out["rows"] if r["scope"] != "count"]
-    assert {(r["scope"], r["what"]) for r in timed} == {("model", "train step"), ("model", "forward"),
-                                                         ("layer", "forward"), ("layer", "forward+backward")}  # fmt: skip
+    assert {(r["scope"], r["what"]) for r in timed} == {
+        ("model", "train step"),
+        ("model", "forward"),
+        ("layer", "forward"),
+        ("layer", "forward+backward"),
+    }
     assert all(r["status"] == "ok" and r["ms"] > 0 for r in timed)
     assert out["metadata"]["torch"] == torch.__version__ and Path(out["saved"]).with_suffix(".csv").exists()
     train = [r for r in timed if r["what"] == "train step"]
     assert train[0]["ratio_time"] == 1.0 and train[1]["memory_bytes"] > 0
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["speed", "--groups", "nope"], "unknown groups nope"),
-    (["speed", "--presets", "nope"], "unknown presets: nope"),
-    (["speed", "--batch", "0"], "batch must be"),
-    (["speed", "--threads", "0"], "threads must be >= 1"),
-    (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["speed", "--groups", "nope"], "unknown groups nope"),
+        (["speed", "--presets", "nope"], "unknown presets: nope"),
+        (["speed", "--batch", "0"], "batch must be"),
+        (["speed", "--threads", "0"], "threads must be >= 1"),
+        (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
+    ],
+)
 def test_cli_bad_input(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
-                    reason="torchrun not installed")  # fmt: skip
+@pytest.mark.skipif(
+    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
+    reason="torchrun not installed",
+)
 def test_distributed_data_parallel_with_gloo(tmp_path):
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "switchbench", "speed", "--device", "cpu",
-           "--presets", "tiny-transformer", "tiny-switchhead", "--scopes", "model", "--rounds", "2", "--warmup", "1",
-           "--batch", "2", "--out", str(tmp_path), "--json"]  # fmt: skip
+    cmd = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "switchbench",
+        "speed",
+        "--device",
+        "cpu",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--scopes",
+        "model",
+        "--rounds",
+        "2",
+        "--warmup",
+        "1",
+        "--batch",
+        "2",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -155,8 +186,23 @@ def test_a_bf16_step_of_every_family_in_both_scopes(preset, scope):
 
 def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
     """Nothing measured: the rows are written, and one line on stderr says so with exit 1 (it used to exit 0)."""
-    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--batch", "10000000000",
-            "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--batch",
+        "10000000000",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 1
     captured = capsys.readouterr()
     out = json.loads(captured.out)
@@ -168,9 +214,26 @@ def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
 
 
 def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, capsys):
-    argv = ["speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--dtype", "bf16",
-            "--scopes", "layer", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--expert-matmul",
-            "grouped_mm"]  # fmt: skip
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--dtype",
+        "bf16",
+        "--scopes",
+        "layer",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path),
+        "--expert-matmul",
+        "grouped_mm",
+    ]
     assert main([*argv, "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     metadata = out["metadata"]
@@ -225,8 +288,10 @@ def test_each_row_stands_beside_its_mac_floor_and_attention_kernel():
 
     rows = speed.time_group(
         [bench("dense", 1e6, "flash"), bench("moe", 4e5, "flash"), bench("other", 5e5, "math")],
-        speed.Timer("cpu"), rounds=3, warmup=0,
-    )  # fmt: skip
+        speed.Timer("cpu"),
+        rounds=3,
+        warmup=0,
+    )
     assert [r["ratio_macs"] for r in rows] == [1.0, 0.4, 0.5]
     assert rows[1]["time_over_floor"] == pytest.approx(rows[1]["ratio_time"] / 0.4)
     assert [r["attention"] for r in rows] == ["flash", "flash", "math"]
@@ -252,8 +317,24 @@ def test_the_attention_kernel_is_read_off_the_dispatched_operators():
 
 @pytest.mark.slow
 def test_compiled_groups_are_recorded_as_such(tmp_path, capsys):
-    argv = ["speed", "--device", "cpu", "--groups", "tiny-rope", "--scopes", "layer", "--rounds", "1", "--warmup",
-            "1", "--compile", "aot_eager", "--out", str(tmp_path), "--json"]  # fmt: skip
+    argv = [
+        "speed",
+        "--device",
+        "cpu",
+        "--groups",
+        "tiny-rope",
+        "--scopes",
+        "layer",
+        "--rounds",
+        "1",
+        "--warmup",
+        "1",
+        "--compile",
+        "aot_eager",
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["metadata"]["compile"] == "aot_eager" and out["saved"].endswith("-compiled-aot_eager.json")
@@ -298,8 +379,11 @@ def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             step.run()
     assert spy.seen and all(dtypes == {torch.bfloat16} for _, dtypes in spy.seen), spy.seen
-    inner = [(e.name, {t for t in e.input_dtypes if t in ("float", "c10::BFloat16", "c10::Half")})
-             for e in prof.events() if e.name in MATMULS]  # fmt: skip
+    inner = [
+        (e.name, {t for t in e.input_dtypes if t in ("float", "c10::BFloat16", "c10::Half")})
+        for e in prof.events()
+        if e.name in MATMULS
+    ]
     assert inner and all(dtypes == {"c10::BFloat16"} for _, dtypes in inner), inner
     assert {r.impl for r in resolved.values()} == (set() if preset == "tiny-transformer" else {impl})
     if impl == "grouped_mm":

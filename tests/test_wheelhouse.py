@@ -69,8 +69,13 @@ def _fake_pip(compiled_sdist: str | None = None):
     def pip(command, *args):
         if command == "install":
             report = Path(args[args.index("--report") + 1])
-            items = [{"metadata": {"name": r.name, "version": r.version},
-                      "download_info": {"url": f"https://files.example/{r.file}"}} for r in RESOLVED]  # fmt: skip
+            items = [
+                {
+                    "metadata": {"name": r.name, "version": r.version},
+                    "download_info": {"url": f"https://files.example/{r.file}"},
+                }
+                for r in RESOLVED
+            ]
             report.write_text(json.dumps({"install": items}))
             return
         dest = Path(args[args.index("--dest" if command == "download" else "--wheel-dir") + 1])
@@ -94,8 +99,10 @@ def test_a_wheelhouse_of_pure_wheels_names_what_the_node_must_have(tmp_path, mon
     assert main(["wheelhouse", str(tmp_path / "house"), "--source", str(ROOT)]) == 0
     out = capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "house").iterdir()) == [
-        "Jinja2-3.1.6-py3-none-any.whl", "switchbench-0.1.0-py3-none-any.whl", "tzdata-2026.6-py3-none-any.whl",
-    ]  # fmt: skip
+        "Jinja2-3.1.6-py3-none-any.whl",
+        "switchbench-0.1.0-py3-none-any.whl",
+        "tzdata-2026.6-py3-none-any.whl",
+    ]
     must_have = out.split("The node must already have (left out):\n")[1].split("\nOn the node")[0]
     assert [line.split()[0] for line in must_have.splitlines()] == ["torch>=2.4", "numpy", "fvcore"]
     assert out.splitlines()[-1] == f"  pip install --no-index --find-links {tmp_path / 'house'} -e {ROOT}"
@@ -103,8 +110,16 @@ def test_a_wheelhouse_of_pure_wheels_names_what_the_node_must_have(tmp_path, mon
 
 def test_a_target_gets_its_binary_wheels(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(wheelhouse, "_pip", _fake_pip())
-    argv = ["wheelhouse", str(tmp_path), "--source", str(ROOT), "--python-version", "3.12",
-            "--platform", "manylinux2014_x86_64"]  # fmt: skip
+    argv = [
+        "wheelhouse",
+        str(tmp_path),
+        "--source",
+        str(ROOT),
+        "--python-version",
+        "3.12",
+        "--platform",
+        "manylinux2014_x86_64",
+    ]
     assert main(argv) == 0
     assert (tmp_path / "numpy-2.4.6-cp312-cp312-manylinux2014_x86_64.whl").exists()
     assert (tmp_path / "fvcore-0.1.5.post20221221-py3-none-any.whl").exists()
@@ -188,8 +203,12 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     node_site = _node_site(tmp_path / "node-site", node_own)
     Path(site, "node.pth").write_text(f"{node_site}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_CONFIG_FILE": os.devnull}
@@ -203,8 +222,11 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     def on_the_node(*command):
         return subprocess.run(command, cwd=elsewhere, capture_output=True, text=True, env=env)
 
-    where = on_the_node(python, "-c", "import fvcore, switchbench, torch as t; print(switchbench.__file__, "
-                        "fvcore.__file__, t.__file__)").stdout.split()  # fmt: skip
+    where = on_the_node(
+        python,
+        "-c",
+        "import fvcore, switchbench, torch as t; print(switchbench.__file__, fvcore.__file__, t.__file__)",
+    ).stdout.split()
     assert where[0].startswith(site) and where[1].startswith(site)  # from the wheelhouse
     assert where[2].startswith(str(node_site))  # the node's own
     presets = on_the_node(venv / "bin" / "switchbench", "presets")

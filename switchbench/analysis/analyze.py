@@ -136,15 +136,22 @@ def _explorer(runs: list[dict], ids: torch.Tensor, sample: torch.Tensor, out: Pa
     """explorer.html: every model observed on the plotted sequence and the sample's longest others."""
     explored, task = _explorer_sequences(runs[0], ids, sample), runs[0]["task"]
     models = [
-        explorer.model(run["name"], run["cfg"], _trained(run),
-                       [explorer.layers(_attention(_observe(run, sequence))) for sequence, _ in explored])
+        explorer.model(
+            run["name"],
+            run["cfg"],
+            _trained(run),
+            [explorer.layers(_attention(_observe(run, sequence))) for sequence, _ in explored],
+        )
         for run in runs
-    ]  # fmt: skip
+    ]
     sequences = [
-        {"name": name, "tokens": [_label(runs[0], int(t)) for t in sequence[0]],
-         "line_ends": (sequence[0] == ord("\n")).nonzero().flatten().tolist() if task == "lm" else []}
+        {
+            "name": name,
+            "tokens": [_label(runs[0], int(t)) for t in sequence[0]],
+            "line_ends": (sequence[0] == ord("\n")).nonzero().flatten().tolist() if task == "lm" else [],
+        }
         for sequence, name in explored
-    ]  # fmt: skip
+    ]
     title = f"Routing explorer: {'ListOps' if task == 'listops' else 'byte-level text'}"
     return explorer.write(out / "explorer.html", title, sequences, models)
 
@@ -243,8 +250,14 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
                 rows["usage"] += [
                     where | {"expert": e, "count": int(c)} for e, c in enumerate(counts.tolist())
                 ]
-                rows["summary"].append(where | {"entropy": stats.entropy(counts), "perplexity": stats.perplexity(counts),
-                                                "dead_experts": " ".join(map(str, stats.dead_experts(counts)))})  # fmt: skip
+                rows["summary"].append(
+                    where
+                    | {
+                        "entropy": stats.entropy(counts),
+                        "perplexity": stats.perplexity(counts),
+                        "dead_experts": " ".join(map(str, stats.dead_experts(counts))),
+                    }
+                )
                 label = "MLP" if kind == "mlp" else _side_label(cfg, side)
                 panels.append((f"layer {layer} {label} head {head}", counts.numpy()))
                 if kind == "mlp" or layer > 0:  # a first-layer attention router sees the token alone
@@ -258,9 +271,17 @@ def _statistics(run: dict, records: dict, sample: torch.Tensor, rows: dict, out:
                 o = record["dst_experts"][:, :, head].reshape(-1, cfg.k)[keep]
                 counts = stats.cooccurrence(v, o, cfg.n_experts)
                 rows["cooccurrence"] += [
-                    {"model": name, "layer": layer, "head": head, "v_expert": i, "o_expert": j, "count": int(counts[i, j])}
-                    for i in range(cfg.n_experts) for j in range(cfg.n_experts)
-                ]  # fmt: skip
+                    {
+                        "model": name,
+                        "layer": layer,
+                        "head": head,
+                        "v_expert": i,
+                        "o_expert": j,
+                        "count": int(counts[i, j]),
+                    }
+                    for i in range(cfg.n_experts)
+                    for j in range(cfg.n_experts)
+                ]
                 cooc[(layer, head)] = counts.numpy()
     if panels:
         title = f"{name}: expert usage over {len(sample)} sequences (sorted)"

@@ -75,16 +75,26 @@ def sides(cfg: ModelConfig) -> dict[str, str]:
         return {"dst": f"heads chosen ({family.label} experts) and their weights"}
     if family.routing != "experts":
         return {}
-    names = {side: "/".join(p.upper() for p in cfg.experts if p in projections)
-             for side, projections in (("src", "kv"), ("dst", "qo"))}  # fmt: skip
+    names = {
+        side: "/".join(p.upper() for p in cfg.experts if p in projections)
+        for side, projections in (("src", "kv"), ("dst", "qo"))
+    }
     return {side: f"{name} experts" for side, name in names.items() if name}
 
 
 def model(name: str, cfg: ModelConfig, trained: str, sequences: list[list[dict]]) -> dict:
     """One model's entry: ``sequences[s][layer]`` as made by :func:`layers`."""
-    return {"name": name, "attention": cfg.attention, "routing": cfg.family.routing, "slots": cfg.family.head_slots,
-            "baseline": cfg.family is registry.families()[0], "heads": cfg.n_heads, "trained": trained,
-            "sides": sides(cfg), "sequences": sequences}  # fmt: skip
+    return {
+        "name": name,
+        "attention": cfg.attention,
+        "routing": cfg.family.routing,
+        "slots": cfg.family.head_slots,
+        "baseline": cfg.family is registry.families()[0],
+        "heads": cfg.n_heads,
+        "trained": trained,
+        "sides": sides(cfg),
+        "sequences": sequences,
+    }
 
 
 def render(title: str, sequences: list[dict], models: list[dict]) -> str:
@@ -92,8 +102,13 @@ def render(title: str, sequences: list[dict], models: list[dict]) -> str:
     script, style = (TEMPLATES / "explorer.js").read_text(), (TEMPLATES / "explorer.css").read_text()
     if "</script" in script.lower():
         raise ValueError("the explorer's script would end its own element")
-    data = {"title": title, "levels": LEVELS, "gate_scale": GATE_SCALE, "sequences": sequences,
-            "models": models}  # fmt: skip
+    data = {
+        "title": title,
+        "levels": LEVELS,
+        "gate_scale": GATE_SCALE,
+        "sequences": sequences,
+        "models": models,
+    }
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.analysis"), autoescape=True)
     return env.get_template("explorer.html.j2").render(
         title=title, models=models, script=script, style=style, data=script_json(data), csp=_policy(script)

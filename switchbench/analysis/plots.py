@@ -36,8 +36,14 @@ def attention_maxima(models: dict[str, list[np.ndarray]], title: str) -> Figure:
             image = maps[layer][-LAST:, -LAST:]
             first = len(maps[layer]) - len(image)  # the position of the first row and column shown
             extent = (first - 0.5, first + len(image) - 0.5, first + len(image) - 0.5, first - 0.5)
-            ax.imshow(image, cmap="Blues", vmin=0, vmax=max(float(image.max()), 1e-9), extent=extent,
-                      interpolation="nearest")  # fmt: skip
+            ax.imshow(
+                image,
+                cmap="Blues",
+                vmin=0,
+                vmax=max(float(image.max()), 1e-9),
+                extent=extent,
+                interpolation="nearest",
+            )
             ax.locator_params(nbins=4)
             ax.tick_params(labelsize=8)
             ax.set_title(f"layer {layer}", fontsize=9)
@@ -49,8 +55,9 @@ def attention_maxima(models: dict[str, list[np.ndarray]], title: str) -> Figure:
     return fig
 
 
-def expert_selection(att: np.ndarray, dst_gates: np.ndarray, src_gates: np.ndarray, dst_labels, src_labels,
-                     title: str) -> Figure:  # fmt: skip
+def expert_selection(
+    att: np.ndarray, dst_gates: np.ndarray, src_gates: np.ndarray, dst_labels, src_labels, title: str
+) -> Figure:
     """A head's attention map, its destination gates as a strip on the left (T x E) and its source gates as a
     strip below (E x S), gates on a fixed [0, 1] scale."""
     att, dst_gates, src_gates = att[-LAST:, -LAST:], dst_gates[-LAST:], src_gates[-LAST:]
@@ -112,8 +119,15 @@ def cooccurrence_grid(maps: dict[tuple[int, int], np.ndarray], title: str) -> Fi
     axes = fig.subplots(len(layers), len(heads), squeeze=False)
     for (layer, head), counts in maps.items():
         ax = axes[layers.index(layer)][heads.index(head)]
-        sns.heatmap(counts, ax=ax, cmap="Blues", annot=True, fmt="d", annot_kws={"fontsize": 6},
-                    cbar_kws={"label": "tokens"})  # fmt: skip
+        sns.heatmap(
+            counts,
+            ax=ax,
+            cmap="Blues",
+            annot=True,
+            fmt="d",
+            annot_kws={"fontsize": 6},
+            cbar_kws={"label": "tokens"},
+        )
         ax.set(title=f"layer {layer}, head {head}", xlabel="O expert", ylabel="V expert")
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -138,10 +152,19 @@ def similarity(rows: list[dict], title: str) -> Figure:
     table["compared"] = table["baseline"].map({True: "another seed", False: "another architecture"})
     fig = Figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
-    for ax, (measure, label) in zip(axes, (("pearson", "Pearson r (1: alike)"),
-                                           ("js_distance", "JS distance (0: alike)")), strict=True):  # fmt: skip
-        sns.lineplot(data=table, x="layer", y=measure, hue="pair", style="compared", marker="o", ax=ax,
-                     legend=ax is axes[0])  # fmt: skip
+    for ax, (measure, label) in zip(
+        axes, (("pearson", "Pearson r (1: alike)"), ("js_distance", "JS distance (0: alike)")), strict=True
+    ):
+        sns.lineplot(
+            data=table,
+            x="layer",
+            y=measure,
+            hue="pair",
+            style="compared",
+            marker="o",
+            ax=ax,
+            legend=ax is axes[0],
+        )
         ax.set(xlabel="layer", ylabel=label, ylim=(min(0.0, float(table[measure].min()) - 0.05), 1))
         ax.grid(alpha=0.3)
     # The legend below both panels, outside the data: inside, it covers lines wherever they run.
@@ -159,14 +182,39 @@ def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
     runs = runs.assign(seed=runs["seed"].astype(str))
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 2, sharey=True)
-    for ax, (x, label) in zip(axes, (("train_macs", "training MACs (exact count)"),
-                                     ("train_seconds", "wall-clock of the training steps (s)")), strict=True):  # fmt: skip
+    for ax, (x, label) in zip(
+        axes,
+        (
+            ("train_macs", "training MACs (exact count)"),
+            ("train_seconds", "wall-clock of the training steps (s)"),
+        ),
+        strict=True,
+    ):
         for row in summary.itertuples():
-            ax.errorbar(getattr(row, x), row.bpb_mean, yerr=[[row.bpb_mean - row.bpb_low], [row.bpb_high - row.bpb_mean]],
-                        fmt="D", color=palette[row.family], markerfacecolor="none", markersize=11, capsize=5,
-                        elinewidth=1, zorder=2)  # fmt: skip
-        sns.scatterplot(data=runs, x=x, y="val_bits_per_byte", hue="family", style="seed", palette=palette, s=40,
-                        zorder=3, ax=ax, legend=ax is axes[-1])  # fmt: skip
+            ax.errorbar(
+                getattr(row, x),
+                row.bpb_mean,
+                yerr=[[row.bpb_mean - row.bpb_low], [row.bpb_high - row.bpb_mean]],
+                fmt="D",
+                color=palette[row.family],
+                markerfacecolor="none",
+                markersize=11,
+                capsize=5,
+                elinewidth=1,
+                zorder=2,
+            )
+        sns.scatterplot(
+            data=runs,
+            x=x,
+            y="val_bits_per_byte",
+            hue="family",
+            style="seed",
+            palette=palette,
+            s=40,
+            zorder=3,
+            ax=ax,
+            legend=ax is axes[-1],
+        )
         ax.set(xlabel=label, ylabel="held-out bits per byte")
         ax.grid(alpha=0.3)
     axes[-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=7)

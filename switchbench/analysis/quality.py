@@ -54,10 +54,16 @@ ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two mome
 # "bytes" preset (4 layers of d_model 128, parameter-matched to the dense one). GPU models: each family's "quality"
 # preset, the paper's WikiText-103 47M rows (MoA with 4 active heads, its best row there), reading bytes.
 FAMILIES = registry.keys("bytes")
-CPU_MODELS = {family.key: (family.roles["bytes"], PRESETS[family.roles["bytes"]])
-              for family in registry.families() if "bytes" in family.roles}  # fmt: skip
-GPU_MODELS = {family.key: (f"{family.roles['quality']}-bytes", PRESETS[family.roles["quality"]].replace(vocab=256))
-              for family in registry.families() if "quality" in family.roles}  # fmt: skip
+CPU_MODELS = {
+    family.key: (family.roles["bytes"], PRESETS[family.roles["bytes"]])
+    for family in registry.families()
+    if "bytes" in family.roles
+}
+GPU_MODELS = {
+    family.key: (f"{family.roles['quality']}-bytes", PRESETS[family.roles["quality"]].replace(vocab=256))
+    for family in registry.families()
+    if "quality" in family.roles
+}
 
 
 @dataclass(frozen=True)
@@ -110,9 +116,21 @@ class Plan:
 
     def train_config(self, family: str, seed: int) -> TrainConfig:
         name, cfg = self.models[family]
-        return TrainConfig("lm", name, steps=self.steps, batch=self.batch, lr=self.lr, warmup=max(1, self.steps // 10),
-                           clip=self.clip, seed=seed, eval_every=self.steps, device=self.device, text=self.text,
-                           hf_dataset=self.hf_dataset, model=cfg)  # fmt: skip
+        return TrainConfig(
+            "lm",
+            name,
+            steps=self.steps,
+            batch=self.batch,
+            lr=self.lr,
+            warmup=max(1, self.steps // 10),
+            clip=self.clip,
+            seed=seed,
+            eval_every=self.steps,
+            device=self.device,
+            text=self.text,
+            hf_dataset=self.hf_dataset,
+            model=cfg,
+        )
 
     def describe(self) -> dict:
         first = self.train_config(next(iter(self.models)), 0)
@@ -212,12 +230,24 @@ def summarize(rows: list[dict], confidence: float = CONFIDENCE) -> list[dict]:
 def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, confidence: float) -> dict:
     bpb = [r["val_bits_per_byte"] for r in runs]
     mean = mean_interval(bpb, confidence)
-    row = {"family": family, "preset": runs[0]["preset"], "runs": len(runs), "bpb_mean": mean.estimate,
-           "bpb_low": mean.low, "bpb_high": mean.high, "bpb_std": statistics.stdev(bpb)}  # fmt: skip
+    row = {
+        "family": family,
+        "preset": runs[0]["preset"],
+        "runs": len(runs),
+        "bpb_mean": mean.estimate,
+        "bpb_low": mean.low,
+        "bpb_high": mean.high,
+        "bpb_std": statistics.stdev(bpb),
+    }
     if dense is not None and family != "dense":
         difference = difference_interval(bpb, [r["val_bits_per_byte"] for r in dense], confidence)
-        row |= {"vs_dense": difference.estimate, "vs_dense_low": difference.low, "vs_dense_high": difference.high,
-                "vs_dense_df": difference.df, "verdict": difference.verdict()}  # fmt: skip
+        row |= {
+            "vs_dense": difference.estimate,
+            "vs_dense_low": difference.low,
+            "vs_dense_high": difference.high,
+            "vs_dense_df": difference.df,
+            "verdict": difference.verdict(),
+        }
     elif family == "dense":
         row["verdict"] = "baseline"
     for cost in ("train_macs", "train_seconds", "memory_bytes"):
@@ -231,8 +261,10 @@ def save(folder: Path, label: str, metadata: dict, rows: list[dict], summary: li
     """LABEL.png/.svg (the figure), LABEL.csv (the runs), LABEL-summary.csv and LABEL.json (all three, written
     last) under ``folder``, LABEL numbered past earlier runs; returns the JSON path."""
     stem = new_run_stem(folder, label)
-    title = (f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
-             f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval")  # fmt: skip
+    title = (
+        f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
+        f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval"
+    )
     save_figure(plots.quality(frame(rows), frame(summary), title), stem)
     write_csv(stem.with_suffix(".csv"), rows)
     write_csv(stem.with_name(f"{stem.name}-summary.csv"), summary)
@@ -281,8 +313,17 @@ def plan_from_args(args, device: str) -> Plan:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1; got {value}")
     steps = args.steps or math.ceil(tokens / (batch * models["dense"][1].T))
-    return Plan({f: models[f] for f in families}, budget.seeds if args.seeds is None else args.seeds, steps, batch,
-                budget.lr, budget.clip, device, args.text, args.hf_dataset)  # fmt: skip
+    return Plan(
+        {f: models[f] for f in families},
+        budget.seeds if args.seeds is None else args.seeds,
+        steps,
+        batch,
+        budget.lr,
+        budget.clip,
+        device,
+        args.text,
+        args.hf_dataset,
+    )
 
 
 def _run(args) -> None:
@@ -299,16 +340,21 @@ def _run(args) -> None:
         rows = run(plan, progress=not args.json)
         used = torch.get_num_threads()
     summary = summarize(rows)
-    metadata = environment(device) | plan.describe() | expert_matmul_metadata(args.expert_matmul, device) | {
-        "threads": used,
-        "wall_seconds": time.perf_counter() - started,
-        "confidence": CONFIDENCE,
-        "interval": "mean over seeds ± Student t quantile x standard error; the difference to dense with Welch's "
-        "interval (Welch–Satterthwaite degrees of freedom); 'matches' when that interval holds 0",
-        "train_macs": "3 x the exact forward MAC count of every step (backward counted as twice the forward)",
-        "memory": "memory_bytes: weights, gradients, AdamW moments and the activations kept for backward of one "
-        "step (saved-tensor hooks); peak_allocated_bytes: the CUDA allocator's peak over the run",
-    }  # fmt: skip
+    metadata = (
+        environment(device)
+        | plan.describe()
+        | expert_matmul_metadata(args.expert_matmul, device)
+        | {
+            "threads": used,
+            "wall_seconds": time.perf_counter() - started,
+            "confidence": CONFIDENCE,
+            "interval": "mean over seeds ± Student t quantile x standard error; the difference to dense with Welch's "
+            "interval (Welch–Satterthwaite degrees of freedom); 'matches' when that interval holds 0",
+            "train_macs": "3 x the exact forward MAC count of every step (backward counted as twice the forward)",
+            "memory": "memory_bytes: weights, gradients, AdamW moments and the activations kept for backward of one "
+            "step (saved-tensor hooks); peak_allocated_bytes: the CUDA allocator's peak over the run",
+        }
+    )
     label = f"{plan.seeds}seeds-{plan.steps}steps" + ("-quick" if args.quick else "")
     path = save(out / slug(metadata["device"]), label, metadata, rows, summary)
     if args.json:
@@ -316,16 +362,23 @@ def _run(args) -> None:
             json.dumps({"metadata": metadata, "rows": rows, "summary": summary, "saved": str(path)}, indent=2)
         )
         return
-    print(f"{metadata['device']}, {plan.seeds} seeds x {metadata['tokens_per_run']:,} tokens per run, "
-          f"{metadata['wall_seconds']:.0f} s in all; {describe_expert_matmul(metadata)}")  # fmt: skip
+    print(
+        f"{metadata['device']}, {plan.seeds} seeds x {metadata['tokens_per_run']:,} tokens per run, "
+        f"{metadata['wall_seconds']:.0f} s in all; {describe_expert_matmul(metadata)}"
+    )
     print(format_table([_printed(r) for r in summary]))
-    print(f"bits per byte on held-out text: mean over seeds [{CONFIDENCE:.0%} t-interval]; vs dense: difference "
-          f"of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0\nsaved {path}")  # fmt: skip
+    print(
+        f"bits per byte on held-out text: mean over seeds [{CONFIDENCE:.0%} t-interval]; vs dense: difference "
+        f"of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0\nsaved {path}"
+    )
 
 
 def _printed(r: dict) -> dict:
-    difference = (f"{r['vs_dense']:+.3f} [{r['vs_dense_low']:+.3f}, {r['vs_dense_high']:+.3f}]"
-                  if "vs_dense" in r else "")  # fmt: skip
+    difference = (
+        f"{r['vs_dense']:+.3f} [{r['vs_dense_low']:+.3f}, {r['vs_dense_high']:+.3f}]"
+        if "vs_dense" in r
+        else ""
+    )
     return {
         "family": r["family"],
         "model": r["preset"],

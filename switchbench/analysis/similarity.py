@@ -39,8 +39,14 @@ def compare(a: list[np.ndarray], b: list[np.ndarray], lengths: list[int]) -> lis
         pairs = [(x[:n, :n], y[:n, :n]) for x, y, n in zip(maps_a, maps_b, lengths, strict=True)]
         r = np.concatenate([row_pearson(x, y) for x, y in pairs])
         js = np.concatenate([row_js_distance(x, y) for x, y in pairs])
-        rows.append({"layer": layer, "pearson": float(np.nanmean(r)), "js_distance": float(js.mean()),
-                     "rows": int(np.isfinite(r).sum())})  # fmt: skip
+        rows.append(
+            {
+                "layer": layer,
+                "pearson": float(np.nanmean(r)),
+                "js_distance": float(js.mean()),
+                "rows": int(np.isfinite(r).sum()),
+            }
+        )
     return rows
 
 

@@ -133,16 +133,21 @@ def describe_expert_matmul(metadata: dict) -> str:
     counts = collections.Counter(
         (r["impl"], r["reason"]) for r in metadata["expert_matmul_resolved"].values()
     )
-    why = {"named": "named", "measured": "auto: measured fastest",
-           "fallback": f"auto fell back, no measured entry: {FALLBACK_RULE}"}  # fmt: skip
+    why = {
+        "named": "named",
+        "measured": "auto: measured fastest",
+        "fallback": f"auto fell back, no measured entry: {FALLBACK_RULE}",
+    }
     ran = "; ".join(f"{impl} ({why[r]}) for {n} shape(s)" for (impl, r), n in sorted(counts.items()))
     return f"expert matmul {metadata['expert_matmul']}" + (f" -> {ran}" if ran else "")
 
 
 def format_table(rows: list[dict]) -> str:
     """A plain-text table: numbers right-aligned, integers with thousands separators."""
-    cells = [{k: f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v for k, v in r.items()}
-             for r in rows]  # fmt: skip
+    cells = [
+        {k: f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else v for k, v in r.items()}
+        for r in rows
+    ]
     return tabulate(cells, headers="keys", disable_numparse=True, colalign=_alignment(rows))
 
 

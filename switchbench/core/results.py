@@ -187,6 +187,9 @@ def nothing_measured(rows: list[dict], command: str, saved: Path) -> int:
         return 0
     statuses = collections.Counter(row.get("status", "?") for row in rows if "status" in row)
     why = ", ".join(f"{n} {status}" for status, n in statuses.items()) or "no case ran"
-    print(f"switchbench {command}: nothing measured: every case was OOM or unsupported ({why}); the rows are in "
-          f"{saved}", file=sys.stderr)  # fmt: skip
+    print(
+        f"switchbench {command}: nothing measured: every case was OOM or unsupported ({why}); the rows are in "
+        f"{saved}",
+        file=sys.stderr,
+    )
     return 1

@@ -64,12 +64,27 @@ RUN_ROWS = {
     },
 }
 OPTIONAL_NUMBERS = (
-    "ms", "ms_iqr", "tflops", "memory_bytes", "ratio_time", "ratio_memory", "ratio_macs", "time_over_floor",
-    "fraction_of_matmul_peak", "vs_dense", "max_rel_error",
-)  # fmt: skip
+    "ms",
+    "ms_iqr",
+    "tflops",
+    "memory_bytes",
+    "ratio_time",
+    "ratio_memory",
+    "ratio_macs",
+    "time_over_floor",
+    "fraction_of_matmul_peak",
+    "vs_dense",
+    "max_rel_error",
+)
 # A checkpoint's payload: the model and its configuration, and the state a resumed run continues from.
-CHECKPOINT = {"task": TEXT, "config": OBJECT, "step": INTEGER, "train": OBJECT, "model": OBJECT,
-              "optimizer": OBJECT}  # fmt: skip
+CHECKPOINT = {
+    "task": TEXT,
+    "config": OBJECT,
+    "step": INTEGER,
+    "train": OBJECT,
+    "model": OBJECT,
+    "optimizer": OBJECT,
+}
 
 
 def read_table(path: Path, kind: str) -> pd.DataFrame:

@@ -86,8 +86,9 @@ class Context:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
             killed = threading.Event()
-            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env,
-                                  start_new_session=True) as process:  # fmt: skip
+            with subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True
+            ) as process:
                 timer = threading.Timer(remaining, _kill, [process, killed])
                 timer.start()
                 try:
@@ -156,11 +157,18 @@ def _junit_summary(junit: Path, ctx: Context, marker: str) -> dict:
     suite = ElementTree.parse(junit).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
-              if case.find("failure") is not None or case.find("error") is not None]  # fmt: skip
-    return {"metadata": environment(ctx.device) | {"selection": marker if ctx.gpu else "rehearsal"},
-            "counts": counts, "passed": counts["tests"] - sum(v for k, v in counts.items() if k != "tests"),
-            "failed": failed, "seconds": float(suite.get("time", 0))}  # fmt: skip
+    failed = [
+        f"{case.get('classname')}::{case.get('name')}"
+        for case in suite.iter("testcase")
+        if case.find("failure") is not None or case.find("error") is not None
+    ]
+    return {
+        "metadata": environment(ctx.device) | {"selection": marker if ctx.gpu else "rehearsal"},
+        "counts": counts,
+        "passed": counts["tests"] - sum(v for k, v in counts.items() if k != "tests"),
+        "failed": failed,
+        "seconds": float(suite.get("time", 0)),
+    }
 
 
 def _kernel_tune(size: str) -> Callable[[Context], object]:
@@ -173,8 +181,16 @@ def _kernel_tune(size: str) -> Callable[[Context], object]:
 def _kernel_bench(ctx: Context):
     sizes = ["47m", "262m"] if ctx.gpu else ["47m"]
     extra = [] if ctx.gpu else ["--batch", "1", "--dtype", "fp32"]
-    ctx.switchbench("kernel-bench", "--sizes", *sizes, "--device", ctx.device, "--out", str(ctx.results / "kernels"),
-                    *extra)  # fmt: skip
+    ctx.switchbench(
+        "kernel-bench",
+        "--sizes",
+        *sizes,
+        "--device",
+        ctx.device,
+        "--out",
+        str(ctx.results / "kernels"),
+        *extra,
+    )
 
 
 # Each GPU speed group is a step of its own (saved when it ends); the rehearsal stands in a tiny group for it.
@@ -186,9 +202,17 @@ def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
         cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
         # the rehearsal compiles with the 'eager' backend: Dynamo's capture without Inductor's minutes
         flags = (["--compile"] if ctx.gpu else ["--compile", "eager"]) if compiled else []
-        ctx.switchbench("speed", "--device", ctx.device, "--out", str(ctx.results / "speed"),
-                        "--groups", group if ctx.gpu else REHEARSAL_GROUP[group], *([] if ctx.gpu else cpu),
-                        *flags)  # fmt: skip
+        ctx.switchbench(
+            "speed",
+            "--device",
+            ctx.device,
+            "--out",
+            str(ctx.results / "speed"),
+            "--groups",
+            group if ctx.gpu else REHEARSAL_GROUP[group],
+            *([] if ctx.gpu else cpu),
+            *flags,
+        )
 
     return run
 
@@ -200,23 +224,45 @@ def _speed_per_implementation(ctx: Context):
     )
     cpu = ["--batch", "1", "--rounds", "2", "--warmup", "1"]
     for impl in impls:
-        ctx.switchbench("speed", "--device", ctx.device, "--groups", *group, "--scopes", "model",
-                        "--expert-matmul", impl, "--out", str(ctx.results / "speed"), *([] if ctx.gpu else cpu))  # fmt: skip
+        ctx.switchbench(
+            "speed",
+            "--device",
+            ctx.device,
+            "--groups",
+            *group,
+            "--scopes",
+            "model",
+            "--expert-matmul",
+            impl,
+            "--out",
+            str(ctx.results / "speed"),
+            *([] if ctx.gpu else cpu),
+        )
 
 
 def _profile(ctx: Context):
     presets = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
     extra = [] if ctx.gpu else ["--steps", "1", "--warmup", "0"]
-    ctx.switchbench("profile", *presets, "--forward", "--device", ctx.device,
-                    "--out", str(ctx.results / "profile"), *extra)  # fmt: skip
+    ctx.switchbench(
+        "profile",
+        *presets,
+        "--forward",
+        "--device",
+        ctx.device,
+        "--out",
+        str(ctx.results / "profile"),
+        *extra,
+    )
 
 
 def _gate_baseline(ctx: Context):
     """Two quick runs of the gate's layers on this device, pooled into its own baseline."""
     rounds = [] if ctx.gpu else ["--rounds", "3"]
     out = str(ctx.results / "speed-gate")
-    runs = [ctx.switchbench("speed", "--quick", "--device", ctx.device, "--out", out, "--json", *rounds)["saved"]
-            for _ in range(2)]  # fmt: skip
+    runs = [
+        ctx.switchbench("speed", "--quick", "--device", ctx.device, "--out", out, "--json", *rounds)["saved"]
+        for _ in range(2)
+    ]
     ctx.switchbench(
         "check", *runs, "--write", "--baseline", str(ctx.results / "baselines" / f"{ctx.tag}.json")
     )
@@ -236,14 +282,33 @@ def _listops_runs(ctx: Context) -> list[Path]:
 def _listops(ctx: Context):
     """The pair and the second dense seed, trained side by side: three small models leave a GPU mostly idle.
     Training checkpoints every evaluation, so a call stopped by its budget is continued by the next one."""
-    steps = ["--steps", "10000", "--eval-every", "100"] if ctx.gpu else ["--steps", "2", "--eval-every", "2",
-                                                                         "--batch", "4"]  # fmt: skip
+    steps = (
+        ["--steps", "10000", "--eval-every", "100"]
+        if ctx.gpu
+        else ["--steps", "2", "--eval-every", "2", "--batch", "4"]
+    )
     start = "--resume" if ctx.resume else "--force"
     commands = [
-        [sys.executable, "-m", "switchbench", "train", "--task", "listops", "--model", model, "--seed", str(seed),
-         "--device", ctx.device, "--out", str(folder), start, *steps]
+        [
+            sys.executable,
+            "-m",
+            "switchbench",
+            "train",
+            "--task",
+            "listops",
+            "--model",
+            model,
+            "--seed",
+            str(seed),
+            "--device",
+            ctx.device,
+            "--out",
+            str(folder),
+            start,
+            *steps,
+        ]
         for (model, seed), folder in zip(LISTOPS_RUNS, _listops_runs(ctx), strict=True)
-    ]  # fmt: skip
+    ]
     failures = []
     threads = [threading.Thread(target=_collect, args=(ctx, argv, failures)) for argv in commands]
     for thread in threads:
@@ -273,27 +338,65 @@ def _report(ctx: Context):
 # Declared GPU seconds are estimates for an H100 (a step's last duration on the device replaces them); each
 # non-resumable step fits one call's budget less the report's reserve with room to spare (the planner's test).
 STEPS = (
-    Step("tests", "the test suite passing on this device (fast tests)", 300, _tests("not slow", "test_config.py")),
-    *(Step(f"kernel-tune-{size}", f"the shipped table of tuned Triton configurations at {size.upper()}", seconds,
-           _kernel_tune(size), needs_gpu=True) for size, seconds in (("47m", 110), ("262m", 150))),
+    Step(
+        "tests",
+        "the test suite passing on this device (fast tests)",
+        300,
+        _tests("not slow", "test_config.py"),
+    ),
+    *(
+        Step(
+            f"kernel-tune-{size}",
+            f"the shipped table of tuned Triton configurations at {size.upper()}",
+            seconds,
+            _kernel_tune(size),
+            needs_gpu=True,
+        )
+        for size, seconds in (("47m", 110), ("262m", 150))
+    ),
     Step("kernel-bench", "expert-matmul throughput at 47M and 262M against dense", 150, _kernel_bench),
-    *(Step(f"speed-{group}", f"training-step and layer times, memory and ratios of the {group} group (eager)",
-           seconds, _speed(group)) for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80),
-                                                          ("244m-rope", 110))),
+    *(
+        Step(
+            f"speed-{group}",
+            f"training-step and layer times, memory and ratios of the {group} group (eager)",
+            seconds,
+            _speed(group),
+        )
+        for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80), ("244m-rope", 110))
+    ),
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
-    Step("speed-expert-matmul", "262M training steps on each fixed expert-matmul implementation", 300,
-         _speed_per_implementation),
-    *(Step(f"tests-slow-{i + 1}", f"the slow tests on this device, part {i + 1} of 2", 240,
-           _tests("slow", "test_scaling.py", (i, 2))) for i in range(2)),
-    *(Step(f"speed-compiled-{group}", f"the {group} group under torch.compile", seconds,
-           _speed(group, compiled=True)) for group, seconds in (("47m", 110), ("262m", 150), ("45m-rope", 110),
-                                                                ("244m-rope", 150))),
+    Step(
+        "speed-expert-matmul",
+        "262M training steps on each fixed expert-matmul implementation",
+        300,
+        _speed_per_implementation,
+    ),
+    *(
+        Step(
+            f"tests-slow-{i + 1}",
+            f"the slow tests on this device, part {i + 1} of 2",
+            240,
+            _tests("slow", "test_scaling.py", (i, 2)),
+        )
+        for i in range(2)
+    ),
+    *(
+        Step(
+            f"speed-compiled-{group}",
+            f"the {group} group under torch.compile",
+            seconds,
+            _speed(group, compiled=True),
+        )
+        for group, seconds in (("47m", 110), ("262m", 150), ("45m-rope", 110), ("244m-rope", 150))
+    ),
     Step("quality", "quality --quick at equal parameters on this device", 240, _quality),
-    Step("listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops, resumable=True),
+    Step(
+        "listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops, resumable=True
+    ),
     Step("analysis", "routing analysis of the ListOps models", 120, _analysis),
     Step(REPORT, "the report over all results", 60, _report),
-)  # fmt: skip
+)
 
 
 # State: what is done for this code, on this device
@@ -401,8 +504,14 @@ def schedule(
     return calls
 
 
-def run_chain(ctx: Context, state_path: Path, budget: float, only: list[str] | None = None,
-              retry_failed: bool = False, say=print) -> dict:  # fmt: skip
+def run_chain(
+    ctx: Context,
+    state_path: Path,
+    budget: float,
+    only: list[str] | None = None,
+    retry_failed: bool = False,
+    say=print,
+) -> dict:
     """Run what is left within ``budget`` seconds. Steps are stopped at the budget less the report's reserve; the
     report (when anything ran) has that reserve at the end, so the call ends within its budget."""
     state = load_state(state_path, fingerprint())
@@ -448,8 +557,13 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> s
     except StepFailed as error:
         status, detail = "failed", str(error)
     seconds = time.monotonic() - started
-    record |= {"status": status, "detail": detail, "seconds": round(seconds, 1),
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": _written(before, _snapshot(roots))}  # fmt: skip
+    record |= {
+        "status": status,
+        "detail": detail,
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "files": _written(before, _snapshot(roots)),
+    }
     state["steps"][step.name] = record
     estimate = seconds
     if status == "interrupted":
@@ -502,8 +616,11 @@ def register(commands) -> None:
         "evidence",
         help="every figure a GPU owes: tests, kernels, speed, profile, gate, quality, ListOps, report",
     )
-    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available; "
-                        "on the CPU a rehearsal on tiny presets")  # fmt: skip
+    parser.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        help="default: cuda when available; on the CPU a rehearsal on tiny presets",
+    )
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for this call (default 540)")
     parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], help="these steps alone")
     parser.add_argument("--retry-failed", action="store_true", help="run failed steps again")
@@ -570,8 +687,10 @@ def _list(args: argparse.Namespace, state: dict, device: str) -> int:
     if args.json:
         print(json.dumps(payload, indent=2))
         return 0
-    print(f"the plan on a CUDA GPU: {len(calls)} calls of {args.budget:.0f} s, {reserve:.0f} s of each kept for the "
-          f"report{'' if device == 'cuda' else ' (declared estimates; nothing done yet)'}")  # fmt: skip
+    print(
+        f"the plan on a CUDA GPU: {len(calls)} calls of {args.budget:.0f} s, {reserve:.0f} s of each kept for the "
+        f"report{'' if device == 'cuda' else ' (declared estimates; nothing done yet)'}"
+    )
     for number, call in enumerate(calls, 1):
         print(f"  call {number}: " + ", ".join(f"{s.name} (~{seconds[s.name]:.0f} s)" for s in call))
     for name in payload["too_long"]:

@@ -72,18 +72,37 @@ def _speed(args, results: Path, runs: Path) -> str:
     with speed.intra_op_threads(threads):
         rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2, clock=clock)
         batches = {r["group"]: r["batch"] for r in rows if "batch" in r}
-        metadata = speed.describe(rows, device, dtype, batch=batch or "fitted per group", batches=batches,
-                                  processes=1, rounds=rounds, warmup=2, threads=torch.get_num_threads(),
-                                  clock=clock, compile="eager",
-                                  **expert_matmul_metadata(args.expert_matmul, device)) | args.provenance  # fmt: skip
+        metadata = (
+            speed.describe(
+                rows,
+                device,
+                dtype,
+                batch=batch or "fitted per group",
+                batches=batches,
+                processes=1,
+                rounds=rounds,
+                warmup=2,
+                threads=torch.get_num_threads(),
+                clock=clock,
+                compile="eager",
+                **expert_matmul_metadata(args.expert_matmul, device),
+            )
+            | args.provenance
+        )
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
 def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         preset = default_preset(task, model)
-        cfg = TrainConfig(task, preset, steps=_steps(args)[task], seed=seed, eval_every=50 if args.quick else 100,
-                          device=device_from_args(None))  # fmt: skip
+        cfg = TrainConfig(
+            task,
+            preset,
+            steps=_steps(args)[task],
+            seed=seed,
+            eval_every=50 if args.quick else 100,
+            device=device_from_args(None),
+        )
         return train(cfg, runs / run_name(task, preset, seed), progress=not args.json)
 
     return step

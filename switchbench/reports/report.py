@@ -24,8 +24,13 @@ from switchbench.core.schema import read_run, read_table
 from switchbench.reports import labels, summary
 
 STRONGEST = 12  # token preferences shown before the disclosure
-TABLES = {"table1": "Table 1", "table2": "Table 2", "table3": "Table 3", "table7": "Table 7",
-          "macmatched": "MAC-matched variants"}  # fmt: skip
+TABLES = {
+    "table1": "Table 1",
+    "table2": "Table 2",
+    "table3": "Table 3",
+    "table7": "Table 7",
+    "macmatched": "MAC-matched variants",
+}
 
 
 @dataclass(frozen=True)
@@ -71,11 +76,10 @@ def _run(path: Path, kind: str) -> dict:
 def load_tables(results: Path) -> dict | None:
     folder = results / "tables"
     tables = {
-        name: {"title": title, "rows": _rows(folder / f"{name}.csv", "table"),
-               "csv": f"tables/{name}.csv"}
+        name: {"title": title, "rows": _rows(folder / f"{name}.csv", "table"), "csv": f"tables/{name}.csv"}
         for name, title in TABLES.items()
         if (folder / f"{name}.csv").exists()
-    }  # fmt: skip
+    }
     if not tables:
         return None
     metadata = _metadata(folder / "metadata.json")
@@ -127,8 +131,10 @@ def _profile(path: Path) -> dict:
     cells = {(r["name"], r["preset"], r["what"]): r for r in run["rows"] if r["kind"] == "share"}
     table = [{"share": name, "cells": [cells.get((name, *column)) for column in columns]} for name in shares]
     steps = {column: next(r for r in run["rows"] if (r["preset"], r["what"]) == column) for column in columns}
-    kernels = {column: [r for r in run["rows"] if r["kind"] == "kernel" and (r["preset"], r["what"]) == column]
-               for column in columns}  # fmt: skip
+    kernels = {
+        column: [r for r in run["rows"] if r["kind"] == "kernel" and (r["preset"], r["what"]) == column]
+        for column in columns
+    }
     return run | {"columns": columns, "table": table, "steps": steps, "kernels": kernels}
 
 
@@ -176,10 +182,14 @@ def _analysis(run: Path, results: Path) -> dict:
         "similarity": rows("similarity"),
         "similarity_image": _image(run / "similarity.png"),
         "explorer": (run / "explorer.html").exists(),
-    }  # fmt: skip
+    }
     strongest = sorted(found["preferences"], key=lambda r: -r["lift"])[:STRONGEST]
-    return found | {"accuracy": summary.final_accuracy(found["log"]), "strongest": strongest,
-                    "pairs": summary.mean_similarity(found["similarity"]), "by_layer": _by_layer(found["similarity"])}  # fmt: skip
+    return found | {
+        "accuracy": summary.final_accuracy(found["log"]),
+        "strongest": strongest,
+        "pairs": summary.mean_similarity(found["similarity"]),
+        "by_layer": _by_layer(found["similarity"]),
+    }
 
 
 def _by_layer(rows: list[dict]) -> list[dict]:

@@ -78,13 +78,23 @@ def _headline(tables: dict, claims: dict) -> list[Line]:
     out = []
     for what, key, claim in (("MACs", "macs", "headline_macs"), ("memory", "mem", "headline_memory")):
         paper, tolerance = claims[claim]["value"], claims[claim]["tolerance"]
-        for how, column in (("paper's convention", f"{key}_vs_dense"),
-                            ("this implementation, measured", f"{key}_exact_vs_dense")):  # fmt: skip
+        for how, column in (
+            ("paper's convention", f"{key}_vs_dense"),
+            ("this implementation, measured", f"{key}_exact_vs_dense"),
+        ):
             if row.get(column) is None:
                 continue
             verdict, ok = _verdict(row[column], paper, tolerance)
-            out.append(Line(f"{what} of C4 262M SwitchHead vs dense, {how}", claims[claim]["printed"],
-                            _pct(row[column]), verdict, ok, f"#{table}"))  # fmt: skip
+            out.append(
+                Line(
+                    f"{what} of C4 262M SwitchHead vs dense, {how}",
+                    claims[claim]["printed"],
+                    _pct(row[column]),
+                    verdict,
+                    ok,
+                    f"#{table}",
+                )
+            )
     return out
 
 
@@ -106,8 +116,13 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
     for run in runs:
         device = run["metadata"].get("device", "?") + ("" if run["gpu"] else " (CPU)")
         how = {"time": f"{device}, {run['timing']}", "memory": device}
-        rows = [r for r in run["rows"] if r.get("status") == "ok" and "switchhead" in r.get("preset", "")
-                and "switchall" not in r["preset"]]  # fmt: skip
+        rows = [
+            r
+            for r in run["rows"]
+            if r.get("status") == "ok"
+            and "switchhead" in r.get("preset", "")
+            and "switchall" not in r["preset"]
+        ]
         # Whole training steps compare with Table 5; without them, one attention layer's forward+backward.
         chosen = [r for r in rows if (r["scope"], r["what"]) == ("model", "train step")] or [
             r for r in rows if (r["scope"], r["what"]) == ("layer", "forward+backward")
@@ -119,15 +134,30 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
             # Table 5 prints its ratios as fractions (0.72): ours are shown the same way.
             if r.get("ratio_time") is not None:
                 verdict, ok = _time_verdict(r, paper, claim["tolerance"], run["gpu"])
-                out.append(Line(f"time of {r['preset']} vs dense, {scope}, {how['time']}", claimed,
-                                _against_floor(r), verdict, ok, "#speed"))  # fmt: skip
+                out.append(
+                    Line(
+                        f"time of {r['preset']} vs dense, {scope}, {how['time']}",
+                        claimed,
+                        _against_floor(r),
+                        verdict,
+                        ok,
+                        "#speed",
+                    )
+                )
             if r.get("ratio_memory") is not None and paper:
                 verdict, ok = _verdict(r["ratio_memory"], paper["rel_mem"], claim["tolerance"], points=False)
                 if not run["gpu"]:
                     verdict = f"CPU, not comparable with the paper's GPU ({verdict})"
-                out.append(Line(f"memory of {r['preset']} vs dense, {scope}, {how['memory']}",
-                                f"{paper['rel_mem']} ({paper['size']}, {paper['gpu']})", f"{r['ratio_memory']:.2f}",
-                                verdict, ok, "#speed"))  # fmt: skip
+                out.append(
+                    Line(
+                        f"memory of {r['preset']} vs dense, {scope}, {how['memory']}",
+                        f"{paper['rel_mem']} ({paper['size']}, {paper['gpu']})",
+                        f"{r['ratio_memory']:.2f}",
+                        verdict,
+                        ok,
+                        "#speed",
+                    )
+                )
     return out
 
 
@@ -162,14 +192,25 @@ def _kernel(kernels: dict, claim: dict) -> list[Line]:
     """The Triton expert matmul's throughput as a fraction of cuBLAS (median over cases), GPU runs only."""
     out = []
     for run in kernels["runs"]:
-        fractions = [r["vs_dense"] for r in run["rows"] if r.get("impl") == "triton" and r.get("pass") == "forward"
-                     and r.get("vs_dense") is not None]  # fmt: skip
+        fractions = [
+            r["vs_dense"]
+            for r in run["rows"]
+            if r.get("impl") == "triton" and r.get("pass") == "forward" and r.get("vs_dense") is not None
+        ]
         if not run["gpu"] or not fractions:
             continue
         ours = statistics.median(fractions)
         verdict, ok = _verdict(ours, claim["value"], claim["tolerance"])
-        out.append(Line(f"expert matmul vs cuBLAS, forward, median of {len(fractions)} cases, {run['metadata']['device']}, {run['timing']}",
-                        claim["printed"], _pct(ours), verdict, ok, "#kernels"))  # fmt: skip
+        out.append(
+            Line(
+                f"expert matmul vs cuBLAS, forward, median of {len(fractions)} cases, {run['metadata']['device']}, {run['timing']}",
+                claim["printed"],
+                _pct(ours),
+                verdict,
+                ok,
+                "#kernels",
+            )
+        )
     return out
 
 
@@ -187,20 +228,33 @@ def _quality(quality: dict) -> list[Line]:
             ours = (
                 f"{row['vs_dense']:+.3f} bits/byte [{row['vs_dense_low']:+.3f}, {row['vs_dense_high']:+.3f}]"
             )
-            verdict = {"matches": "matches: the interval holds 0", "better": "better: the interval is below 0",
-                       "worse": "worse: the interval is above 0"}[row["verdict"]]  # fmt: skip
-            out.append(Line(f"held-out bits per byte, {row['family']} minus dense at equal parameters ({row['preset']}, "
-                            f"{row['runs']} seeds, {meta['tokens_per_run']:,} tokens), {device}",
-                            _published_quality(row["family"]), ours, verdict,
-                            None if agreeing is None else row["verdict"] in agreeing, "#quality"))  # fmt: skip
+            verdict = {
+                "matches": "matches: the interval holds 0",
+                "better": "better: the interval is below 0",
+                "worse": "worse: the interval is above 0",
+            }[row["verdict"]]
+            out.append(
+                Line(
+                    f"held-out bits per byte, {row['family']} minus dense at equal parameters ({row['preset']}, "
+                    f"{row['runs']} seeds, {meta['tokens_per_run']:,} tokens), {device}",
+                    _published_quality(row["family"]),
+                    ours,
+                    verdict,
+                    None if agreeing is None else row["verdict"] in agreeing,
+                    "#quality",
+                )
+            )
     return out
 
 
 def _published_quality(family: str) -> str:
     """'12.27 vs 12.31 (47M), 9.55 vs 9.66 (262M) val ppl': the family's WikiText-103 perplexity and dense's."""
     table, metric, heads, _ = QUALITY_CLAIMS[family]
-    rows = [r for r in read_csv(TABLES).to_dict("records")
-            if (r["table"], r["dataset"], r["metric"]) == (table, "wikitext103", metric)]  # fmt: skip
+    rows = [
+        r
+        for r in read_csv(TABLES).to_dict("records")
+        if (r["table"], r["dataset"], r["metric"]) == (table, "wikitext103", metric)
+    ]
     cells = []
     for size in ("47M", "262M"):
         ours = [
@@ -235,8 +289,16 @@ def _accuracy(analysis: dict, claim: dict) -> list[Line]:
             )
         elif run.get("steps") is not None:
             verdict += f" after {run['steps']:,} steps"
-        out.append(Line(f"ListOps validation accuracy, {model} ({labels.trained(run)})", claim["printed"],
-                        _pct(accuracy), verdict, ok, "#curves"))  # fmt: skip
+        out.append(
+            Line(
+                f"ListOps validation accuracy, {model} ({labels.trained(run)})",
+                claim["printed"],
+                _pct(accuracy),
+                verdict,
+                ok,
+                "#curves",
+            )
+        )
     return out
 
 
@@ -245,10 +307,16 @@ def mean_similarity(rows: list[dict]) -> list[dict]:
     pairs: dict[tuple, list[dict]] = {}
     for row in rows:
         pairs.setdefault((row["model_a"], row["model_b"], bool(row["baseline"])), []).append(row)
-    return [{"model_a": a, "model_b": b, "baseline": baseline,
-             "pearson": statistics.fmean(r["pearson"] for r in layers),
-             "js_distance": statistics.fmean(r["js_distance"] for r in layers)}
-            for (a, b, baseline), layers in pairs.items()]  # fmt: skip
+    return [
+        {
+            "model_a": a,
+            "model_b": b,
+            "baseline": baseline,
+            "pearson": statistics.fmean(r["pearson"] for r in layers),
+            "js_distance": statistics.fmean(r["js_distance"] for r in layers),
+        }
+        for (a, b, baseline), layers in pairs.items()
+    ]
 
 
 def _similarity(analysis: dict, claim: dict) -> list[Line]:
@@ -260,12 +328,28 @@ def _similarity(analysis: dict, claim: dict) -> list[Line]:
         return []
     ours = f"r = {pair['pearson']:.2f}, JS distance {pair['js_distance']:.2f}"
     if base is None:
-        return [Line(f"attention maxima, {pair['model_a']} vs {pair['model_b']}", claim["printed"], ours,
-                     "no baseline to compare with", None, "#similarity")]  # fmt: skip
+        return [
+            Line(
+                f"attention maxima, {pair['model_a']} vs {pair['model_b']}",
+                claim["printed"],
+                ours,
+                "no baseline to compare with",
+                None,
+                "#similarity",
+            )
+        ]
     ours += f" (two dense seeds: r = {base['pearson']:.2f}, JS {base['js_distance']:.2f})"
     verdict, ok = similarity_verdict(pair, base, analysis["similarity"], claim["tolerance"])
-    return [Line(f"attention maxima alike, {pair['model_a']} vs {pair['model_b']} (mean over layers)",
-                 claim["printed"], ours, verdict, ok, "#similarity")]  # fmt: skip
+    return [
+        Line(
+            f"attention maxima alike, {pair['model_a']} vs {pair['model_b']} (mean over layers)",
+            claim["printed"],
+            ours,
+            verdict,
+            ok,
+            "#similarity",
+        )
+    ]
 
 
 def similarity_verdict(pair: dict, base: dict, rows: list[dict], tolerance: float) -> tuple[str, bool | None]:
@@ -274,8 +358,11 @@ def similarity_verdict(pair: dict, base: dict, rows: list[dict], tolerance: floa
     reference's; it differs only when the gap is wider than the reference's own spread across layers (its
     highest minus its lowest layer r); otherwise the effect is inside the noise: inconclusive."""
     if base["pearson"] < REFERENCE_MIN_R:
-        return (f"inconclusive: two dense seeds agree only at r = {base['pearson']:.2f} "
-                f"(below {REFERENCE_MIN_R}), no shared pattern to reproduce", None)  # fmt: skip
+        return (
+            f"inconclusive: two dense seeds agree only at r = {base['pearson']:.2f} "
+            f"(below {REFERENCE_MIN_R}), no shared pattern to reproduce",
+            None,
+        )
     gap = pair["pearson"] - base["pearson"]
     if gap >= -tolerance:
         return "reproduced: as alike as two seeds", True
@@ -298,8 +385,19 @@ def _dead_experts(analysis: dict) -> list[Line]:
         routers = [r for r in analysis["summary"] if r["model"] == model]
         dead = [len(str(r["dead_experts"]).split()) for r in routers if r["dead_experts"] not in (None, "")]
         unused = sum(dead)
-        ours = (f"{unused} expert{'s' if unused != 1 else ''}, in {len(dead)} of {len(routers)} routers" if unused
-                else f"none, in {len(routers)} routers")  # fmt: skip
-        out.append(Line(f"experts never chosen, {model}", "not reported", ours,
-                        "none" if not dead else "some experts unused", None, "#usage"))  # fmt: skip
+        ours = (
+            f"{unused} expert{'s' if unused != 1 else ''}, in {len(dead)} of {len(routers)} routers"
+            if unused
+            else f"none, in {len(routers)} routers"
+        )
+        out.append(
+            Line(
+                f"experts never chosen, {model}",
+                "not reported",
+                ours,
+                "none" if not dead else "some experts unused",
+                None,
+                "#usage",
+            )
+        )
     return out

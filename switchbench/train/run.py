@@ -129,8 +129,10 @@ class LMTask:
         # 90% for training, a chunk of T + 1 bytes per stream at least; the rest is 4 validation streams
         if split < cfg.batch * (model_cfg.T + 1) or data.numel() - split < 8:
             needed = max(80, math.ceil(cfg.batch * (model_cfg.T + 1) / 0.9) + 1)
-            raise ValueError(f"the text has {text.count_bytes(data.numel())}: too short for batch {cfg.batch} and "
-                             f"chunks of {model_cfg.T} bytes (needs {needed:,})")  # fmt: skip
+            raise ValueError(
+                f"the text has {text.count_bytes(data.numel())}: too short for batch {cfg.batch} and "
+                f"chunks of {model_cfg.T} bytes (needs {needed:,})"
+            )
         self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch).to(cfg.device)
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
@@ -221,8 +223,16 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             # The log first: a run stopped between the two writes has the row on resume, which drops rows past
             # the checkpoint's step and redoes them, so every step is logged once.
             write_csv(out / "log.csv", log_rows)
-            checkpoint.save(out / "checkpoint.pt", task=cfg.task, cfg=model_cfg, model=model, optimizer=optimizer,
-                            step=step + 1, train=asdict(cfg) | _expert_matmul(cfg), n_classes=n_classes)  # fmt: skip
+            checkpoint.save(
+                out / "checkpoint.pt",
+                task=cfg.task,
+                cfg=model_cfg,
+                model=model,
+                optimizer=optimizer,
+                step=step + 1,
+                train=asdict(cfg) | _expert_matmul(cfg),
+                n_classes=n_classes,
+            )
             kept = step + 1
     return log_rows[-1] if log_rows else {}
 
@@ -273,8 +283,18 @@ def register(commands) -> None:
 
 def _run(args) -> None:
     preset = args.preset or default_preset(args.task, args.model)
-    cfg = TrainConfig(args.task, preset, args.steps, args.batch, args.lr, seed=args.seed, eval_every=args.eval_every,
-                      text=args.text, hf_dataset=args.hf_dataset, device=device_from_args(args.device))  # fmt: skip
+    cfg = TrainConfig(
+        args.task,
+        preset,
+        args.steps,
+        args.batch,
+        args.lr,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        text=args.text,
+        hf_dataset=args.hf_dataset,
+        device=device_from_args(args.device),
+    )
     out = writable_folder(Path(args.out or Path("runs") / run_name(args.task, preset, args.seed)))
     earlier = [out / name for name in ("checkpoint.pt", "log.csv") if (out / name).exists()]
     if earlier and not (args.resume or args.force):
@@ -285,5 +305,7 @@ def _run(args) -> None:
         emit({"run": str(out), "preset": preset, **result, **experts}, True)
         return
     summary = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
-    print(f"{preset}: {summary}; {describe_expert_matmul(experts)}\n"
-          f"checkpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}")  # fmt: skip
+    print(
+        f"{preset}: {summary}; {describe_expert_matmul(experts)}\n"
+        f"checkpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}"
+    )

@@ -22,11 +22,30 @@ from switchbench.models.layers.window import make_window
 # Ops of the layers that fvcore has no handle for and that perform no multiply-accumulate (elementwise, routing,
 # sorting). Any other op without a handle is an error rather than a silent zero.
 NO_MACS = {
-    "aten::add", "aten::sub", "aten::rsub", "aten::mul", "aten::div", "aten::neg", "aten::pow", "aten::sin",
-    "aten::cos", "aten::sigmoid", "aten::softmax", "aten::topk", "aten::sort", "aten::cumsum",
-    "aten::scatter_add_", "aten::ones_like", "aten::pad", "aten::repeat_interleave", "aten::scatter",
-    "aten::sum", "aten::new_ones", "aten::zeros_like", "aten::mean",
-}  # fmt: skip
+    "aten::add",
+    "aten::sub",
+    "aten::rsub",
+    "aten::mul",
+    "aten::div",
+    "aten::neg",
+    "aten::pow",
+    "aten::sin",
+    "aten::cos",
+    "aten::sigmoid",
+    "aten::softmax",
+    "aten::topk",
+    "aten::sort",
+    "aten::cumsum",
+    "aten::scatter_add_",
+    "aten::ones_like",
+    "aten::pad",
+    "aten::repeat_interleave",
+    "aten::scatter",
+    "aten::sum",
+    "aten::new_ones",
+    "aten::zeros_like",
+    "aten::mean",
+}
 
 
 def is_oom(error: BaseException) -> bool:

@@ -28,8 +28,12 @@ SIZES = {"47m": ("47m", "45m-rope"), "262m": ("262m", "244m-rope")}
 
 def _series(xl: str, rope: str) -> dict[str, str]:
     families = [f for f in registry.families() if f.attention_name in (None, "dense")]
-    return {f"{f.label} {pos}": f.roles[role] for f in families for pos, role in (("XL", xl), ("RoPE", rope))
-            if role in f.roles}  # fmt: skip
+    return {
+        f"{f.label} {pos}": f.roles[role]
+        for f in families
+        for pos, role in (("XL", xl), ("RoPE", rope))
+        if role in f.roles
+    }
 
 
 SERIES = {size: _series(*roles) for size, roles in SIZES.items()}
@@ -100,8 +104,15 @@ def figure(rows: list[dict]) -> Figure:
             ax.grid(True, which="major", alpha=0.3)
     # One legend for every panel: the series are the same at every size
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="outside lower center", ncol=min(len(names), 5),
-               fontsize=9, title="dotted: T where T² terms are half", title_fontsize=9)  # fmt: skip
+    fig.legend(
+        handles,
+        names,
+        loc="outside lower center",
+        ncol=min(len(names), 5),
+        fontsize=9,
+        title="dotted: T where T² terms are half",
+        title_fontsize=9,
+    )
     fig.suptitle(
         "One attention layer, one sequence, forward pass (exact count); XL keeps C = 2 chunks, RoPE C = 1"
     )

@@ -32,10 +32,13 @@ MAC_MATCHED = (
 
 # Rows whose published cells need something the label does not say; the paper-convention column keeps the label.
 C_OVERRIDES = {
-    ("7", "243M", "switchhead"): (2, "published cost only reproduces with C = 2 (one cached chunk), although the "
-                                     "row is labelled cache-free"),
+    ("7", "243M", "switchhead"): (
+        2,
+        "published cost only reproduces with C = 2 (one cached chunk), although the "
+        "row is labelled cache-free",
+    ),
     ("7", "244M", "switchhead"): (2, "as the 243M row: reproduces only with C = 2"),
-}  # fmt: skip
+}
 # Table 3 prints the script's one-decimal value again at its own precision, halves to even (202.5M -> 202M).
 VIA_ONE_DECIMAL = {"3"}
 
@@ -112,9 +115,12 @@ def dense_baseline(row: PublishedRow, rows: list[PublishedRow]) -> PublishedRow:
     dense = [
         r
         for r in rows
-        if r.table == row.table and r.dataset == row.dataset and r.model == "transformer"
-        and PRESETS[r.preset].pos == cfg.pos and PRESETS[r.preset].d_model == cfg.d_model
-    ]  # fmt: skip
+        if r.table == row.table
+        and r.dataset == row.dataset
+        and r.model == "transformer"
+        and PRESETS[r.preset].pos == cfg.pos
+        and PRESETS[r.preset].d_model == cfg.d_model
+    ]
     return max(dense, key=lambda r: r.n_heads)
 
 
@@ -149,8 +155,11 @@ def table_rows(table: str, rows: list[PublishedRow] | None = None) -> list[dict]
 
 def mac_matched_rows() -> list[dict]:
     """Section 3.5's MAC-matched SwitchHead variants (no published cost) against their dense baselines."""
-    baselines = {"xl-412": "c4-47m-transformer-h10", "xl-1024": "c4-262m-transformer-h16",
-                 "rope-412": "wikitext103-45m-transformer-h10"}  # fmt: skip
+    baselines = {
+        "xl-412": "c4-47m-transformer-h10",
+        "xl-1024": "c4-262m-transformer-h16",
+        "rope-412": "wikitext103-45m-transformer-h10",
+    }
     out = []
     for name in MAC_MATCHED:
         cfg = PRESETS[name]
@@ -309,8 +318,10 @@ def _run_count(args) -> None:
         rows = [{"table": r.table, "preset": r.preset, "macs": r.macs, "mem": r.mem} for r in published]
         emit({"config": cfg.to_dict(), "published": rows, **views}, True)
         return
-    rows = [{"view": f"published, Table {r.table} ({r.preset})", "MACs": r.macs, "memory (floats)": r.mem}
-            for r in published]  # fmt: skip
+    rows = [
+        {"view": f"published, Table {r.table} ({r.preset})", "MACs": r.macs, "memory (floats)": r.mem}
+        for r in published
+    ]
     rows += [
         {
             "view": label,
@@ -319,8 +330,10 @@ def _run_count(args) -> None:
         }
         for key, label in _VIEWS.items()
     ]
-    print(f"{args.preset or 'custom'}: {describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
-          f"C = {1 + cfg.context_blocks}, forward")  # fmt: skip
+    print(
+        f"{args.preset or 'custom'}: {describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
+        f"C = {1 + cfg.context_blocks}, forward"
+    )
     print(format_table(rows))
 
 

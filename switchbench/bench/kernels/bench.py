@@ -348,8 +348,15 @@ def measure(
     rows = []
     for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
         t = statistics.median(times)
-        row = {"case": case.name, "impl": impl, "view": peer.view, "pass": what, "status": "ok", "ms": t,
-               "tflops": 2 * macs / t / 1e9}  # fmt: skip
+        row = {
+            "case": case.name,
+            "impl": impl,
+            "view": peer.view,
+            "pass": what,
+            "status": "ok",
+            "ms": t,
+            "tflops": 2 * macs / t / 1e9,
+        }
         spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
         rows.append(row | spread | checked | _shape(case))
     return rows
@@ -357,10 +364,17 @@ def measure(
 
 def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
     return [
-        {"case": case.name, "impl": impl, "view": PEERS[impl].view, "pass": p, "status": status, **why,
-         **_shape(case)}
+        {
+            "case": case.name,
+            "impl": impl,
+            "view": PEERS[impl].view,
+            "pass": p,
+            "status": status,
+            **why,
+            **_shape(case),
+        }
         for p in PASSES
-    ]  # fmt: skip
+    ]
 
 
 def _shape(case: Case) -> dict:
@@ -452,22 +466,35 @@ def _run(args) -> int:
         if peak and "ms" in r:
             r["fraction_of_matmul_peak"] = r["tflops"] / peak
     precision = f"inputs in {args.dtype}, as autocast hands them to the op; fp32 accumulation"
-    metadata = environment(device) | {"dtype": args.dtype, "precision": precision, "batch": batch,
-                                      "sizes": args.sizes, "matmul_peak_tflops": peak,
-                                      **expert_matmul_metadata(args.expert_matmul, device),
-                                      "expert_matmul_by_case": by_case}  # fmt: skip
+    metadata = environment(device) | {
+        "dtype": args.dtype,
+        "precision": precision,
+        "batch": batch,
+        "sizes": args.sizes,
+        "matmul_peak_tflops": peak,
+        **expert_matmul_metadata(args.expert_matmul, device),
+        "expert_matmul_by_case": by_case,
+    }
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
     table = [
-        {"case": r["case"], "pass": r["pass"], "impl": r["impl"] + (" *" if r["chosen"] else ""), "view": r["view"],
-         "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"], "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
-         "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
-         "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else ""}
+        {
+            "case": r["case"],
+            "pass": r["pass"],
+            "impl": r["impl"] + (" *" if r["chosen"] else ""),
+            "view": r["view"],
+            "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
+            "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
+            "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
+            "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
+        }
         for r in rows
-    ]  # fmt: skip
+    ]
     if not args.json:
-        print(f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
-              f"of peak: of the measured matmul peak ({_tflops(peak)}); * = what --expert-matmul "
-              f"{args.expert_matmul} runs for the case")  # fmt: skip
+        print(
+            f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
+            f"of peak: of the measured matmul peak ({_tflops(peak)}); * = what --expert-matmul "
+            f"{args.expert_matmul} runs for the case"
+        )
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]
     if not args.json:

@@ -205,8 +205,15 @@ def check(run: dict, baseline: dict) -> list[dict]:
 
 def _verdict(key: str, name: str, expected: float, row: dict, tolerance: float) -> dict:
     limit = expected * (1 + tolerance) if tolerance else expected  # an exact count stays an integer
-    verdict = {"ratio": key, "quantity": name, "baseline": expected, "measured": row.get(name),
-               "low": None, "high": None, "limit": limit}  # fmt: skip
+    verdict = {
+        "ratio": key,
+        "quantity": name,
+        "baseline": expected,
+        "measured": row.get(name),
+        "low": None,
+        "high": None,
+        "limit": limit,
+    }
     if row["status"] != "ok" or name not in row:
         return verdict | {"verdict": row["status"] if row["status"] != "ok" else "missing"}
     if name == TIME:
@@ -291,6 +298,8 @@ def _run(args) -> int:
         )
         return 1 if failed else 0
     print(report(verdicts))
-    print(f"{len(verdicts)} quantities of {path} checked against {args.baseline}: "
-          f"{f'FAIL, {failed} regressed' if failed else 'ok'}")  # fmt: skip
+    print(
+        f"{len(verdicts)} quantities of {path} checked against {args.baseline}: "
+        f"{f'FAIL, {failed} regressed' if failed else 'ok'}"
+    )
     return 1 if failed else 0

@@ -93,9 +93,17 @@ ROUTING_OPS = {
     "aten::bincount",
 }
 GATHER_OPS = {
-    "aten::index", "aten::index_select", "aten::index_copy_", "aten::index_add_", "aten::gather",
-    "aten::scatter", "aten::scatter_", "aten::scatter_add_", "aten::index_put_", "aten::_index_put_impl_",
-}  # fmt: skip
+    "aten::index",
+    "aten::index_select",
+    "aten::index_copy_",
+    "aten::index_add_",
+    "aten::gather",
+    "aten::scatter",
+    "aten::scatter_",
+    "aten::scatter_add_",
+    "aten::index_put_",
+    "aten::_index_put_impl_",
+}
 COPY_OPS = {"aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::to", "aten::cat"}
 
 
@@ -205,8 +213,11 @@ def units(events: list[FunctionEvent], device: str) -> tuple[list[Unit], float]:
     if device == "cuda":
         found = _kernel_units(events, inside, forward)
     else:  # an operator's self time; labels' and autograd's own are the host's, outside
-        found = [Unit(e.self_cpu_time_total, e.name, *_op_context(e, forward)) for e in inside
-                 if e.name.startswith(OPERATORS)]  # fmt: skip
+        found = [
+            Unit(e.self_cpu_time_total, e.name, *_op_context(e, forward))
+            for e in inside
+            if e.name.startswith(OPERATORS)
+        ]
     return found, sum(s.elapsed_us() for s in spans)
 
 
@@ -293,10 +304,16 @@ def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[
     ]
     ranked = sorted(kernels.items(), key=lambda item: -sum(item[1]))[:top]
     top_rows = [
-        {"kind": "kernel", "name": name, "share": share_name, "ms": sum(times) / steps / 1e3,
-         "fraction": sum(times) / total, "calls": len(times) // steps}
+        {
+            "kind": "kernel",
+            "name": name,
+            "share": share_name,
+            "ms": sum(times) / steps / 1e3,
+            "fraction": sum(times) / total,
+            "calls": len(times) // steps,
+        }
         for (name, share_name), times in ranked
-    ]  # fmt: skip
+    ]
     return shares, top_rows
 
 
@@ -334,8 +351,16 @@ def profile_step(
     return shares + top_rows, timing
 
 
-def run(presets: list[str], what: list[str], batch: int, device: str, dtype: torch.dtype,
-        steps: int, warmup: int, top: int) -> list[dict]:  # fmt: skip
+def run(
+    presets: list[str],
+    what: list[str],
+    batch: int,
+    device: str,
+    dtype: torch.dtype,
+    steps: int,
+    warmup: int,
+    top: int,
+) -> list[dict]:
     rows = []
     for preset in presets:
         benches = {b.what: b for b in model_benches(preset, batch, device, dtype)}
@@ -391,18 +416,30 @@ def _run(args) -> int:
             raise ValueError(f"{preset} at batch {batch}: {reason}; try a smaller --batch")
     what = ["train step", "forward"] if args.forward else ["train step"]
     rows = run(args.presets, what, batch, device, dtype, args.steps, args.warmup, args.top)
-    metadata = environment(device) | {
-        "dtype": dtype_name, "precision": precision.describe(dtype_name), "batch": batch, "steps": args.steps,
-        "warmup": args.warmup, "presets": args.presets, "what": what, "compile": "eager",
-        "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
-    } | expert_matmul_metadata(args.expert_matmul, device)  # fmt: skip
+    metadata = (
+        environment(device)
+        | {
+            "dtype": dtype_name,
+            "precision": precision.describe(dtype_name),
+            "batch": batch,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "presets": args.presets,
+            "what": what,
+            "compile": "eager",
+            "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
+        }
+        | expert_matmul_metadata(args.expert_matmul, device)
+    )
     label = f"{dtype_name}-b{batch}-" + "-vs-".join(slug(p) for p in args.presets)
     path = save_run(Path(args.out) / slug(metadata["device"]), label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return 0
-    print(f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
-          f"counted: {metadata['counted']}; {describe_expert_matmul(metadata)}")  # fmt: skip
+    print(
+        f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
+        f"counted: {metadata['counted']}; {describe_expert_matmul(metadata)}"
+    )
     print(side_by_side(rows).to_string())
     print(f"saved {path}")
     return 0

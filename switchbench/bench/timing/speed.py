@@ -124,11 +124,29 @@ def model_benches(
     kernels = functools.cache(lambda: _kernels(forward))
     attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
     return [
-        Bench(preset, "model", "train step", train_step, 6 * macs, memory, attention=attention, expert_matmul=experts,
-              module=model),
-        Bench(preset, "model", "forward", forward, 2 * macs, lambda: None, attention=attention, expert_matmul=experts,
-              module=model),
-    ]  # fmt: skip
+        Bench(
+            preset,
+            "model",
+            "train step",
+            train_step,
+            6 * macs,
+            memory,
+            attention=attention,
+            expert_matmul=experts,
+            module=model,
+        ),
+        Bench(
+            preset,
+            "model",
+            "forward",
+            forward,
+            2 * macs,
+            lambda: None,
+            attention=attention,
+            expert_matmul=experts,
+            module=model,
+        ),
+    ]
 
 
 def layer_benches(
@@ -167,11 +185,31 @@ def layer_benches(
     kernels = functools.cache(lambda: _kernels(forward))
     attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
     return [
-        Bench(preset, "layer", "forward", forward, 2 * macs, lambda: None, lambda: count_op_calls(forward),
-              attention, experts, module),
-        Bench(preset, "layer", "forward+backward", forward_backward, 6 * macs, memory,
-              lambda: count_op_calls(forward_backward), attention, experts, module),
-    ]  # fmt: skip
+        Bench(
+            preset,
+            "layer",
+            "forward",
+            forward,
+            2 * macs,
+            lambda: None,
+            lambda: count_op_calls(forward),
+            attention,
+            experts,
+            module,
+        ),
+        Bench(
+            preset,
+            "layer",
+            "forward+backward",
+            forward_backward,
+            6 * macs,
+            memory,
+            lambda: count_op_calls(forward_backward),
+            attention,
+            experts,
+            module,
+        ),
+    ]
 
 
 def _kernels(forward: Callable) -> tuple[str, str | None]:
@@ -317,14 +355,21 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
                 "memory_bytes": _memory(bench),
             }
-            measured = {"op_calls": bench.op_calls(), "attention": bench.attention(),
-                        "expert_matmul": bench.expert_matmul()}  # fmt: skip
+            measured = {
+                "op_calls": bench.op_calls(),
+                "attention": bench.attention(),
+                "expert_matmul": bench.expert_matmul(),
+            }
             row |= {name: value for name, value in measured.items() if value is not None}
             if base is not None and base not in failed:
                 paired = [a / b for a, b in zip(times[i], times[base], strict=True)]
                 floor = bench.flops / benches[base].flops  # the exact MAC ratio: what compute alone allows
-                row |= {"ratio_time": statistics.median(paired), "ratio_time_rounds": paired,
-                        "ratio_macs": floor, "time_over_floor": statistics.median(paired) / floor}  # fmt: skip
+                row |= {
+                    "ratio_time": statistics.median(paired),
+                    "ratio_time_rounds": paired,
+                    "ratio_macs": floor,
+                    "time_over_floor": statistics.median(paired) / floor,
+                }
                 row["baseline"] = baseline
         rows.append(row)
     _flag_mixed_attention(rows)
@@ -409,9 +454,16 @@ def count_ratios() -> list[dict]:
         for preset in group[1:]:
             cost = exact_cost(PRESETS[preset])
             rows.append(
-                {"preset": preset, "scope": "count", "what": "exact", "status": "ok", "baseline": group[0],
-                 "ratio_macs": cost.macs / base.macs, "ratio_memory": cost.mem / base.mem}
-            )  # fmt: skip
+                {
+                    "preset": preset,
+                    "scope": "count",
+                    "what": "exact",
+                    "status": "ok",
+                    "baseline": group[0],
+                    "ratio_macs": cost.macs / base.macs,
+                    "ratio_memory": cost.mem / base.mem,
+                }
+            )
     return rows
 
 
@@ -443,8 +495,17 @@ def run(
                 for preset in presets:
                     failed = _build(benches, preset, scope, size, device, dtype, ddp, compile)
                     if failed:
-                        rows.append({"preset": preset, "scope": scope, "what": "build", "status": "OOM",
-                                     "reason": failed, "group": group, "batch": size})  # fmt: skip
+                        rows.append(
+                            {
+                                "preset": preset,
+                                "scope": scope,
+                                "what": "build",
+                                "status": "OOM",
+                                "reason": failed,
+                                "group": group,
+                                "batch": size,
+                            }
+                        )
                 timed = time_group(benches, timer, rounds, warmup, bar)
                 rows += [r | {"group": group, "batch": size} for r in timed]
                 del benches
@@ -548,8 +609,18 @@ def _run(args) -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     with intra_op_threads(threads):
         per_process = None if batch is None else batch // world
-        rows = run(groups, scopes, device, DTYPES[dtype_name], per_process, rounds, args.warmup, world > 1, clock,
-                   args.compile)  # fmt: skip
+        rows = run(
+            groups,
+            scopes,
+            device,
+            DTYPES[dtype_name],
+            per_process,
+            rounds,
+            args.warmup,
+            world > 1,
+            clock,
+            args.compile,
+        )
         if world > 1:
             torch.distributed.destroy_process_group()
         if rank != 0:

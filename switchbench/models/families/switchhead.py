@@ -209,8 +209,12 @@ def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
     current tokens; H routers of E experts, k slots each; O sums its heads' slots, gated."""
     H, E, k, d, D = cfg.n_heads, cfg.n_experts, cfg.k, cfg.d_model, cfg.d_head
     window, tokens = batch * cfg.T * (1 + cfg.context_blocks), batch * cfg.T
-    shapes = {"q": (tokens, 1, H * k, H, E, H, d, D, True), "k": (window, 1, H * k, H, E, H, d, D, True),
-              "v": (window, 1, H * k, H, E, H, d, D, True), "o": (tokens, H, H * k, 1, E, H, D, d, True)}  # fmt: skip
+    shapes = {
+        "q": (tokens, 1, H * k, H, E, H, d, D, True),
+        "k": (window, 1, H * k, H, E, H, d, D, True),
+        "v": (window, 1, H * k, H, E, H, d, D, True),
+        "o": (tokens, H, H * k, 1, E, H, D, d, True),
+    }
     return tuple((f"switchhead-{p}", *shapes[p]) for p in "qkvo" if p in cfg.experts)
 
 
