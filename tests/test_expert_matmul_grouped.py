@@ -1,19 +1,22 @@
 """The grouped-GEMM expert matmul (torch's grouped_mm) against a float64 loop: output and every gradient, for every
 family's groupings, gated and not, uneven and empty experts, unaligned widths, non-contiguous inputs, autocast."""
 
+from dataclasses import replace
+
 import naive
 import pytest
 import torch
-from naive import CASES, NAMES, make_case
+from naive import NAMES
 
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.cases import CASES, Case, float64_inputs, reference
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 pytestmark = pytest.mark.skipif(
     expert_matmul_grouped.unavailable() is not None, reason="this torch has no grouped_mm"
 )
 # MoA's output projection: per-head input, one output per token (S_in = S, S_out = 1)
-FAMILY_CASES = CASES | {"moa-o": (8, 4, 4, 1, 6, 24, 20, "random")}
+FAMILY_CASES = CASES | {"moa-o": Case("moa-o", 8, 4, 4, 1, 6, 1, 24, 20, True)}
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 3e-2}
 
 
@@ -31,12 +34,12 @@ def _assert_close(got, exact, atol):
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
 @pytest.mark.parametrize("case", list(FAMILY_CASES))
 def test_grouped_mm_matches_float64(case, gated, dtype):
-    s_out = FAMILY_CASES[case][3]
-    x, weight, indices, scores, grad_out = make_case(*FAMILY_CASES[case])
+    s_out = FAMILY_CASES[case].out_groups
+    x, weight, indices, scores, grad_out = float64_inputs(FAMILY_CASES[case])
     scores = scores if gated else None
     exact = naive.outputs("torch", x, weight, indices, scores, s_out, grad_out)
     if case == "single-token":  # the PyTorch path in float64 is itself checked against the slot-by-slot loop
-        torch.testing.assert_close(exact[0], naive.expert_matmul(x, weight, indices, scores, s_out))
+        torch.testing.assert_close(exact[0], reference(x, weight, indices, scores, s_out))
     inputs = [None if t is None else t.to(dtype) for t in (x, weight, scores)]
     got = naive.outputs("grouped_mm", inputs[0], inputs[1], indices, inputs[2], s_out, grad_out)
     _assert_close(got, exact, TOLERANCE[dtype])
@@ -51,7 +54,7 @@ def test_a_wrong_transposition_is_caught(monkeypatch):
             weight = weight.transpose(1, 2).contiguous().reshape(weight.shape)
         return real(rows, weight, ends)
 
-    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["switchhead-o"])
     exact = naive.outputs("torch", x, weight, indices, scores, 1, grad_out)
     monkeypatch.setattr(expert_matmul_grouped, "grouped_mm", reshaped)
     got = naive.outputs("grouped_mm", x.float(), weight.float(), indices, scores.float(), 1, grad_out)
@@ -60,7 +63,7 @@ def test_a_wrong_transposition_is_caught(monkeypatch):
 
 
 def test_experts_without_rows_get_zero_weight_gradients():
-    x, weight, indices, scores, grad_out = make_case(*CASES["empty-experts"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["empty-experts"])
     _, _, grad_w, _ = naive.outputs(
         "grouped_mm", x.float(), weight.float(), indices, scores.float(), 1, grad_out
     )
@@ -100,9 +103,9 @@ def test_no_tokens_at_all(dtype):
 
 def test_non_contiguous_inputs_and_scores():
     """x with a feature stride of 2, a column-major weight, a transposed scores view: the same results."""
-    case = (9, 1, 6, 3, 4, 40, 24, "random")  # widths already aligned: the weight reaches the GEMM as it is
-    for widths in (case, CASES["switchhead-v"]):
-        x, weight, indices, scores, grad_out = make_case(*widths, seed=7)
+    aligned = replace(CASES["switchhead-v"], d_in=40, d_out=24)  # the weight reaches the GEMM as it is
+    for case in (aligned, CASES["switchhead-v"]):
+        x, weight, indices, scores, grad_out = float64_inputs(case, seed=7)
         exact = naive.outputs("torch", x, weight, indices, scores, 3, grad_out)
         x_nc = torch.stack([x, x], -1).float()[..., 0]
         weight_nc = weight.float().transpose(1, 2).contiguous().transpose(1, 2)
@@ -115,7 +118,7 @@ def test_non_contiguous_inputs_and_scores():
 
 def test_autocast_bf16_matches_float64():
     """fp32 leaves under CPU autocast: the op computes in bf16, the leaves get fp32 gradients of the right value."""
-    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-v"], seed=5)
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["switchhead-v"], seed=5)
     leaves = [t.float().requires_grad_() for t in (x, weight, scores)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = expert_matmul(*leaves[:2], route(indices, 4), leaves[2], 3, impl="grouped_mm")
@@ -128,29 +131,29 @@ def test_autocast_bf16_matches_float64():
 
 def test_the_presets_unaligned_widths_run():
     """47M SwitchHead's V projection in bf16: d_model 412 and d_head 76 are not 16-byte rows; padded, not refused."""
-    case = (32, 1, 4, 2, 10, 412, 76, "random")
-    x, weight, indices, scores, grad_out = make_case(*case, seed=2)
+    case = Case("47m switchhead-v", 32, 1, 4, 2, 10, 1, 412, 76, True)
+    x, weight, indices, scores, grad_out = float64_inputs(case, seed=2)
     exact = naive.outputs("torch", x, weight, indices, scores, 2, grad_out)
     bf16 = [t.to(torch.bfloat16) for t in (x, weight, scores)]
     _assert_close(naive.outputs("grouped_mm", bf16[0], bf16[1], indices, bf16[2], 2, grad_out), exact, 3e-2)
 
 
 def test_deterministic():
-    x, weight, indices, scores, grad_out = make_case(*CASES["sigma-moe-down"], seed=3)
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["sigma-moe-down"], seed=3)
     args = (x.float(), weight.float(), indices, scores.float(), 1, grad_out)
     for a, b in zip(naive.outputs("grouped_mm", *args), naive.outputs("grouped_mm", *args), strict=True):
         assert torch.equal(a, b)
 
 
 def test_float64_is_refused():
-    x, weight, indices, scores, _ = make_case(*CASES["k-1"])
+    x, weight, indices, scores, _ = float64_inputs(CASES["k-1"])
     with pytest.raises(ValueError, match="grouped_mm expert matmul takes fp32, fp16 or bf16"):
         expert_matmul(x, weight, route(indices, 3), scores, 2, impl="grouped_mm")
 
 
 def test_custom_op_registration():
     """Schema, fake implementation and autograd registration agree with the real op (opcheck)."""
-    x, weight, indices, scores, _ = make_case(*CASES["switchhead-v"])
+    x, weight, indices, scores, _ = float64_inputs(CASES["switchhead-v"])
     routing = route(indices, weight.shape[0])
     leaves = [t.float().requires_grad_() for t in (x, weight, scores)]
     torch.library.opcheck(
@@ -162,7 +165,7 @@ def test_custom_op_registration():
 
 def test_backward_takes_an_fp32_gradient_with_bf16_inputs():
     """As under CUDA autocast: the backward op casts an fp32 incoming gradient to the inputs' bf16."""
-    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["switchhead-o"])
     routing = route(indices, weight.shape[0])
     inputs = [t.to(torch.bfloat16) for t in (x, weight, scores)]
     got = torch.ops.switchbench.expert_matmul_backward(

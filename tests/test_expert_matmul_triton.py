@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("triton")
 
 import naive
-from naive import CASES, make_case
 
+from switchbench.ops.expert_matmul.cases import CASES, Case, float64_inputs, reference
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 CUDA = torch.cuda.is_available()
@@ -36,11 +36,11 @@ FAST_CASES = ("single-token", "k-1")
     "case", [pytest.param(c, marks=() if c in FAST_CASES else pytest.mark.slow) for c in CASES]
 )
 def test_triton_matches_float64_and_torch_path(case, gated):
-    s_out = CASES[case][3]
-    x, weight, indices, scores, grad_out = make_case(*CASES[case])
+    s_out = CASES[case].out_groups
+    x, weight, indices, scores, grad_out = float64_inputs(CASES[case])
     scores = scores if gated else None
     exact = run("torch", x, weight, indices, scores, s_out, grad_out)  # the PyTorch path in float64
-    y_loop = naive.expert_matmul(x, weight, indices, scores, s_out)
+    y_loop = reference(x, weight, indices, scores, s_out)
     torch.testing.assert_close(exact[0], y_loop, rtol=1e-12, atol=1e-12)
     f32 = [t.float() for t in (x, weight)] + [None if scores is None else scores.float()]
     triton_out = run("triton", f32[0], f32[1], indices, f32[2], s_out, grad_out)
@@ -55,7 +55,7 @@ def test_triton_matches_float64_and_torch_path(case, gated):
 
 @pytest.mark.slow
 def test_experts_without_tokens_get_zero_weight_gradient():
-    x, weight, indices, scores, grad_out = make_case(*CASES["empty-experts"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["empty-experts"])
     _, _, grad_w, _ = run("triton", x.float(), weight.float(), indices, scores.float(), 1, grad_out)
     unused = sorted(set(range(weight.shape[0])) - set(indices.flatten().tolist()))
     assert unused and grad_w[unused].abs().max() == 0
@@ -66,9 +66,9 @@ def test_experts_without_tokens_get_zero_weight_gradient():
 def test_deterministic_and_every_element_written(case):
     """Two runs agree bit for bit, and no element is left unwritten: under deterministic mode torch fills every
     new tensor with NaN first, so an element a kernel skipped (a padded column, a slot) stays NaN."""
-    x, weight, indices, scores, grad_out = make_case(*CASES[case], seed=3)
-    args = (x.float(), weight.float(), indices, scores.float(), CASES[case][3], grad_out)
-    exact = run("torch", x, weight, indices, scores, CASES[case][3], grad_out)
+    x, weight, indices, scores, grad_out = float64_inputs(CASES[case], seed=3)
+    args = (x.float(), weight.float(), indices, scores.float(), CASES[case].out_groups, grad_out)
+    exact = run("torch", x, weight, indices, scores, CASES[case].out_groups, grad_out)
     torch.use_deterministic_algorithms(True)
     try:
         assert torch.empty(3).isnan().all()  # the poisoning is on
@@ -84,8 +84,8 @@ def test_deterministic_and_every_element_written(case):
 @pytest.mark.parametrize("case", ["switchhead-v", "empty-experts"])  # padded widths, and 16-wide ones
 def test_non_contiguous_inputs_and_scores(case):
     """Scores, x and weight read through their strides: a transposed scores view gives the same gates."""
-    x, weight, indices, scores, grad_out = make_case(*CASES[case], seed=7)
-    s_out = CASES[case][3]
+    x, weight, indices, scores, grad_out = float64_inputs(CASES[case], seed=7)
+    s_out = CASES[case].out_groups
     exact = run("torch", x, weight, indices, scores, s_out, grad_out)
     scores_t = scores.float().t().contiguous().t()  # [N, E] with strides (1, N)
     x_nc = torch.stack([x, x], -1).float()[..., 0]  # feature stride 2
@@ -101,7 +101,7 @@ def test_non_contiguous_inputs_and_scores(case):
 
 @pytest.mark.slow
 def test_fp16_inputs_accumulate_in_fp32():
-    x, weight, indices, scores, grad_out = make_case(*CASES["sigma-moe-down"], seed=5)
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["sigma-moe-down"], seed=5)
     half = [t.half() for t in (x, weight, scores)]
     got = run("triton", half[0], half[1], indices, half[2], 1, grad_out)
     exact = run("torch", *[t.double() for t in half[:2]], indices, half[2].double(), 1, grad_out)
@@ -111,14 +111,14 @@ def test_fp16_inputs_accumulate_in_fp32():
 
 
 def test_triton_rejects_float64():
-    x, weight, indices, scores, _ = make_case(*CASES["k-1"])
+    x, weight, indices, scores, _ = float64_inputs(CASES["k-1"])
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
         expert_matmul(x, weight, route(indices, 3), scores, 2, impl="triton")
 
 
 def test_environment_forces_the_implementation(monkeypatch):
     """CPU tensors take the PyTorch path unless SWITCHBENCH_EXPERT_MATMUL says otherwise."""
-    x, weight, indices, scores, _ = make_case(*CASES["k-1"])
+    x, weight, indices, scores, _ = float64_inputs(CASES["k-1"])
     routing = route(indices, 3)
     expert_matmul(x, weight, routing, scores, 2)  # float64: only the PyTorch path takes it
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
@@ -153,7 +153,7 @@ def test_gpu_real_sizes(dtype):
 
 def test_custom_op_registration():
     """Schema, fake implementation and autograd registration agree with the real op (opcheck)."""
-    x, weight, indices, scores, _ = make_case(*CASES["switchhead-v"])
+    x, weight, indices, scores, _ = float64_inputs(CASES["switchhead-v"])
     for impl in ("torch", "triton"):
         dtype, device = (torch.float64, "cpu") if impl == "torch" else (torch.float32, TRITON_DEVICE)
         routing = route(indices.to(device), weight.shape[0])
@@ -203,7 +203,7 @@ def test_switchhead_layer_on_the_triton_path(monkeypatch):
 
 def test_autocast_runs_the_op_in_the_autocast_dtype():
     """Under autocast the op computes in bf16; fp32 leaves still get fp32 gradients of the right value."""
-    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["switchhead-o"])
     leaves = [t.float().requires_grad_() for t in (x, weight, scores)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = expert_matmul(leaves[0], leaves[1], route(indices, weight.shape[0]), leaves[2], 1, impl="torch")
@@ -221,7 +221,7 @@ def test_autocast_runs_the_op_in_the_autocast_dtype():
 def test_backward_takes_an_fp32_gradient_with_bf16_inputs(impl):
     """Under CUDA autocast the gradient reaching the op can be fp32 while its saved inputs are bf16: the backward
     op casts it to the forward's dtype (before, the PyTorch path's bmm and Triton's tl.dot refused the mix)."""
-    x, weight, indices, scores, grad_out = make_case(*CASES["switchhead-o"])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES["switchhead-o"])
     device = TRITON_DEVICE if impl == "triton" else "cpu"
     # Triton 3.9's interpreter computes bf16 tl.dot wrongly; fp16 makes the same mix with an fp32 gradient.
     half = torch.float16 if device == "cpu" and impl == "triton" else torch.bfloat16
@@ -245,7 +245,7 @@ def test_backward_takes_an_fp32_gradient_with_bf16_inputs(impl):
 
 # A gated case whose input is wider than 128 columns: the input-gradient launch (whose epilogue gives the gate
 # gradient) then has N tiles of different counts under different configurations.
-WIDE = (6, 3, 6, 1, 5, 130, 19, "random")
+WIDE = Case("wide", 6, 3, 6, 1, 5, 1, 130, 19, True)
 
 
 def _config_pairs() -> list:
@@ -256,9 +256,9 @@ def _config_pairs() -> list:
 
 
 def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
-    x, weight, indices, scores, grad_out = make_case(*case, seed=seed)
-    exact = run("torch", x, weight, indices, scores, case[3], grad_out)
-    got = run(got_impl, x.float(), weight.float(), indices, scores.float(), case[3], grad_out)
+    x, weight, indices, scores, grad_out = float64_inputs(case, seed=seed)
+    exact = run("torch", x, weight, indices, scores, case.out_groups, grad_out)
+    got = run(got_impl, x.float(), weight.float(), indices, scores.float(), case.out_groups, grad_out)
     for what, a, ref in zip(NAMES, got, exact, strict=True):
         scale = ref.abs().max().clamp(min=1)
         torch.testing.assert_close(

@@ -7,7 +7,6 @@ functional of them (w.r.t. the inputs and every parameter) must agree to float64
 import functools
 import math
 
-import naive
 import pytest
 
 pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
@@ -25,6 +24,7 @@ from switchbench.models.layers.observe import observe
 from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window
+from switchbench.ops.expert_matmul.cases import Case, indices, reference
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 F64 = torch.float64
@@ -247,6 +247,11 @@ def _ref_moa(m, x, mem, q_pos, k_pos):
 # ---------------------------------------------------------------- expert matmul
 
 
+def _routed(pattern: str, N: int, E: int, S: int, gen: torch.Generator) -> torch.Tensor:
+    """[N, S] expert indices over E experts in one of the cases' routing patterns."""
+    return indices(Case("routed", N, 1, S, 1, E, 1, 1, 1, True, pattern), gen)
+
+
 def _check_expert_matmul(N, E, s_in, S, s_out, indices, gated, seed, default_groups=False):
     d_in, d_out = 3, 2
     x = _randn(seed, N, s_in, d_in).requires_grad_()
@@ -254,7 +259,7 @@ def _check_expert_matmul(N, E, s_in, S, s_out, indices, gated, seed, default_gro
     scores = _randn(seed + 2, N, E).requires_grad_() if gated else None
     groups = None if default_groups else s_out
     out = expert_matmul(x, weight, route(indices, E), scores, groups)
-    ref = naive.expert_matmul(x, weight, indices, scores, s_out)
+    ref = reference(x, weight, indices, scores, s_out)
     wrt = {"x": x, "weight": weight} | ({"scores": scores} if gated else {})
     _assert_matches(out, ref, wrt, seed + 3)
 
@@ -282,11 +287,11 @@ def _check_expert_matmul(N, E, s_in, S, s_out, indices, gated, seed, default_gro
 def test_expert_matmul_matches_loop(N, E, s_in, S, s_out, pattern, gated):
     """Forward and gradients (x, weight, gates) against the slot-by-slot loop."""
     seed = N * 1000 + E * 100 + s_in * 10 + S + s_out
-    _check_expert_matmul(N, E, s_in, S, s_out, naive.routing(pattern, N, E, S, _gen(seed)), gated, seed)
+    _check_expert_matmul(N, E, s_in, S, s_out, _routed(pattern, N, E, S, _gen(seed)), gated, seed)
 
 
 def test_expert_matmul_default_out_groups_is_per_slot():
-    indices = naive.routing("random", 3, 4, 4, _gen(0))
+    indices = _routed("random", 3, 4, 4, _gen(0))
     _check_expert_matmul(3, 4, 2, 4, 4, indices, True, 7, default_groups=True)
 
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from switchbench.models.config import ModelConfig
     from switchbench.models.cost import Cost
+    from switchbench.ops.expert_matmul.cases import Case
 
 ENTRY_POINTS = "switchbench.families"
 BUILT_IN = "switchbench.models.families"
@@ -76,9 +77,9 @@ class Family:
     routing: str = ""
     choices: Callable[[ModelConfig], int] = lambda cfg: cfg.n_experts
     head_slots: bool = False
-    # Its expert matmuls at ``batch`` sequences, for kernel-bench: (name, tokens N, input groups, slots, output
-    # groups, experts per group, routers, d_in, d_out, gated) each, as switchbench::expert_matmul takes them
-    expert_matmuls: Callable[[ModelConfig, int], tuple[tuple, ...]] | None = None
+    # Its expert matmuls at ``batch`` sequences, as switchbench::expert_matmul takes them (the cases registry's
+    # Case), for kernel-bench and kernel-tune
+    expert_matmuls: Callable[[ModelConfig, int], tuple[Case, ...]] | None = None
     # The paper's cost convention, and the equation it prints, where the paper has the family (else None)
     paper_cost: Callable[[ModelConfig, int | None], Cost] | None = None
     printed_cost: Callable[[ModelConfig], Cost | None] | None = None

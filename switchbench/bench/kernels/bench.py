@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,39 +41,21 @@ from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    tokens: int  # N
-    in_groups: int  # S_in
-    slots: int  # S
-    out_groups: int  # S_out
-    experts_per_group: int  # experts a slot chooses from (its head's E, or the whole pool)
-    groups: int  # routers (heads) over a flat axis of groups x experts_per_group experts
-    d_in: int
-    d_out: int
-    gated: bool
-
-    @property
-    def macs(self) -> int:
-        """Useful multiply-accumulates of the forward pass."""
-        return self.tokens * self.slots * self.d_in * self.d_out
-
-
 def cases(size: str, batch: int) -> list[Case]:
     """Every family's expert-matmul uses at one size (its preset of that role), at ``batch`` sequences, and last one
     expert's share of the first of them as a single matmul (SwitchHead's V: the matmul the paper measured)."""
     found = [
-        Case(f"{size} {name}", *shape)
+        replace(case, name=f"{size} {case.name}")
         for family in registry.families()
         if family.expert_matmuls and size in family.roles
-        for name, *shape in family.expert_matmuls(PRESETS[family.roles[size]], batch)
+        for case in family.expert_matmuls(PRESETS[family.roles[size]], batch)
     ]
     first = found[0]
     share = first.tokens * (first.slots // first.groups) // first.experts_per_group
@@ -378,7 +360,8 @@ def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
 
 
 def _shape(case: Case) -> dict:
-    return {f"shape_{k}": v for k, v in asdict(case).items()}
+    """The case's shape as row fields (its test routing pattern is no shape: the benchmark draws its own)."""
+    return {f"shape_{k}": v for k, v in asdict(case).items() if k != "routing"}
 
 
 def default_impls(device: str, choice: str = "auto") -> list[str]:

@@ -13,6 +13,7 @@ from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import full_precision, sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
+from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 
@@ -124,10 +125,13 @@ def paper_cost(cfg: ModelConfig, C: int | None = None) -> Cost:
     return paper_moa(H, dh, dm, T, C_cfg if C is None else C, cfg.n_experts)
 
 
-def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
     """Q: each token's H slots from the pool of E; O: the slots summed, weighted by the router."""
     H, E, d, D, tokens = cfg.n_heads, cfg.n_experts, cfg.d_model, cfg.d_head, batch * cfg.T
-    return (("moa-q", tokens, 1, H, H, E, 1, d, D, False), ("moa-o", tokens, H, H, 1, E, 1, D, d, True))
+    return (
+        Case("moa-q", tokens, 1, H, H, E, 1, d, D, False),
+        Case("moa-o", tokens, H, H, 1, E, 1, D, d, True),
+    )
 
 
 FAMILY = register(

@@ -5,14 +5,15 @@ from dataclasses import replace
 from switchbench.models.config import ModelConfig
 from switchbench.models.families import switchhead
 from switchbench.models.family import BYTES, register
+from switchbench.ops.expert_matmul.cases import Case
 
 
-def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
     """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down, gated."""
     NE, G, K, d, tokens = cfg.mlp_experts, cfg.mlp_expert_size, cfg.mlp_k, cfg.d_model, batch * cfg.T
     return (
-        ("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
-        ("sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
+        Case("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
+        Case("sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
     )
 
 

@@ -19,6 +19,7 @@ from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
+from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.op import Routing, expert_matmul, route
 
 
@@ -204,7 +205,7 @@ def printed_cost(cfg: ModelConfig) -> Cost | None:
     return printed_switchhead(*symbols(cfg), cfg.k)
 
 
-def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
+def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
     """Each expert projection: K and V over the window (the source side sees the memory too), Q and O over the
     current tokens; H routers of E experts, k slots each; O sums its heads' slots, gated."""
     H, E, k, d, D = cfg.n_heads, cfg.n_experts, cfg.k, cfg.d_model, cfg.d_head
@@ -215,7 +216,7 @@ def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[tuple, ...]:
         "v": (window, 1, H * k, H, E, H, d, D, True),
         "o": (tokens, H, H * k, 1, E, H, D, d, True),
     }
-    return tuple((f"switchhead-{p}", *shapes[p]) for p in "qkvo" if p in cfg.experts)
+    return tuple(Case(f"switchhead-{p}", *shapes[p]) for p in "qkvo" if p in cfg.experts)
 
 
 FAMILY = register(
