@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from switchbench.bench.timing import benches as benches_module
 from switchbench.bench.timing import speed
 from switchbench.cli import main
 
@@ -258,26 +259,26 @@ def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, ca
 def test_the_batch_is_halved_until_the_whole_group_fits(monkeypatch):
     group = ("tiny-transformer", "tiny-switchhead")
     # memory for batch 8 of the larger member: 64 and 32 are refused by the estimate, 16 by a real OOM
-    free = max(speed.estimated_bytes(p, 8, "model", torch.float32) for p in group)
-    monkeypatch.setattr(speed, "free_memory", lambda device: free)
-    real = speed.model_benches
+    free = max(benches_module.estimated_bytes(p, 8, "model", torch.float32) for p in group)
+    monkeypatch.setattr(benches_module, "free_memory", lambda device: free)
+    real = benches_module.model_benches
 
     def benches(preset, batch, *args):
         if batch > 8:
             raise torch.OutOfMemoryError("CUDA out of memory")
         return real(preset, batch, *args)
 
-    monkeypatch.setattr(speed, "model_benches", benches)
-    assert speed.fitted_batch(group, 64, "cpu", torch.float32) == 8
-    monkeypatch.setattr(speed, "free_memory", lambda device: 0)
-    assert speed.fitted_batch(group, 64, "cpu", torch.float32) == 0
+    monkeypatch.setattr(benches_module, "model_benches", benches)
+    assert benches_module.fitted_batch(group, 64, "cpu", torch.float32) == 8
+    monkeypatch.setattr(benches_module, "free_memory", lambda device: 0)
+    assert benches_module.fitted_batch(group, 64, "cpu", torch.float32) == 0
 
 
 def test_the_estimate_is_a_lower_bound_of_the_saved_activations():
     """The estimate refuses cases, so it must not exceed what a step really keeps."""
     for preset in ("tiny-transformer", "tiny-switchhead"):
         layer = speed.layer_benches(preset, 2, "cpu", torch.float32)[1]
-        assert speed.estimated_bytes(preset, 2, "layer", torch.float32) <= layer.memory()
+        assert benches_module.estimated_bytes(preset, 2, "layer", torch.float32) <= layer.memory()
 
 
 def test_each_row_stands_beside_its_mac_floor_and_attention_kernel():
@@ -439,13 +440,14 @@ def test_a_members_gpu_peak_leaves_out_what_the_others_keep_resident(monkeypatch
         device.allocate(gb // 2)
         device.free(gb)
 
-    assert speed._cuda_peak(step) == gb
+    assert benches_module._cuda_peak(step) == gb
 
 
 FAULTS = """
 import resource, statistics, sys, torch
 from switchbench.bench.timing.heap import keep_freed_memory
-from switchbench.bench.timing.speed import GATE_LAYERS, layer_benches
+from switchbench.bench.timing.benches import layer_benches
+from switchbench.bench.timing.speed import GATE_LAYERS
 torch.set_num_threads(1)
 said = keep_freed_memory()
 step = next(b for b in layer_benches(GATE_LAYERS[0], 4, "cpu", torch.float32) if b.what == "forward+backward")

@@ -31,7 +31,7 @@ from switchbench.bench.command import (
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import count_saved_bytes
 from switchbench.bench.cost.params import parameter_counts
-from switchbench.bench.timing.speed import intra_op_threads
+from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import environment
 from switchbench.core.results import (
     frame,

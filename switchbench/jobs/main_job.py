@@ -26,6 +26,7 @@ from switchbench.bench.command import (
 )
 from switchbench.bench.cost import scaling, tables
 from switchbench.bench.timing import speed
+from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import commit
 from switchbench.core.results import save_run, writable_file, writable_folder
 from switchbench.reports.report import report_environment, write_report
@@ -69,7 +70,7 @@ def _speed(args, results: Path, runs: Path) -> str:
         groups, scopes, dtype, batch = {"gate": speed.GATE_LAYERS}, ("layer",), "fp32", 4
     threads, clock = (None, "wall") if device == "cuda" else (speed.GATE_THREADS, "thread")
     rounds = 10 if args.quick else 20
-    with speed.intra_op_threads(threads):
+    with intra_op_threads(threads):
         rows = speed.run(groups, scopes, device, DTYPES[dtype], batch, rounds, 2, clock=clock)
         batches = {r["group"]: r["batch"] for r in rows if "batch" in r}
         metadata = (

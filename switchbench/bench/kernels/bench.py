@@ -17,7 +17,6 @@ import importlib.util
 import math
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -34,7 +33,7 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.cost.measure import free_memory, is_oom
-from switchbench.bench.timing.speed import matmul_peak_tflops
+from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
@@ -215,7 +214,8 @@ def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
 
 def timer(device: str) -> Callable[..., list[float]]:
     """Milliseconds of each timed fn() call, with every tensor in ``grad_to_none`` reset before each call (not
-    timed): triton's do_bench (L2 flushed, warm-up excluded) on a GPU."""
+    timed): triton's do_bench on a GPU (L2 flushed, warm-up excluded, its repeats chosen by time: a kernel of
+    microseconds needs hundreds), the suite's Timer on the CPU."""
     if device == "cuda":
         import triton  # optional, and only installed where there is a GPU
 
@@ -224,15 +224,15 @@ def timer(device: str) -> Callable[..., list[float]]:
 
         return gpu
 
+    clock = Timer("cpu")
+
     def cpu(fn, grad_to_none=(), repeats=5):
         fn()
         times = []
         for _ in range(repeats):
             for t in grad_to_none:
                 t.grad = None
-            start = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - start))
+            times.append(clock(fn))
         return times
 
     return cpu

@@ -38,14 +38,9 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.timing.speed import (
-    GROUPS,
-    PAPER_GPU_BATCH,
-    Timer,
-    fitted_batch,
-    model_benches,
-    too_large,
-)
+from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
+from switchbench.bench.timing.speed import GROUPS, PAPER_GPU_BATCH
+from switchbench.bench.timing.timer import Timer
 from switchbench.core import precision
 from switchbench.core.environment import environment
 from switchbench.core.results import save_run, writable_folder

@@ -8,14 +8,9 @@ The per-round paired ratios are kept, so the gate can put a confidence interval 
 times one intra-op thread by its CPU time, which other processes on the machine do not inflate.
 """
 
-import contextlib
-import functools
 import json
 import os
 import statistics
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -29,25 +24,25 @@ from switchbench.bench.command import (
     expert_matmul_metadata,
     slug,
 )
-from switchbench.bench.cost.accounting import exact_cost, model_macs
+from switchbench.bench.cost.accounting import exact_cost
 from switchbench.bench.cost.measure import (
-    attention_kernel,
-    count_op_calls,
-    count_saved_bytes,
-    free_memory,
     is_oom,
 )
-from switchbench.bench.cost.params import parameter_counts
 from switchbench.bench.published import WALLCLOCK
+from switchbench.bench.timing.benches import (
+    Bench,
+    fitted_batch,
+    layer_benches,
+    model_benches,
+    release_memory,
+    too_large,
+)
 from switchbench.bench.timing.heap import keep_freed_memory
+from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops
 from switchbench.core import precision
-from switchbench.core.precision import autocast
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
-from switchbench.models.layers.window import make_window
-from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
-from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
 GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
@@ -62,252 +57,6 @@ GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2
 # on a shared CI runner stall the thread pool and the SwitchHead/dense ratio moved by 2x (issue 12).
 GATE_THREADS = 1
 GATE_ROUNDS = 30
-
-
-@dataclass
-class Bench:
-    """One timed thing: ``run()`` is a call; ``flops`` its useful floating-point operations."""
-
-    preset: str
-    scope: str  # "model" or "layer"
-    what: str  # "train step", "forward", "forward+backward"
-    run: Callable[[], object]
-    flops: float
-    memory: Callable[
-        [], float | None
-    ]  # bytes: peak allocated (GPU) or kept for backward (CPU); None: not measured
-    op_calls: Callable[[], int | None] = lambda: None  # operator calls of one run(); None: not counted
-    attention: Callable[[], str | None] = lambda: (
-        None
-    )  # the attention kernel run() takes; None: not looked at
-    # the expert-matmul implementations run() takes; None: no expert matmul, or not looked at
-    expert_matmul: Callable[[], str | None] = lambda: None
-    module: torch.nn.Module | None = None  # what run() calls, for tools that look inside it (profile)
-
-
-def model_benches(
-    preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False, compile: str | None = None
-) -> list[Bench]:
-    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
-    under ``torch.compile`` with the ``compile`` backend when given."""
-    cfg = PRESETS[preset].replace(dropout=0.0)
-    model = LanguageModel(cfg).to(device)
-    trained = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
-    if compile:
-        trained = torch.compile(trained, backend=compile)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0)
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
-    inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mixed = autocast(device, dtype)
-    with torch.no_grad(), mixed:
-        state = model(inputs).state  # a full cache, as in training after the first chunk
-
-    def train_step():
-        optimizer.zero_grad(set_to_none=True)
-        with mixed:
-            loss = trained(inputs, state).loss(targets)
-        loss.backward()
-        optimizer.step()
-
-    def forward():
-        with torch.no_grad(), mixed:
-            return trained(inputs, state).logits
-
-    def memory():
-        if device == "cuda":
-            return _cuda_peak(train_step)
-        with mixed:
-            return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
-
-    macs = batch * model_macs(cfg)
-    kernels = functools.cache(lambda: _kernels(forward))
-    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
-    return [
-        Bench(
-            preset,
-            "model",
-            "train step",
-            train_step,
-            6 * macs,
-            memory,
-            attention=attention,
-            expert_matmul=experts,
-            module=model,
-        ),
-        Bench(
-            preset,
-            "model",
-            "forward",
-            forward,
-            2 * macs,
-            lambda: None,
-            attention=attention,
-            expert_matmul=experts,
-            module=model,
-        ),
-    ]
-
-
-def layer_benches(
-    preset: str, batch: int, device: str, dtype: torch.dtype, compile: str | None = None
-) -> list[Bench]:
-    """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
-    precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
-    cfg = PRESETS[preset]
-    with torch.random.fork_rng(devices=[]):  # the same weights, so the same routing, in every run
-        torch.manual_seed(0)
-        module = cfg.family.attention(cfg).to(device)
-    layer = torch.compile(module, backend=compile) if compile else module
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device).requires_grad_()
-    mem = torch.randn(batch, cfg.mem_len, cfg.d_model, generator=gen).to(device) if cfg.mem_len else None
-    window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, device)
-    grad = torch.randn(batch, cfg.T, cfg.d_model, generator=gen).to(device, dtype)  # the output's dtype
-    mixed = autocast(device, dtype)
-
-    def forward():
-        with torch.no_grad(), mixed:
-            return layer(x, mem, window)[0]
-
-    def forward_backward():
-        with mixed:
-            out = layer(x, mem, window)[0]
-        out.backward(grad)
-
-    def memory():
-        if device == "cuda":
-            return _cuda_peak(forward_backward)
-        with mixed:
-            return count_saved_bytes(lambda: layer(x, mem, window), module)
-
-    macs = batch * exact_cost(cfg).macs
-    kernels = functools.cache(lambda: _kernels(forward))
-    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
-    return [
-        Bench(
-            preset,
-            "layer",
-            "forward",
-            forward,
-            2 * macs,
-            lambda: None,
-            lambda: count_op_calls(forward),
-            attention,
-            experts,
-            module,
-        ),
-        Bench(
-            preset,
-            "layer",
-            "forward+backward",
-            forward_backward,
-            6 * macs,
-            memory,
-            lambda: count_op_calls(forward_backward),
-            attention,
-            experts,
-            module,
-        ),
-    ]
-
-
-def _kernels(forward: Callable) -> tuple[str, str | None]:
-    """The attention kernel one ``forward()`` runs, and the expert-matmul implementations it resolved to (None:
-    no expert matmul): read off one call, outside the timed ones."""
-    with expert_matmul_choice.recording() as resolved:
-        attention = attention_kernel(forward)
-    return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
-
-
-def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:
-    """A lower bound of what one step of ``preset`` holds: activations (from the exact count of floats kept for
-    backward, at the compute dtype's width) and, for a training step, fp32 weights, gradients and AdamW's
-    two moments, and the logits. Used to refuse a case before it starts, never to size one."""
-    cfg = PRESETS[preset]
-    width = torch.empty((), dtype=dtype).element_size()
-    # Half the exact count: it counts per sequence what the batch shares (the projected positions).
-    activations = batch * exact_cost(cfg).mem * width // 2
-    if scope == "layer":
-        return activations
-    logits = batch * cfg.T * cfg.vocab * (width + 4)  # the logits and their fp32 loss
-    return cfg.n_layers * activations + logits + 16 * parameter_counts(cfg)["total"]
-
-
-def too_large(preset: str, batch: int, scope: str, device: str, dtype: torch.dtype) -> str | None:
-    """Why ``preset`` cannot run at ``batch`` on ``device`` (its lower bound exceeds the free memory), or None."""
-    need, free = estimated_bytes(preset, batch, scope, dtype), free_memory(device)
-    if need <= free:
-        return None
-    return f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
-
-
-def fitted_batch(presets: tuple[str, ...], batch: int, device: str, dtype: torch.dtype) -> int:
-    """The largest batch, halving from ``batch``, at which one training step of every member of the group runs
-    (the estimate first, then a real step: an OOM halves); 0 when not even one sequence fits."""
-    while batch >= 1:
-        try:
-            if all(too_large(p, batch, "model", device, dtype) is None for p in presets):
-                for preset in presets:
-                    model_benches(preset, batch, device, dtype)[0].run()
-                    _release()
-                return batch
-        except (RuntimeError, MemoryError) as error:
-            if not is_oom(error):
-                raise
-            _release()
-        batch //= 2
-    return 0
-
-
-def _cuda_peak(step: Callable) -> float:
-    """The most one ``step()`` holds above what was allocated just before it: its own activations, gradients and
-    workspace. The group's other members, their weights and optimizer state, and the timer's L2-flush buffer
-    are all resident on the device then, and would pull every member's peak toward the same large number."""
-    step()  # warm: allocator pools, autotuning, the optimizer's state
-    torch.cuda.synchronize()
-    resident = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    step()
-    torch.cuda.synchronize()
-    return float(torch.cuda.max_memory_allocated() - resident)
-
-
-class Timer:
-    """Milliseconds of one call: CUDA events after an L2 flush on a GPU; on the CPU, wall-clock, or with
-    ``clock="thread"`` the calling thread's CPU time, which leaves out the slices other processes hold the cores
-    (with one intra-op thread, and autograd running CPU work on the caller, that thread does all the work)."""
-
-    def __init__(self, device: str, clock: str = "wall"):
-        self.device = device
-        self.clock = time.thread_time if clock == "thread" else time.perf_counter
-        if device == "cuda":
-            self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-
-    def __call__(self, fn: Callable) -> float:
-        if self.device != "cuda":
-            start = self.clock()
-            fn()
-            return 1e3 * (self.clock() - start)
-        self.flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end)
-
-
-@contextlib.contextmanager
-def intra_op_threads(threads: int | None):
-    """Run the block with ``threads`` intra-op threads (None: as they are); the setting is restored after."""
-    before = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, progress=None) -> list[dict]:
@@ -325,7 +74,7 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 if not is_oom(error):
                     raise
                 failed[i] = "OOM"
-                _release()
+                release_memory()
                 continue
             if r >= warmup:
                 times[i].append(t)
@@ -410,24 +159,8 @@ def _memory(bench: Bench) -> float | None:
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
-        _release()
+        release_memory()
         return None
-
-
-def _release() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
-    """This device's achievable dense-matmul throughput, measured: the yardstick for 'fraction of peak'."""
-    n = 8192 if device == "cuda" else 1024
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    timer = Timer(device)
-    for _ in range(3):
-        timer(lambda: a @ b)
-    ms = statistics.median(timer(lambda: a @ b) for _ in range(10))
-    return 2 * n**3 / ms / 1e9
 
 
 def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict:
@@ -509,7 +242,7 @@ def run(
                 timed = time_group(benches, timer, rounds, warmup, bar)
                 rows += [r | {"group": group, "batch": size} for r in timed]
                 del benches
-                _release()
+                release_memory()
     return rows + [r | {"group": "count"} for r in count_ratios()]
 
 
@@ -528,7 +261,7 @@ def _build(
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
-        _release()
+        release_memory()
         return "out of memory while building"
     return None
 

@@ -1,0 +1,59 @@
+"""The one timer of the suite's measurements: milliseconds of a call, with CUDA events after an L2 flush on a GPU and
+the wall or the calling thread's CPU clock on the CPU; the intra-op threads a CPU run uses; and the device's
+measured matmul peak, the yardstick of every "fraction of peak". speed, the gate, profile and kernel-bench time
+with it."""
+
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class Timer:
+    """Milliseconds of one call: CUDA events after an L2 flush on a GPU; on the CPU, wall-clock, or with
+    ``clock="thread"`` the calling thread's CPU time, which leaves out the slices other processes hold the cores
+    (with one intra-op thread, and autograd running CPU work on the caller, that thread does all the work)."""
+
+    def __init__(self, device: str, clock: str = "wall"):
+        self.device = device
+        self.clock = time.thread_time if clock == "thread" else time.perf_counter
+        if device == "cuda":
+            self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+
+    def __call__(self, fn: Callable) -> float:
+        if self.device != "cuda":
+            start = self.clock()
+            fn()
+            return 1e3 * (self.clock() - start)
+        self.flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Run the block with ``threads`` intra-op threads (None: as they are); the setting is restored after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
+    """This device's achievable dense-matmul throughput, measured: the yardstick for 'fraction of peak'."""
+    n = 8192 if device == "cuda" else 1024
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    timer = Timer(device)
+    for _ in range(3):
+        timer(lambda: a @ b)
+    ms = statistics.median(timer(lambda: a @ b) for _ in range(10))
+    return 2 * n**3 / ms / 1e9
