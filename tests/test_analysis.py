@@ -14,7 +14,7 @@ from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.train import checkpoint, listops
-from switchbench.train.run import TrainConfig, run_name, train
+from switchbench.train.run import ListOpsTask, TrainConfig, run_name, train
 
 
 def evaluate(tokens: list[str]) -> int:
@@ -65,6 +65,49 @@ def test_listops_is_deterministic_and_encodes():
     ] and answers.tolist() == [3]
     with pytest.raises(ValueError, match="not ListOps tokens: MAX"):
         listops.tokenize("MAX 1 2 ]")
+
+
+def test_a_training_batch_has_one_length_and_depends_only_on_seed_and_step():
+    """No padding in any training step, and a step's batch is the same however training got there (resumable)."""
+    cfg = listops.ListOpsConfig()
+    steps = [listops.length_batch(16, step, 3, cfg) for step in range(250)]  # three pools
+    assert all(len(batch) == 16 and len({len(t) for t, _ in batch}) == 1 for batch in steps)
+    assert all(answer == evaluate(tokens) for batch in steps for tokens, answer in batch)
+    listops._pool.cache_clear()
+    assert (
+        listops.length_batch(16, 217, 3, cfg) == steps[217]
+        and listops.length_batch(16, 5, 3, cfg) == steps[5]
+    )
+    assert listops.length_batch(16, 5, 4, cfg) != steps[5]
+    assert len({len(batch[0][0]) for batch in steps}) > 10  # short and long expressions alike
+
+
+def test_operator_and_depth_by_hand():
+    tokens = listops.tokenize("[MED 2 [MIN 3 [SM 4 9 ] ] 5 ]")
+    assert (listops.operator(tokens), listops.depth(tokens)) == ("MED", 3)
+    assert (listops.operator(["[SM", "1", "2", "]"]), listops.depth(["[SM", "1", "2", "]"])) == ("SM", 1)
+
+
+def test_validation_runs_each_length_unpadded_and_splits_accuracy_by_operator_and_depth():
+    """Against an independent loop: each validation example alone, at its own length, and the accuracies
+    grouped by hand."""
+    torch.manual_seed(0)
+    cfg = TrainConfig(task="listops", preset="listops-switchhead-h2", val_size=60)
+    model = checkpoint.build_model("listops", cfg.model_config, listops.N_CLASSES).eval()
+    task = ListOpsTask(cfg, cfg.model_config)
+    got = task.evaluate(model)
+    with torch.no_grad():
+        right = [
+            model(listops.encode([example], len(example[0]))[0])[0].argmax().item() == example[1]
+            for example in task.val
+        ]
+    assert got["val_accuracy"] == pytest.approx(sum(right) / len(right))
+    for key, name in ((listops.operator, "op"), (listops.depth, "depth")):
+        groups = {}
+        for (tokens, _), ok in zip(task.val, right, strict=True):
+            groups.setdefault(key(tokens), []).append(ok)
+        for value, oks in groups.items():
+            assert got[f"val_accuracy_{name}_{value}"] == pytest.approx(sum(oks) / len(oks))
 
 
 def test_statistics_on_a_hand_made_routing():

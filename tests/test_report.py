@@ -448,3 +448,20 @@ def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path)
     write("262m-compiled", 4, groups={"262m": []}, compile="inductor")
     shown = sorted(run["rows"][0]["preset"] for run in collect(tmp_path)["speed"]["runs"])
     assert shown == ["262m", "262m-compiled", "new-47m"]
+
+
+def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():
+    row = {
+        "model": "dense",
+        "val_accuracy": 0.62,
+        "val_accuracy_op_MAX": 0.81,
+        "val_accuracy_op_SM": 0.31,
+        "val_accuracy_op_MIN": 0.77,
+        "val_accuracy_depth_3": 0.2,
+    }
+    assert summary.weakest_operator(row) == "SM 31.0%"
+    assert summary.weakest_operator({"model": "dense", "val_accuracy": 0.62}) == ""  # an older log
+    lines = summary._accuracy(
+        {"log": [row], "training": {}}, {"value": 0.95, "tolerance": 0.05, "printed": "95%"}
+    )
+    assert lines[0].ours == "62.0% (weakest: SM 31.0%)"

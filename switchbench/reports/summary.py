@@ -268,18 +268,34 @@ def _published_quality(family: str) -> str:
 
 def final_accuracy(log: list[dict]) -> dict[str, float]:
     """Each model's last validation accuracy in a training log."""
+    return {model: row["val_accuracy"] for model, row in _last_evaluations(log).items()}
+
+
+def _last_evaluations(log: list[dict]) -> dict[str, dict]:
     last = {}
     for row in log:
         if row.get("val_accuracy") is not None:
-            last[row["model"]] = row["val_accuracy"]
+            last[row["model"]] = row
     return last
+
+
+def weakest_operator(row: dict) -> str:
+    """The outer operator a model gets least right at its last evaluation, e.g. "SM 31%" ("" for a log from
+    before the per-operator accuracy was recorded)."""
+    prefix = "val_accuracy_op_"
+    ops = {k[len(prefix) :]: v for k, v in row.items() if k.startswith(prefix) and v == v and v is not None}
+    if not ops:
+        return ""
+    worst = min(ops, key=ops.get)
+    return f"{worst} {_pct(ops[worst])}"
 
 
 def _accuracy(analysis: dict, claim: dict) -> list[Line]:
     """Each model's final accuracy, labelled with its training steps, mode and device; a quick run's accuracy
     is too short a training to decide the claim, and the verdict says so rather than 'differs'."""
     out = []
-    for model, accuracy in final_accuracy(analysis["log"]).items():
+    for model, row in _last_evaluations(analysis["log"]).items():
+        accuracy, worst = row["val_accuracy"], weakest_operator(row)
         run = analysis.get("training", {}).get(model) or {}
         verdict, ok = _verdict(accuracy, claim["value"], claim["tolerance"])
         if run.get("quick") and not ok:
@@ -293,7 +309,7 @@ def _accuracy(analysis: dict, claim: dict) -> list[Line]:
             Line(
                 f"ListOps validation accuracy, {model} ({labels.trained(run)})",
                 claim["printed"],
-                _pct(accuracy),
+                _pct(accuracy) + (f" (weakest: {worst})" if worst else ""),
                 verdict,
                 ok,
                 "#curves",

@@ -95,15 +95,18 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 
 
 class ListOpsTask:
+    """Batches of one length each, no padding; validation on a fixed draw, each length run unpadded, its accuracy
+    also per outer operator and per nesting depth (which part of the task a model has not learnt)."""
+
     def __init__(self, cfg: TrainConfig, model_cfg):
-        self.cfg, self.length = cfg, model_cfg.T
+        self.cfg = cfg
         self.data_cfg = listops.ListOpsConfig(max_length=model_cfg.T)
-        val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
-        self.val = listops.encode(val, self.length)
+        self.val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
+        self.val_answers = torch.tensor([answer for _, answer in self.val], device=cfg.device)
 
     def loss(self, model, step: int, state=None):
-        examples = listops.generate(self.cfg.batch, seed=self.cfg.seed * 10**7 + step, cfg=self.data_cfg)
-        tokens, answers = (t.to(self.cfg.device) for t in listops.encode(examples, self.length))
+        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)
+        tokens, answers = (t.to(self.cfg.device) for t in listops.encode(examples, len(examples[0][0])))
         logits, aux = model(tokens)
         return (
             F.cross_entropy(logits, answers) + aux,
@@ -113,13 +116,24 @@ class ListOpsTask:
 
     @torch.no_grad()
     def evaluate(self, model) -> dict:
-        tokens, answers = (t.to(self.cfg.device) for t in self.val)
-        logits = torch.cat([model(tokens[i : i + 250])[0] for i in range(0, len(tokens), 250)])
-        majority = answers.bincount(minlength=listops.N_CLASSES).max().item() / len(answers)
-        return {
-            "val_accuracy": (logits.argmax(-1) == answers).float().mean().item(),
-            "majority_class": majority,
+        predicted = torch.empty_like(self.val_answers)
+        for length, indices in listops.by_length(self.val).items():
+            for i in range(0, len(indices), 250):
+                chunk = indices[i : i + 250]
+                tokens, _ = listops.encode([self.val[j] for j in chunk], length)
+                predicted[chunk] = model(tokens.to(self.cfg.device))[0].argmax(-1)
+        right = (predicted == self.val_answers).tolist()
+        answers = self.val_answers
+        out = {
+            "val_accuracy": sum(right) / len(right),
+            "majority_class": answers.bincount(minlength=listops.N_CLASSES).max().item() / len(answers),
         }
+        for name, key in (("op", listops.operator), ("depth", listops.depth)):
+            groups: dict = {}
+            for (tokens, _), ok in zip(self.val, right, strict=True):
+                groups.setdefault(key(tokens), []).append(ok)
+            out |= {f"val_accuracy_{name}_{k}": sum(v) / len(v) for k, v in sorted(groups.items())}
+        return out
 
 
 class LMTask:
