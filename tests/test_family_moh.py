@@ -20,6 +20,7 @@ from switchbench.models.families.moh import balance_loss
 from switchbench.models.layers.attention_rope import rotate
 from switchbench.models.layers.observe import observe
 from switchbench.models.layers.window import make_window
+from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 
 
@@ -135,7 +136,7 @@ def test_the_balance_loss_is_added_in_training_only_and_observation_records_the_
     layer, x, mem, window = _layer_and_inputs(cfg)
     _, aux = layer(x, mem, window)
     weights, chosen, probs = layer.head_weights(x)
-    expected = 0.5 * balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1))
+    expected = 0.5 / cfg.n_layers * balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1))  # its share
     torch.testing.assert_close(aux, expected)
     layer.eval()
     assert layer(x, mem, window)[1] == 0.0
@@ -144,6 +145,24 @@ def test_the_balance_loss_is_added_in_training_only_and_observation_records_the_
     record = records[""]
     assert torch.equal(record["experts"], chosen) and torch.equal(record["head_weights"], weights)
     torch.testing.assert_close(record["gates"], weights.gather(-1, chosen))
+
+
+def test_the_model_adds_the_coefficient_times_the_mean_of_the_layers_balance_losses():
+    """As MoH-ViT's training (engine.py): coef x the mean over the layers, not coef x their sum."""
+    cfg = _cfg(coef=0.01).replace(n_layers=3, vocab=11, dropout=0.0)
+    torch.manual_seed(0)
+    model = LanguageModel(cfg).double()
+    inputs = {}
+    for i, block in enumerate(model.stack.blocks):
+        block.attn.register_forward_hook(lambda module, args, out, i=i: inputs.__setitem__(i, args[0]))
+    tokens = torch.randint(0, cfg.vocab, (2, cfg.T), generator=torch.Generator().manual_seed(1))
+    aux = model(tokens).aux_loss
+    losses = []
+    for i, block in enumerate(model.stack.blocks):
+        _, chosen, probs = block.attn.head_weights(inputs[i])
+        losses.append(balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1)))
+    assert len(losses) == 3 and min(losses) > 0
+    torch.testing.assert_close(aux, 0.01 * sum(losses) / 3, rtol=1e-12, atol=0)
 
 
 @st.composite

@@ -4,7 +4,8 @@ with a softmax router, their weights renormalised over the chosen ones and scale
 averages one). The shared heads are weighted by a softmax of their own, times h_s (one when h_s = 1), and a two-way
 softmax, times two, mixes the shared and the routed group. Each head's attention output is multiplied by its
 weight before the output projection; unchosen heads weigh zero. Training adds the load-balancing loss
-E_r^2 mean_e(f_e P_e): f_e the fraction of tokens choosing routed head e, P_e its mean router probability.
+E_r^2 mean_e(f_e P_e) (f_e the fraction of tokens choosing routed head e, P_e its mean router probability) as the
+MoH-ViT training does: ``balance_coef`` times the mean of the layers' losses, each layer adding its share.
 
 As in the published code, every head's Q, K, V and attention are computed and then weighted, so its MACs are the
 dense model's plus the routers'. Presets are parameter-matched to the dense rows: the routers' weights come out of
@@ -31,7 +32,7 @@ from switchbench.models.layers.window import Window, with_memory
 class Options:
     shared_heads: int = 1  # h_s: always-on heads, the first ones
     routed_k: int = 1  # routed heads each token picks among the H - h_s others
-    balance_coef: float = 0.01  # the load-balancing loss's weight in training (the MoH-ViT code's)
+    balance_coef: float = 0.01  # times the mean of the layers' balance losses (MoH-ViT's training)
 
     def __post_init__(self):
         in_range("shared_heads", self.shared_heads, 0)
@@ -57,7 +58,8 @@ class MoHAttention(Observable, nn.Module):
             cfg.n_heads - opts.shared_heads,
             opts.routed_k,
         )
-        self.balance_coef = opts.balance_coef
+        # Each layer adds coef / L times its loss, so that the stack's sum is coef times the mean over the layers
+        self.balance_weight = opts.balance_coef / cfg.n_layers
         inner = cfg.n_heads * cfg.d_head
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
@@ -110,9 +112,9 @@ class MoHAttention(Observable, nn.Module):
         return torch.cat(parts, -1), chosen, probs
 
     def _balance_loss(self, probs: Tensor | None, chosen: Tensor | None) -> Tensor | float:
-        if not (self.training and self.balance_coef and self.routed):
+        if not (self.training and self.balance_weight and self.routed):
             return 0.0
-        return self.balance_coef * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
+        return self.balance_weight * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
 
 
 def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
