@@ -313,11 +313,26 @@ def test_presets_match_their_dense_rows_in_weights_per_layer():
     found = [name for name, cfg in PRESETS.items() if cfg.model == "moh"]
     assert {"c4-47m-moh-h10", "c4-262m-moh-h16", "listops-moh-h8", "bytes-920k-moh-h4"} <= set(found)
     for name in found:
-        mine = parameter_counts(PRESETS[name])["per_layer"]
-        theirs = parameter_counts(PRESETS[name.replace("moh", "transformer")])["per_layer"]
-        assert abs(mine["attention_plus_mlp"] - theirs["attention_plus_mlp"]) < PRESETS[name].d_model, name
-        active = (PRESETS[name].opts.shared_heads + PRESETS[name].opts.routed_k) / PRESETS[name].n_heads
+        cfg = PRESETS[name]
+        dense = PRESETS[name.replace("moh-norm", "transformer").replace("moh", "transformer")]
+        mine = parameter_counts(cfg)["per_layer"]["attention_plus_mlp"]
+        theirs = parameter_counts(dense)["per_layer"]["attention_plus_mlp"]
+        if cfg.opts.moh_router == "norm":  # no router weights: the dense MLP, equal exactly
+            assert (mine, cfg.d_ff) == (theirs, dense.d_ff), name
+        else:
+            assert abs(mine - theirs) < cfg.d_model, name
+        active = (cfg.opts.shared_heads + cfg.opts.routed_k) / cfg.n_heads
         assert 0.5 <= active <= 0.75, name  # the published settings' range
+
+
+@pytest.mark.parametrize(("dense", "shared", "k"), [("c4-47m-transformer-h10", 5, 2), ("c4-262m-transformer-h16", 8, 4),
+                                                    ("listops-transformer-h8", 4, 2), ("bytes-920k-transformer-h4", 2, 1)])  # fmt: skip
+def test_norm_presets_split_the_heads_as_moh_llama3(dense, shared, k):
+    """Its code: int(0.5 H) shared heads, and int(0.25 H) chosen out of the other half; no balance loss."""
+    cfg = PRESETS[dense.replace("transformer", "moh-norm")]
+    options = (cfg.opts.moh_router, cfg.opts.balance_coef, cfg.opts.shared_heads, cfg.opts.routed_k)
+    assert options == ("norm", 0.0, shared, k)
+    assert cfg.replace(model="transformer", options=()) == PRESETS[dense]  # the dense row otherwise
 
 
 @pytest.mark.parametrize(

@@ -162,6 +162,12 @@ def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
     return n_routed * n_routed * (f * probs.mean(0)).mean()
 
 
+def describe(cfg: ModelConfig) -> str:
+    routed = f"top-{cfg.opts.routed_k} of {cfg.n_heads - cfg.opts.shared_heads}"
+    by_norm = " by query norm" if cfg.opts.moh_router == "norm" else ""
+    return f"{cfg.opts.shared_heads} shared, {routed}{by_norm}"
+
+
 def exact_cost(cfg: ModelConfig) -> Cost:
     """The dense layer's MACs (every head computed, as published) plus the routing's. Memory: the layer inputs, the
     weighted heads (a new tensor, the O projection's input), the weights kept by their product, and what the
@@ -206,8 +212,9 @@ def _softmax_routing(cfg: ModelConfig) -> Cost:
     return Cost(T * dm * routers, mem)
 
 
-# Parameter-matched presets: the dense row, and its shared heads and routed choice (active heads 50-75%, as the
-# published settings); the routers' d_model (H - h_s + h_s [h_s > 1] + 2) weights come out of the MLP.
+# Parameter-matched presets of the softmax routers: the dense row, and its shared heads and routed choice (active
+# heads 50-75%, as the published settings); the routers' d_model (H - h_s + h_s [h_s > 1] + 2) weights come out of
+# the MLP. Each row also has a norm-router preset (``-moh-norm-``) with MoH-LLaMA3's split of the heads.
 SETTINGS = {
     "c4-47m-transformer-h10": (2, 4),
     "c4-262m-transformer-h16": (4, 8),
@@ -220,19 +227,36 @@ SETTINGS = {
 }
 
 
+def norm_split(n_heads: int) -> tuple[int, int]:
+    """MoH-LLaMA3's heads: half shared, and each token picks a quarter of all heads from the other half (rounded
+    down, as its code does: 16 and 8 of LLaMA3-8B's 32; 5 and 2 of 10)."""
+    return n_heads // 2, n_heads // 4
+
+
 def router_weights(cfg: ModelConfig) -> int:
+    if cfg.opts.moh_router == "norm":
+        return 0
     hs, Er = cfg.opts.shared_heads, cfg.n_heads - cfg.opts.shared_heads
     return cfg.d_model * (Er + (hs if hs > 1 else 0) + (2 if hs and Er else 0))
 
 
-def matched(dense: ModelConfig, shared_heads: int, routed_k: int) -> ModelConfig:
-    """MoH with the attention + MLP weights per layer of ``dense`` (to the nearest MLP unit)."""
-    moh = dense.replace(model="moh", options={"shared_heads": shared_heads, "routed_k": routed_k})
+def matched(dense: ModelConfig, **options) -> ModelConfig:
+    """MoH of ``options`` with the attention + MLP weights per layer of ``dense`` (to the nearest MLP unit;
+    exactly, without router weights)."""
+    moh = dense.replace(model="moh", options=options)
     return moh.replace(d_ff=dense.d_ff - round(router_weights(moh) / (2 * dense.d_model)))
 
 
 def presets(declared: Mapping[str, ModelConfig]) -> dict[str, ModelConfig]:
-    return {name.replace("transformer", "moh"): matched(declared[name], *s) for name, s in SETTINGS.items()}
+    out = {}
+    for name, (shared, k) in SETTINGS.items():
+        dense = declared[name]
+        out[name.replace("transformer", "moh")] = matched(dense, shared_heads=shared, routed_k=k)
+        shared, k = norm_split(dense.n_heads)
+        out[name.replace("transformer", "moh-norm")] = matched(
+            dense, shared_heads=shared, routed_k=k, balance_coef=0.0, moh_router="norm"
+        )
+    return out
 
 
 FAMILY = register(
@@ -243,9 +267,7 @@ FAMILY = register(
         exact_cost=exact_cost,
         options=Options,
         validate=validate,
-        describe=lambda cfg: (
-            f"{cfg.opts.shared_heads} shared, top-{cfg.opts.routed_k} of {cfg.n_heads - cfg.opts.shared_heads}"
-        ),
+        describe=describe,
         routing="heads",
         choices=lambda cfg: cfg.n_heads,
         presets=presets,
