@@ -3,6 +3,7 @@ against a naive per-token and per-head float64 computation, for the softmax rout
 router (MoH-LLaMA3); the balance loss by a loop; its exact cost against the counters; its presets against their
 dense rows' weights; its options checked."""
 
+import json
 import math
 
 import pytest
@@ -12,10 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from naive import assert_counted_exactly
+from optional import needs
 
 from switchbench.bench.cost import measure
 from switchbench.bench.cost.accounting import exact_cost
 from switchbench.bench.cost.params import parameter_counts
+from switchbench.cli import main
 from switchbench.models.config import ModelConfig
 from switchbench.models.families.moh import balance_loss
 from switchbench.models.layers.attention_rope import rotate
@@ -346,3 +349,48 @@ def test_norm_presets_split_the_heads_as_moh_llama3(dense, shared, k):
 def test_bad_options_are_value_errors_that_say_why(H, options, message):
     with pytest.raises(ValueError, match=message):
         ModelConfig(model="moh", n_heads=H, options=options)
+
+
+@pytest.mark.slow
+@needs("fvcore")
+def test_the_norm_form_runs_through_every_command(tmp_path, capsys):
+    """presets, params, count (its exact cost equal to the counters), speed, train, quality and analyze."""
+
+    def run(command: str, *paths) -> str:
+        assert main([*command.split(), *map(str, paths)]) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    assert "tiny-moh-norm" in {row["preset"] for row in json.loads(run("presets --json"))}
+    mine, dense = (
+        json.loads(run(f"params {name} --json"))["per_layer"]
+        for name in ("tiny-moh-norm", "tiny-transformer")
+    )
+    assert mine["attention_plus_mlp"] == dense["attention_plus_mlp"]
+    views = json.loads(run("count c4-47m-moh-norm-h10 --json"))
+    assert views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"]
+    assert views["mem_exact"] == views["mem_saved_floats"]
+    speed = json.loads(
+        run(
+            "speed --presets tiny-transformer tiny-moh-norm --scopes layer --device cpu --batch 1 "
+            "--rounds 2 --warmup 1 --json --out",
+            tmp_path / "speed",
+        )
+    )
+    assert {r["status"] for r in speed["rows"] if r["preset"] == "tiny-moh-norm"} == {"ok"}
+    run(
+        "train --task listops --preset listops-moh-norm-h8 --steps 2 --eval-every 2 --batch 4 --device cpu --out",
+        tmp_path / "listops-moh-norm-h8",
+    )
+    quality = json.loads(
+        run(
+            "quality --families dense --presets bytes-920k-moh-norm-h4 --seeds 2 --steps 1 "
+            "--threads 1 --device cpu --json --out",
+            tmp_path / "quality",
+        )
+    )
+    rows = [(r["family"], r["preset"]) for r in quality["summary"]]
+    assert rows == [("dense", "bytes-920k-transformer-h4"), ("moh", "bytes-920k-moh-norm-h4")]
+    run("analyze --out", tmp_path / "analysis", tmp_path / "listops-moh-norm-h8" / "checkpoint.pt")
+    assert "listops-moh-norm-h8" in (tmp_path / "analysis" / "explorer.html").read_text()
+    usage = (tmp_path / "analysis" / "usage.csv").read_text().splitlines()
+    assert len(usage) > 1 and all(line.startswith("listops-moh-norm-h8,") for line in usage[1:])
