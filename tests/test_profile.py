@@ -12,7 +12,7 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
 from switchbench.bench.timing import profile
-from switchbench.bench.timing.speed import model_benches
+from switchbench.bench.timing.benches import model_benches
 from switchbench.cli import main
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS

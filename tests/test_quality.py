@@ -10,8 +10,8 @@ from switchbench.analysis import quality
 from switchbench.analysis.intervals import difference_interval, mean_interval, t_quantile
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.params import parameter_counts
-from switchbench.bench.timing.speed import intra_op_threads
-from switchbench.cli import main
+from switchbench.bench.timing.timer import intra_op_threads
+from switchbench.cli import _parser, main
 from switchbench.models.families.dense import DenseAttention
 from switchbench.models.presets import PRESETS
 from switchbench.reports import summary
@@ -129,6 +129,27 @@ def test_the_families_are_parameter_matched_as_the_paper_matches_them(models):
     assert len({(cfg.T, cfg.vocab) for _, cfg in models.values()}) == 1 and models["dense"][1].vocab == 256
 
 
+@pytest.mark.parametrize(
+    ("device", "families", "preset", "expected"),
+    [
+        ("cpu", ["dense", "moh"], "bytes-920k-moh-norm-h4", ["dense", "moh"]),
+        ("cpu", ["gqa", "dense"], "bytes-920k-moh-norm-h4", ["dense", "gqa", "moh"]),
+        ("cuda", ["dense"], "c4-47m-moh-norm-h10", ["dense", "moh"]),
+    ],
+)
+def test_a_preset_takes_its_familys_place_and_reads_bytes(device, families, preset, expected):
+    """MoH's norm-router preset trains as MoH, beside the other families in the registry's order; on a GPU the
+    47M preset reads bytes (vocabulary 256), as the families' GPU models do."""
+    args = _parser().parse_args(["quality", "--families", *families, "--presets", preset])
+    plan = quality.plan_from_args(args, device)
+    assert list(plan.models) == expected
+    defaults = quality.CPU_MODELS if device == "cpu" else quality.GPU_MODELS
+    assert all(plan.models[f] == defaults[f] for f in expected if f != "moh")
+    name, cfg = plan.models["moh"]
+    assert cfg == PRESETS[preset].replace(vocab=256) and cfg.opts.moh_router == "norm"
+    assert name == preset + ("-bytes" if device == "cuda" else "")
+
+
 def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
     name, cfg = quality.CPU_MODELS["switchhead"]
     plan = quality.Plan({"switchhead": (name, cfg)}, seeds=2, steps=1, batch=16, lr=1e-3, clip=1.0)
@@ -151,6 +172,9 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
         (["--threads", "0"], "--threads must be >= 1"),
         (["--text", "no/such/file.txt"], "cannot read text"),
         (["--batch", "4096"], "too short for batch 4096"),
+        (["--presets", "bytes-920k-moh-h4", "bytes-920k-moh-norm-h4"], "are both moh; one model a family"),
+        (["--presets", "bytes-920k-moh-nrom-h4"], "did you mean bytes-920k-moh-norm-h4"),
+        (["--presets", "tiny-moh-norm"], "chunks of one length"),  # 32 bytes, the others 64
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys, monkeypatch):

@@ -44,7 +44,7 @@ from switchbench.core.results import (
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import PRESETS, from_name
 from switchbench.train.run import LMTask, TrainConfig, train
 
 CONFIDENCE = 0.95
@@ -64,6 +64,27 @@ GPU_MODELS = {
     for family in registry.families()
     if "quality" in family.roles
 }
+
+
+def byte_model(preset: str) -> tuple[str, ModelConfig]:
+    """A preset reading bytes: itself, or (another vocabulary) a copy named ``PRESET-bytes``, as the GPU models."""
+    cfg = from_name(preset)
+    return (preset, cfg) if cfg.vocab == 256 else (f"{preset}-bytes", cfg.replace(vocab=256))
+
+
+def with_presets(models: dict[str, tuple[str, ModelConfig]], presets: list[str]) -> dict:
+    """``models`` (family -> (name, configuration)) with each preset in place of its family's model (another form
+    of a family, such as MoH's norm router); a family not in ``models`` joins them, in the registry's order."""
+    chosen = {}
+    for preset in presets:
+        family = from_name(preset).family.key
+        if family in chosen:
+            raise ValueError(
+                f"--presets: {chosen[family][0]} and {preset} are both {family}; one model a family"
+            )
+        chosen[family] = byte_model(preset)
+    merged = models | chosen
+    return {family: merged[family] for family in sorted(merged, key=registry.keys().index)}
 
 
 @dataclass(frozen=True)
@@ -283,6 +304,13 @@ def register(commands) -> None:
         "--families", nargs="+", choices=FAMILIES, help="default: all; differences are to dense"
     )
     parser.add_argument(
+        "--presets",
+        nargs="+",
+        default=[],
+        help="presets to train in place of their families' models (e.g. bytes-920k-moh-norm-h4 for MoH); their "
+        "families join the run",
+    )
+    parser.add_argument(
         "--seeds", type=int, help="seeds per family (default 5 on a CPU, 3 on a GPU, 2 with --quick)"
     )
     budget = parser.add_mutually_exclusive_group()
@@ -305,16 +333,17 @@ def register(commands) -> None:
 
 def plan_from_args(args, device: str) -> Plan:
     budget = BUDGETS[(device, args.quick)]
-    models = CPU_MODELS if device == "cpu" else GPU_MODELS
-    families = [f for f in FAMILIES if f in (args.families or FAMILIES)]
+    defaults = CPU_MODELS if device == "cpu" else GPU_MODELS
+    models = with_presets({f: defaults[f] for f in args.families or FAMILIES}, args.presets)
     batch = budget.batch if args.batch is None else args.batch
     tokens = budget.tokens if args.tokens is None else args.tokens
     for flag, value in (("--batch", batch), ("--tokens", tokens), ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1; got {value}")
-    steps = args.steps or math.ceil(tokens / (batch * models["dense"][1].T))
+    length = next(iter(models.values()))[1].T  # every model's: the Plan checks it
+    steps = args.steps or math.ceil(tokens / (batch * length))
     return Plan(
-        {f: models[f] for f in families},
+        models,
         budget.seeds if args.seeds is None else args.seeds,
         steps,
         batch,

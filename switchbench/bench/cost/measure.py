@@ -101,6 +101,11 @@ def _expert_matmul_macs(x_shape, weight_shape, indices_shape) -> int:
     return indices_shape[0] * indices_shape[1] * weight_shape[1] * weight_shape[2]
 
 
+def _l2_norm_macs(x_shape) -> int:
+    """An L2 norm (MoH's norm router): one multiply-add per element, its square added to the sum."""
+    return int(torch.Size(x_shape).numel())
+
+
 def _sdpa_macs(q_shape, k_shape) -> int:
     """q k^T and A v: 2 B H t S d_head."""
     *batch, t, d_head = q_shape
@@ -135,6 +140,8 @@ def fvcore_macs(cfg: ModelConfig) -> int:
         lambda ins, outs: _expert_matmul_macs(*(get_shape(ins[i]) for i in (0, 1, 3))),
         "aten::scaled_dot_product_attention",
         lambda ins, outs: _sdpa_macs(get_shape(ins[0]), get_shape(ins[1])),
+        "aten::linalg_vector_norm",
+        lambda ins, outs: _l2_norm_macs(get_shape(ins[0])),
     )
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with warnings.catch_warnings():
@@ -153,9 +160,13 @@ def _flop_formulas() -> dict:
     def sdpa_cpu(query, key, value, *args, out_shape=None, **kwargs):
         return 2 * _sdpa_macs(query, key)
 
+    def vector_norm(x, *args, out_shape=None, **kwargs):
+        return 2 * _l2_norm_macs(x)
+
     return {
         torch.ops.switchbench.expert_matmul: expert_matmul,  # keyed by packet, as FlopCounterMode looks up
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu,
+        torch.ops.aten.linalg_vector_norm: vector_norm,
     }
 
 

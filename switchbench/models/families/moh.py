@@ -1,14 +1,21 @@
 """MoH, Mixture-of-Head attention (Jin, Zhu, Yuan and Yan, ICML 2025): multi-head attention whose heads are
-experts. Of H heads the first ``shared_heads`` are always on; each token picks ``routed_k`` of the other H - h_s
-with a softmax router, their weights renormalised over the chosen ones and scaled by k (a chosen head's weight
-averages one). The shared heads are weighted by a softmax of their own, times h_s (one when h_s = 1), and a two-way
-softmax, times two, mixes the shared and the routed group. Each head's attention output is multiplied by its
-weight before the output projection; unchosen heads weigh zero. Training adds the load-balancing loss
-E_r^2 mean_e(f_e P_e): f_e the fraction of tokens choosing routed head e, P_e its mean router probability.
+experts, in the two forms the authors published. Of H heads the first ``shared_heads`` are always on; each token
+picks ``routed_k`` of the other H - h_s.
+
+``moh_router="softmax"`` (their ViT code): each token picks its routed heads with a softmax router, their weights
+renormalised over the chosen ones and scaled by k (a chosen head's weight averages one). The shared heads are
+weighted by a softmax of their own, times h_s (one when h_s = 1), and a two-way softmax, times two, mixes the
+shared and the routed group. Each head's attention output is multiplied by its weight before the output
+projection; unchosen heads weigh zero. Training adds the load-balancing loss E_r^2 mean_e(f_e P_e) (f_e the
+fraction of tokens choosing routed head e, P_e its mean router probability) as the MoH-ViT training does:
+``balance_coef`` times the mean of the layers' losses, each layer adding its share.
+
+``moh_router="norm"`` (their LLaMA3 code): no router weights. Each token keeps the routed heads whose queries have
+the largest L2 norms; shared and chosen heads weigh one, the others zero; no mix, no balance loss.
 
 As in the published code, every head's Q, K, V and attention are computed and then weighted, so its MACs are the
-dense model's plus the routers'. Presets are parameter-matched to the dense rows: the routers' weights come out of
-the MLP.
+dense model's plus the routers' (or the norms'). Presets are parameter-matched to the dense rows: the routers'
+weights come out of the MLP; the norm router has none, and its presets keep the dense MLP.
 """
 
 from collections.abc import Mapping
@@ -17,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from switchbench.models.config import ModelConfig, in_range
+from switchbench.models.config import ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
 from switchbench.models.family import Family, register
 from switchbench.models.layers.initialization import init_projection_
@@ -26,17 +33,21 @@ from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import full_precision
 from switchbench.models.layers.window import Window, with_memory
 
+ROUTERS = ("softmax", "norm")
+
 
 @dataclass(frozen=True)
 class Options:
     shared_heads: int = 1  # h_s: always-on heads, the first ones
     routed_k: int = 1  # routed heads each token picks among the H - h_s others
-    balance_coef: float = 0.01  # the load-balancing loss's weight in training (the MoH-ViT code's)
+    balance_coef: float = 0.01  # times the mean of the layers' balance losses (MoH-ViT's training)
+    moh_router: str = "softmax"  # softmax: MoH-ViT's router matrices; norm: MoH-LLaMA3's query norms
 
     def __post_init__(self):
         in_range("shared_heads", self.shared_heads, 0)
         in_range("routed_k", self.routed_k, 0)
         in_range("balance_coef", self.balance_coef, 0.0)
+        one_of("moh_router", self.moh_router, ROUTERS)
 
 
 def validate(cfg: ModelConfig) -> None:
@@ -45,6 +56,11 @@ def validate(cfg: ModelConfig) -> None:
         raise ValueError(f"shared_heads ({cfg.opts.shared_heads}) must be at most n_heads ({cfg.n_heads})")
     if not (routed == cfg.opts.routed_k == 0 or 1 <= cfg.opts.routed_k <= routed):
         raise ValueError(f"routed_k must be in [1, {routed}] (the routed heads); got {cfg.opts.routed_k}")
+    if cfg.opts.moh_router == "norm" and cfg.opts.balance_coef:
+        raise ValueError(
+            "the norm router has no balance loss (MoH-LLaMA3 has none, and its 0/1 choice has no gradient): "
+            f"set balance_coef to 0; got {cfg.opts.balance_coef}"
+        )
 
 
 class MoHAttention(Observable, nn.Module):
@@ -57,16 +73,20 @@ class MoHAttention(Observable, nn.Module):
             cfg.n_heads - opts.shared_heads,
             opts.routed_k,
         )
-        self.balance_coef = opts.balance_coef
+        # Each layer adds coef / L times its loss, so that the stack's sum is coef times the mean over the layers
+        self.balance_weight = opts.balance_coef / cfg.n_layers
         inner = cfg.n_heads * cfg.d_head
         self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
         self.o = nn.Linear(inner, cfg.d_model, bias=False)
         for proj in (self.q, self.k, self.v, self.o):
             init_projection_(proj.weight, proj.in_features, cfg.n_layers)
-        # W_r over the routed heads, W_s over the shared ones (none for one: its weight is 1), W_0 mixing the two
-        self.router = nn.Linear(cfg.d_model, self.routed, bias=False) if self.routed else None
-        self.shared_router = nn.Linear(cfg.d_model, self.shared, bias=False) if self.shared > 1 else None
-        self.mix = nn.Linear(cfg.d_model, 2, bias=False) if self.shared and self.routed else None
+        # W_r over the routed heads, W_s over the shared ones (none for one: its weight is 1), W_0 mixing the two;
+        # the norm router has none of them
+        self.norm_router = opts.moh_router == "norm"
+        routed, shared = (0, 0) if self.norm_router else (self.routed, self.shared)
+        self.router = nn.Linear(cfg.d_model, routed, bias=False) if routed else None
+        self.shared_router = nn.Linear(cfg.d_model, shared, bias=False) if shared > 1 else None
+        self.mix = nn.Linear(cfg.d_model, 2, bias=False) if shared and routed else None
         for router in (self.router, self.shared_router, self.mix):
             if router is not None:
                 init_projection_(router.weight, cfg.d_model, cfg.n_layers)
@@ -80,7 +100,8 @@ class MoHAttention(Observable, nn.Module):
         k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
         v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
         out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
-        weights, chosen, probs = self.head_weights(x)  # [B, t, H], [B, t, k], [B, t, H - h_s]
+        # every head's weight [B, t, H], the chosen routed heads [B, t, k], the routed probabilities [B, t, H - h_s]
+        weights, chosen, probs = self.norm_weights(q) if self.norm_router else self.softmax_weights(x)
         out = out * weights.transpose(1, 2)[..., None].to(out.dtype)  # each head's output times its weight
         y = self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
         if self.observing:
@@ -88,7 +109,7 @@ class MoHAttention(Observable, nn.Module):
             self.record(maps=maps, experts=chosen, gates=gates, head_weights=weights.detach())
         return y, self._balance_loss(probs, chosen)
 
-    def head_weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def softmax_weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x [B, t, d_model] -> every head's weight [B, t, H] (shared heads first), the routed heads each token chose
         [B, t, k] (as head indices) and the routed heads' probabilities [B, t, H - h_s]."""
         B, t, _ = x.shape
@@ -109,10 +130,29 @@ class MoHAttention(Observable, nn.Module):
             chosen = top.indices + self.shared
         return torch.cat(parts, -1), chosen, probs
 
+    def norm_weights(self, q: Tensor) -> tuple[Tensor, Tensor | None, None]:
+        """q [B, H, t, D] (before positions) -> every head's weight [B, t, H], 0 or 1, and the chosen routed heads
+        [B, t, k]; no probabilities.
+
+        The published code takes the top-k of a softmax of the norms divided by their standard deviation over the
+        routed heads; both steps keep the order, so the same heads win (up to ties). The weights are constants (no
+        gradient reaches the choice there either), so the choice runs on detached queries and keeps nothing."""
+        B, _, t, _ = q.shape
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        parts = [q.new_ones(B, t, self.shared, dtype=dtype)] if self.shared else []
+        chosen = None
+        if self.routed:
+            routed_q = full_precision(q.detach()[:, self.shared :])  # [B, H - h_s, t, D]
+            norms = torch.linalg.vector_norm(routed_q, dim=-1).transpose(1, 2)  # [B, t, H - h_s]
+            top = norms.topk(self.top_k, dim=-1, sorted=False).indices  # [B, t, k]
+            parts.append(q.new_zeros(B, t, self.routed, dtype=dtype).scatter(-1, top, 1.0))
+            chosen = top + self.shared
+        return torch.cat(parts, -1) if len(parts) > 1 else parts[0], chosen, None
+
     def _balance_loss(self, probs: Tensor | None, chosen: Tensor | None) -> Tensor | float:
-        if not (self.training and self.balance_coef and self.routed):
+        if not (self.training and self.balance_weight and self.routed):
             return 0.0
-        return self.balance_coef * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
+        return self.balance_weight * balance_loss(probs.flatten(0, 1), (chosen - self.shared).flatten(0, 1))
 
 
 def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
@@ -122,18 +162,41 @@ def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
     return n_routed * n_routed * (f * probs.mean(0)).mean()
 
 
+def describe(cfg: ModelConfig) -> str:
+    routed = f"top-{cfg.opts.routed_k} of {cfg.n_heads - cfg.opts.shared_heads}"
+    by_norm = " by query norm" if cfg.opts.moh_router == "norm" else ""
+    return f"{cfg.opts.shared_heads} shared, {routed}{by_norm}"
+
+
 def exact_cost(cfg: ModelConfig) -> Cost:
-    """The dense layer's MACs (every head computed, as published) plus the routers'. Memory: the layer inputs, the
-    weighted heads (a new tensor, the O projection's input), the weights and (XL) the heads' outputs kept by their
-    product (with RoPE, SDPA keeps its output already; constant weights keep none); the routers' softmaxes and what their products keep; the
-    chosen weights and their sum; the balance loss's token fractions when it trains."""
+    """The dense layer's MACs (every head computed, as published) plus the routing's. Memory: the layer inputs, the
+    weighted heads (a new tensor, the O projection's input), the weights kept by their product, and what the
+    routing keeps."""
     H, dh, dm, T, C = symbols(cfg)
-    S, opts = C * T, cfg.opts
+    macs = (T + 2 * C * T) * dm * H * dh + T * H * dh * dm
+    mem = layer_inputs(cfg) + T * H * dh + T * H
+    routing = _norm_routing(cfg) if cfg.opts.moh_router == "norm" else _softmax_routing(cfg)
+    kept = 2 if cfg.pos == "xl" and cfg.xl_bias_and_scale else 0
+    return Cost(macs, mem) + routing + softmax_attention(cfg, H, kept)
+
+
+def _norm_routing(cfg: ModelConfig) -> Cost:
+    """The routed queries' L2 norms, one multiply-add per element. The choice runs detached and its 0/1 weights are
+    constants, so it keeps nothing and their product keeps only the weights, not the heads' outputs."""
+    H, dh, _, T, _ = symbols(cfg)
+    return Cost(T * (H - cfg.opts.shared_heads) * dh, 0)
+
+
+def _softmax_routing(cfg: ModelConfig) -> Cost:
+    """The routers' MACs. Memory: (XL) the heads' outputs kept by their product with learned weights (with RoPE,
+    SDPA keeps its output already; constant weights keep none); the routers' softmaxes and what their products
+    keep; the chosen weights and their sum; the balance loss's token fractions when it trains."""
+    H, dh, dm, T, _ = symbols(cfg)
+    opts = cfg.opts
     hs, Er, k = opts.shared_heads, H - opts.shared_heads, opts.routed_k
     routers = Er + (hs if hs > 1 else 0) + (2 if hs and Er else 0)
-    macs = (T + 2 * S) * dm * H * dh + T * H * dh * dm + T * dm * routers
     learned = hs > 1 or Er > 0  # else every weight is a constant one, and the product keeps only the weights
-    mem = layer_inputs(cfg) + T * H * dh + T * H + (T * H * dh if cfg.pos == "xl" and learned else 0)
+    mem = T * H * dh if cfg.pos == "xl" and learned else 0
     if hs and Er:
         mem += 2 * T + 2 * T  # the mix's softmax, and the mix (twice it) read by both groups' products
         mem += (
@@ -146,12 +209,12 @@ def exact_cost(cfg: ModelConfig) -> Cost:
         mem += T * Er + T * k + T  # the routed softmax, the chosen values and their sum
         if opts.balance_coef:
             mem += Er  # the fractions of tokens, kept by their product with the mean probabilities
-    kept = 2 if cfg.pos == "xl" and cfg.xl_bias_and_scale else 0
-    return Cost(macs, mem) + softmax_attention(cfg, H, kept)
+    return Cost(T * dm * routers, mem)
 
 
-# Parameter-matched presets: the dense row, and its shared heads and routed choice (active heads 50-75%, as the
-# published settings); the routers' d_model (H - h_s + h_s [h_s > 1] + 2) weights come out of the MLP.
+# Parameter-matched presets of the softmax routers: the dense row, and its shared heads and routed choice (active
+# heads 50-75%, as the published settings); the routers' d_model (H - h_s + h_s [h_s > 1] + 2) weights come out of
+# the MLP. Each row also has a norm-router preset (``-moh-norm-``) with MoH-LLaMA3's split of the heads.
 SETTINGS = {
     "c4-47m-transformer-h10": (2, 4),
     "c4-262m-transformer-h16": (4, 8),
@@ -164,19 +227,36 @@ SETTINGS = {
 }
 
 
+def norm_split(n_heads: int) -> tuple[int, int]:
+    """MoH-LLaMA3's heads: half shared, and each token picks a quarter of all heads from the other half (rounded
+    down, as its code does: 16 and 8 of LLaMA3-8B's 32; 5 and 2 of 10)."""
+    return n_heads // 2, n_heads // 4
+
+
 def router_weights(cfg: ModelConfig) -> int:
+    if cfg.opts.moh_router == "norm":
+        return 0
     hs, Er = cfg.opts.shared_heads, cfg.n_heads - cfg.opts.shared_heads
     return cfg.d_model * (Er + (hs if hs > 1 else 0) + (2 if hs and Er else 0))
 
 
-def matched(dense: ModelConfig, shared_heads: int, routed_k: int) -> ModelConfig:
-    """MoH with the attention + MLP weights per layer of ``dense`` (to the nearest MLP unit)."""
-    moh = dense.replace(model="moh", options={"shared_heads": shared_heads, "routed_k": routed_k})
+def matched(dense: ModelConfig, **options) -> ModelConfig:
+    """MoH of ``options`` with the attention + MLP weights per layer of ``dense`` (to the nearest MLP unit;
+    exactly, without router weights)."""
+    moh = dense.replace(model="moh", options=options)
     return moh.replace(d_ff=dense.d_ff - round(router_weights(moh) / (2 * dense.d_model)))
 
 
 def presets(declared: Mapping[str, ModelConfig]) -> dict[str, ModelConfig]:
-    return {name.replace("transformer", "moh"): matched(declared[name], *s) for name, s in SETTINGS.items()}
+    out = {}
+    for name, (shared, k) in SETTINGS.items():
+        dense = declared[name]
+        out[name.replace("transformer", "moh")] = matched(dense, shared_heads=shared, routed_k=k)
+        shared, k = norm_split(dense.n_heads)
+        out[name.replace("transformer", "moh-norm")] = matched(
+            dense, shared_heads=shared, routed_k=k, balance_coef=0.0, moh_router="norm"
+        )
+    return out
 
 
 FAMILY = register(
@@ -187,9 +267,7 @@ FAMILY = register(
         exact_cost=exact_cost,
         options=Options,
         validate=validate,
-        describe=lambda cfg: (
-            f"{cfg.opts.shared_heads} shared, top-{cfg.opts.routed_k} of {cfg.n_heads - cfg.opts.shared_heads}"
-        ),
+        describe=describe,
         routing="heads",
         choices=lambda cfg: cfg.n_heads,
         presets=presets,
