@@ -3,9 +3,11 @@
 GPU time comes in short slices on nodes without internet. The chain runs its steps in order of value (the test
 suite on the GPU first, the report last), each as a ``switchbench`` (or pytest) subprocess, and keeps a state
 file beside the results: a second call skips the steps already done for the same code and resumes after the
-last one. ``--budget`` is the call's time: a step whose expected duration no longer fits is not started, a step
-that runs past the budget is stopped and started again by the next call. What each step wrote is listed in the
-state, so ``--pack`` can put this device's evidence into one archive to bring back.
+last one. ``--budget`` is the call's time (see ``run_chain`` and ``fits``): a step whose expected duration does not
+fit waits for a later call while the steps after it run, the first step of a call always runs, and a step that
+runs past the budget less the report's reserve is stopped (a resumable one continues in the next call, any other
+starts again). What each step wrote is listed in the state, so ``--pack`` can put this device's evidence into one
+archive to bring back.
 
 "The same code" is a fingerprint of the package's and the tests' Python files and pyproject.toml, not the git
 commit: committing the results a node brought back must not make the node run everything again, and a node's
