@@ -103,6 +103,13 @@ class ListOpsTask:
         self.data_cfg = listops.ListOpsConfig(max_length=model_cfg.T)
         self.val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
         self.val_answers = torch.tensor([answer for _, answer in self.val], device=cfg.device)
+        self.val_lengths = listops.by_length(self.val)
+        # the validation examples of each outer operator and each nesting depth, the columns' order
+        self.val_groups: dict[str, list[int]] = {}
+        for name, key in (("op", listops.operator), ("depth", listops.depth)):
+            keys = [key(tokens) for tokens, _ in self.val]
+            for value in sorted(set(keys)):
+                self.val_groups[f"{name}_{value}"] = [i for i, k in enumerate(keys) if k == value]
 
     def loss(self, model, step: int, state=None):
         examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)
@@ -117,7 +124,7 @@ class ListOpsTask:
     @torch.no_grad()
     def evaluate(self, model) -> dict:
         predicted = torch.empty_like(self.val_answers)
-        for length, indices in listops.by_length(self.val).items():
+        for length, indices in self.val_lengths.items():
             for i in range(0, len(indices), 250):
                 chunk = indices[i : i + 250]
                 tokens, _ = listops.encode([self.val[j] for j in chunk], length)
@@ -128,12 +135,10 @@ class ListOpsTask:
             "val_accuracy": sum(right) / len(right),
             "majority_class": answers.bincount(minlength=listops.N_CLASSES).max().item() / len(answers),
         }
-        for name, key in (("op", listops.operator), ("depth", listops.depth)):
-            groups: dict = {}
-            for (tokens, _), ok in zip(self.val, right, strict=True):
-                groups.setdefault(key(tokens), []).append(ok)
-            out |= {f"val_accuracy_{name}_{k}": sum(v) / len(v) for k, v in sorted(groups.items())}
-        return out
+        return out | {
+            f"val_accuracy_{group}": sum(right[i] for i in members) / len(members)
+            for group, members in self.val_groups.items()
+        }
 
 
 class LMTask:
