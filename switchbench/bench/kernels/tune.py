@@ -12,10 +12,11 @@ import torch
 from switchbench.bench.command import DTYPES, device_from_args
 from switchbench.bench.kernels.bench import SIZES, bucket, cases, make_inputs, measure, outputs
 from switchbench.core.results import replace_atomically, writable_file
+from switchbench.ops.expert_matmul import choice
 from switchbench.ops.expert_matmul.choice import IMPLS
 
-# The package's tables (switchbench.models reads them as package data).
-DATA = Path(__file__).parents[2] / "ops" / "expert_matmul" / "data"
+# The package's tables, beside the op that reads them as package data.
+DATA = Path(choice.__file__).with_name("data")
 TABLE = DATA / "tuned_configs.json"
 AUTO_TABLE = DATA / "expert_matmul_auto.json"
 # Batches whose shape buckets a training step meets: the paper's 64 on one GPU, 8 on each of eight, and between.
