@@ -10,9 +10,9 @@ pytest.importorskip("hypothesis")  # a GPU node without it skips this module, na
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
-from switchbench.models.config import ModelConfig
 from switchbench.models.families.moa import MoAAttention
 from switchbench.models.families.switchhead import SwitchHeadAttention
 from switchbench.models.layers.observe import Observable, observe
@@ -23,39 +23,6 @@ from switchbench.models.presets import PRESETS
 
 FAMILIES = registry.names()  # every registered family, the paper's and the others
 POSITIONS = ("xl", "rope")
-T = 8
-SEQ = 2 * T + 3
-TIGHT = dict(rtol=1e-10, atol=1e-10)
-
-
-def small_cfg(model: str, pos: str = "xl", **changes) -> ModelConfig:
-    base = dict(
-        model=model,
-        pos=pos,
-        d_model=32,
-        n_layers=2,
-        n_heads=2,
-        d_head=8,
-        d_ff=48,
-        n_experts=4,
-        k=2,
-        T=T,
-        context_blocks=1 if pos == "xl" else 0,
-        vocab=50,
-        mlp_experts=4,
-        mlp_expert_size=8,
-        mlp_k=2,
-    )
-    return ModelConfig(**(base | changes))
-
-
-def make_lm(cfg: ModelConfig, seed: int = 0) -> LanguageModel:
-    torch.manual_seed(seed)
-    return LanguageModel(cfg).double().eval()
-
-
-def random_tokens(cfg: ModelConfig, length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
-    return torch.randint(cfg.vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 def run_pieces(lm: LanguageModel, tokens: torch.Tensor, sizes) -> torch.Tensor:

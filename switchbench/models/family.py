@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
     from switchbench.models.config import ModelConfig
     from switchbench.models.cost import Cost
+    from switchbench.models.layers.kv_cache import CacheEntry
     from switchbench.ops.expert_matmul.cases import Case
 
 ENTRY_POINTS = "switchbench.families"
@@ -77,6 +78,11 @@ class Family:
     routing: str = ""
     choices: Callable[[ModelConfig], int] = lambda cfg: cfg.n_experts
     head_slots: bool = False
+    # What one source token leaves in a decoder's cache, per layer (None: the family has no decode path). A family
+    # caching keys and values gives its attention ``cache_entries(xs, positions) -> entries [B, heads, L, width]``
+    # and ``attend_cached(x, entries, window) -> y``; one caching its layer inputs (a single INPUTS entry, as
+    # Transformer-XL) needs neither: its forward re-projects them at every step.
+    kv_cache: Callable[[ModelConfig], tuple[CacheEntry, ...]] | None = None
     # Its expert matmuls at ``batch`` sequences, as switchbench::expert_matmul takes them (the cases registry's
     # Case), for kernel-bench and kernel-tune
     expert_matmuls: Callable[[ModelConfig, int], tuple[Case, ...]] | None = None

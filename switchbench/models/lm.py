@@ -1,12 +1,14 @@
 """Pre-LayerNorm Transformer stacks: a language model that carries XL memory across chunks, and a sequence
 classifier (no causal mask) for ListOps. Any registered attention family composes with either MLP."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchbench.models.config import ModelConfig
+from switchbench.models.layers.kv_cache import KVCache, caches_inputs
 from switchbench.models.layers.mlp import DenseMLP
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window, next_memory, with_memory
@@ -42,6 +44,21 @@ class Block(nn.Module):
         y, aux_mlp = self.mlp(self.ln_mlp(x))
         return x + self.dropout(y), window_inputs, aux_attn + aux_mlp
 
+    def decode(self, x: Tensor, cache: KVCache, layer: int, window) -> Tensor:
+        """The block on the current tokens x [B, t, d_model], their entries written to ``cache`` (inference: no
+        dropout, no auxiliary loss). The inputs are cached after the LayerNorm: in evaluation the same as
+        normalising cached raw inputs at every step, as :meth:`forward` does."""
+        h = self.ln_attn(x)
+        if caches_inputs(cache.entries):  # the layer re-projects its cached inputs (Transformer-XL)
+            (inputs,) = cache.write(layer, (h[:, None],))
+            mem = inputs[:, 0, : -x.shape[1]]
+            y, _ = self.attn(h, mem if mem.shape[1] else None, window)
+        else:
+            entries = cache.write(layer, self.attn.cache_entries(h, window.q_pos))
+            y = self.attn.attend_cached(h, entries, window)
+        x = x + y
+        return x + self.mlp(self.ln_mlp(x))[0]
+
 
 class Stack(nn.Module):
     """Embedding, L blocks, the final LayerNorm and (training only) dropout before the output layer."""
@@ -71,6 +88,24 @@ class Stack(nn.Module):
             aux = aux + aux_block
         return self.dropout(self.ln_out(x)), State(tuple(mems), end), aux
 
+    def decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """The next t tokens [B, t] after those in ``cache`` -> final hidden states [B, t, d_model]; the cache
+        gains them. Token by token or chunk by chunk, the outputs are the full forward's (tests/test_decode.py)."""
+        cfg = self.cfg
+        t = tokens.shape[1]
+        window = make_window(
+            cache.length, cache.length - cache.start, t, cfg.T, cfg.context_blocks, True, tokens.device
+        )
+        # One token sees every key the cache keeps (it keeps exactly the next token's window): no mask, so that
+        # scaled-dot-product attention may take its fused kernels
+        window = replace(window, mask=None if t == 1 else window.mask, tables=cache.tables)
+        x = self.embedding(tokens)
+        for layer, block in enumerate(self.blocks):
+            x = block.decode(x, cache, layer, window)
+        end = cache.length + t
+        cache.advance(t, cfg.context_blocks * cfg.T + end % cfg.T)
+        return self.ln_out(x)
+
 
 @dataclass(frozen=True)
 class LMOutput:
@@ -98,6 +133,21 @@ class LanguageModel(nn.Module):
     def forward(self, tokens: Tensor, state: State | None = None) -> LMOutput:
         h, state, aux = self.stack(tokens, state)
         return LMOutput(self.head(h), state, aux)
+
+    def new_cache(self, batch: int, capacity: int, dtype: torch.dtype | None = None) -> KVCache:
+        """An empty cache for ``batch`` sequences of up to ``capacity`` tokens, in the weights' dtype unless
+        given; a ValueError if the family declares no decode path."""
+        cfg = self.cfg
+        if cfg.family.kv_cache is None:
+            raise ValueError(f"{cfg.family.label} has no decode path (its family declares no kv_cache)")
+        weight = self.head.weight
+        return KVCache(
+            cfg.family.kv_cache(cfg), cfg.n_layers, batch, capacity, weight.device, dtype or weight.dtype
+        )
+
+    def decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
+        """Logits [B, t, vocab] of the next t tokens after those in ``cache`` (prefill: many; decode: one)."""
+        return self.head(self.stack.decode(tokens, cache))
 
 
 class SequenceClassifier(nn.Module):

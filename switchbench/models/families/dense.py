@@ -7,6 +7,7 @@ from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost, layer_inputs, o_input, printed_xl, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
 from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.window import Window, with_memory
@@ -24,15 +25,30 @@ class DenseAttention(Observable, nn.Module):
         self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
-        # B batch, t current tokens, S memory + current tokens, H heads, D d_head
+        return self.attend_cached(x, self.cache_entries(with_memory(mem, x), window.k_pos), window), 0.0
+
+    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """What the source tokens xs [B, L, d_model] at ``positions`` [L] leave in a cache: K and V [B, H, L, D]."""
+        B = xs.shape[0]
+        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
+        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
+        return self.attention.keys(k, positions), v
+
+    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
+        """The current tokens x [B, t, d_model] attend to the cached keys and values of the window."""
+        # B batch, t current tokens, H heads, D d_head
         B, t, _ = x.shape
-        xs = x if mem is None else with_memory(mem, x)  # [B, S, d_model]
         q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
-        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
-        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
-        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         self.record(maps=maps)
-        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1)), 0.0
+        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
+
+
+def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
+    return (
+        CacheEntry("k", cfg.n_heads, cfg.d_head, "keys"),
+        CacheEntry("v", cfg.n_heads, cfg.d_head, "values"),
+    )
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:
@@ -71,6 +87,7 @@ FAMILY = register(
         label="dense",
         attention=DenseAttention,
         exact_cost=exact_cost,
+        kv_cache=kv_cache,
         attention_name="dense",
         paper_cost=paper_cost,
         printed_cost=printed_cost,

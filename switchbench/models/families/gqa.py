@@ -24,6 +24,7 @@ from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attenti
 from switchbench.models.family import Family, register
 from switchbench.models.layers.attention_rope import rotate, sdpa_width
 from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.window import Window, with_memory
@@ -55,22 +56,35 @@ class GroupedQueryAttention(Observable, nn.Module):
         self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
-        # B batch, t current tokens, S memory + current tokens, H query heads, Hk key heads, D d_head
+        return self.attend_cached(x, self.cache_entries(with_memory(mem, x), window.k_pos), window), 0.0
+
+    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """K and V [B, Hk, L, D] of the source tokens xs [B, L, d_model] at ``positions`` [L]: Hk heads, not H."""
+        B = xs.shape[0]
+        k = self.k(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+        v = self.v(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
+        return self.attention.keys(k, positions), v
+
+    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
+        # B batch, t current tokens, H query heads, Hk key heads, D d_head
         B, t, _ = x.shape
-        xs = with_memory(mem, x)  # [B, S, d_model]
+        k, v = entries  # [B, Hk, S, D]
         q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
-        k = self.k(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)  # [B, Hk, S, D]
-        v = self.v(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)  # [B, Hk, S, D]
         grouped = self.n_kv_heads != self.n_heads  # a Python bool: SDPA takes no traced value for it
         if self.rope and not self.observing:
-            out = grouped_sdpa(rotate(q, window.q_pos), rotate(k, window.k_pos), v, window.mask, grouped)
-            maps = None
+            out, maps = grouped_sdpa(rotate(q, window.q_pos), k, v, window.mask, grouped), None
         else:
             group = self.n_heads // self.n_kv_heads
             k, v = (y.repeat_interleave(group, dim=1) if grouped else y for y in (k, v))  # [B, H, S, D]
-            out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+            out, maps = self.attention(q, k, v, window, self.observing, keys_ready=True)  # [B, H, t, D]
         self.record(maps=maps)
-        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1)), 0.0
+        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
+
+
+def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
+    """The key and value heads only: what GQA is for."""
+    Hk = cfg.opts.n_kv_heads
+    return (CacheEntry("k", Hk, cfg.d_head, "shared keys"), CacheEntry("v", Hk, cfg.d_head, "shared values"))
 
 
 def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grouped: bool) -> Tensor:
@@ -139,6 +153,7 @@ FAMILY = register(
         label="GQA",
         attention=GroupedQueryAttention,
         exact_cost=exact_cost,
+        kv_cache=kv_cache,
         options=Options,
         validate=validate,
         describe=lambda cfg: f"kv{cfg.opts.n_kv_heads}",

@@ -9,6 +9,7 @@ from switchbench.models.config import MOA_GATINGS, ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
 from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import full_precision, sigmoid_topk
@@ -33,10 +34,22 @@ class MoAAttention(Observable, nn.Module):
         self.attention = positional_attention(cfg, 1, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
-        # B batch, t current tokens, S memory + current tokens, H active heads, E experts, D d_head
+        entries = self.cache_entries(with_memory(mem, x), window.k_pos)
+        y, logits, gates, experts = self._attend(x, entries, window)
+        return y, self._aux_loss(logits, gates, experts)
+
+    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The one shared key and value head [B, 1, L, D] of the source tokens xs [B, L, d_model]."""
+        return self.attention.keys(self.k(xs)[:, None], positions), self.v(xs)[:, None]
+
+    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
+        return self._attend(x, entries, window)[0]
+
+    def _attend(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window):
+        """-> (y, the router's logits, the chosen gates and experts) for the auxiliary losses."""
+        # B batch, t current tokens, H active heads, E experts, D d_head
         cfg = self.cfg
         B, t, d = x.shape
-        xs = with_memory(mem, x)  # [B, S, d_model]
         logits = full_precision(self.router(x)).view(B * t, cfg.n_experts)  # [N, E]
         if cfg.moa_gating == "softmax":
             scores = logits.softmax(-1)  # [N, E]
@@ -46,8 +59,7 @@ class MoAAttention(Observable, nn.Module):
         routing = route(experts, cfg.n_experts)
         q = expert_matmul(x.reshape(B * t, 1, d), self.q_experts, routing)  # [N, H, D]
         q = q.view(B, t, cfg.n_heads, cfg.d_head).transpose(1, 2)  # [B, H, t, D]
-        k, v = self.k(xs)[:, None], self.v(xs)[:, None]  # [B, 1, S, D]
-        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         out = (
             out.transpose(1, 2).contiguous().view(B * t, cfg.n_heads, cfg.d_head)
         )  # one layout for any kernel
@@ -55,7 +67,7 @@ class MoAAttention(Observable, nn.Module):
         gates = scores.gather(1, experts)  # [N, H]
         if self.observing:
             self.record(maps=maps, experts=experts.view(B, t, -1), gates=gates.detach().view(B, t, -1))
-        return y, self._aux_loss(logits, gates, experts)
+        return y, logits, gates, experts
 
     def _aux_loss(self, logits: Tensor, gates: Tensor, experts: Tensor) -> Tensor | float:
         cfg = self.cfg
@@ -86,6 +98,14 @@ def validate(cfg: ModelConfig) -> None:
     in_range("n_experts", cfg.n_experts, 1)
     in_range("n_heads", cfg.n_heads, 1, cfg.n_experts)
     one_of("moa_gating", cfg.moa_gating, MOA_GATINGS)
+
+
+def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
+    """One key and one value head, shared by every expert: MQA's cache."""
+    return (
+        CacheEntry("k", 1, cfg.d_head, "the shared key"),
+        CacheEntry("v", 1, cfg.d_head, "the shared value"),
+    )
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:
@@ -140,6 +160,7 @@ FAMILY = register(
         label="MoA",
         attention=MoAAttention,
         exact_cost=exact_cost,
+        kv_cache=kv_cache,
         validate=validate,
         describe=lambda cfg: f"E{cfg.n_experts} {cfg.moa_gating}",
         routing="heads",

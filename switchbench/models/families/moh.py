@@ -28,6 +28,7 @@ from switchbench.models.config import ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
 from switchbench.models.family import Family, register
 from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import full_precision
@@ -93,13 +94,26 @@ class MoHAttention(Observable, nn.Module):
         self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
-        # B batch, t current tokens, S memory + current tokens, H heads, D d_head
+        entries = self.cache_entries(with_memory(mem, x), window.k_pos)
+        y, chosen, probs = self._attend(x, entries, window)
+        return y, self._balance_loss(probs, chosen)
+
+    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """K and V [B, H, L, D] of every head: as published, every head is computed (and cached), then weighted."""
+        B = xs.shape[0]
+        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
+        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
+        return self.attention.keys(k, positions), v
+
+    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
+        return self._attend(x, entries, window)[0]
+
+    def _attend(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window):
+        """-> (y, the chosen routed heads, the routed probabilities) for the balance loss."""
+        # B batch, t current tokens, H heads, D d_head
         B, t, _ = x.shape
-        xs = with_memory(mem, x)  # [B, S, d_model]
         q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
-        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
-        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, S, D]
-        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         # every head's weight [B, t, H], the chosen routed heads [B, t, k], the routed probabilities [B, t, H - h_s]
         weights, chosen, probs = self.norm_weights(q) if self.norm_router else self.softmax_weights(x)
         out = out * weights.transpose(1, 2)[..., None].to(out.dtype)  # each head's output times its weight
@@ -107,7 +121,7 @@ class MoHAttention(Observable, nn.Module):
         if self.observing:
             gates = weights.detach().gather(-1, chosen) if chosen is not None else None
             self.record(maps=maps, experts=chosen, gates=gates, head_weights=weights.detach())
-        return y, self._balance_loss(probs, chosen)
+        return y, chosen, probs
 
     def softmax_weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """x [B, t, d_model] -> every head's weight [B, t, H] (shared heads first), the routed heads each token chose
@@ -160,6 +174,13 @@ def balance_loss(probs: Tensor, chosen: Tensor) -> Tensor:
     n_routed = probs.shape[1]
     f = torch.zeros_like(probs).scatter(1, chosen, 1.0).mean(0)  # fraction of tokens choosing each head
     return n_routed * n_routed * (f * probs.mean(0)).mean()
+
+
+def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
+    """Every head's keys and values, as dense: a token's choice of heads is its query's, and a later query may
+    choose any head, so no head's entries can be left out."""
+    H, D = cfg.n_heads, cfg.d_head
+    return (CacheEntry("k", H, D, "keys of every head"), CacheEntry("v", H, D, "values of every head"))
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -265,6 +286,7 @@ FAMILY = register(
         label="MoH",
         attention=MoHAttention,
         exact_cost=exact_cost,
+        kv_cache=kv_cache,
         options=Options,
         validate=validate,
         describe=describe,

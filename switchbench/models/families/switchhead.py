@@ -15,6 +15,7 @@ from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, printed_xl, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
 from switchbench.models.layers.initialization import init_projection_
+from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
@@ -69,29 +70,55 @@ class SwitchHeadAttention(Observable, nn.Module):
         self.attention = positional_attention(cfg, H)
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
-        # B batch, t current tokens, S memory + current tokens, H heads, E experts, K active, D d_head
+        # B batch, t current tokens, S memory + current tokens
+        xs = with_memory(mem, x)  # [B, S, d_model]
+        src = self._select(self.src_router(xs), xs.shape[0]) if self.uses_src else None
+        dst = self._destination(x, src)
+        y = self._attend(x, self._source(xs, src, window.k_pos), window, dst)
+        if self.observing:
+            self.record(**_selection_record("src", src))
+        return y, self._regularizer(src, dst)
+
+    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """K and V [B, H, L, D] of the source tokens xs [B, L, d_model]: the experts are picked by the source token,
+        so its entries, V after the expert mix, hold for every later query."""
+        src = self._select(self.src_router(xs), xs.shape[0]) if self.uses_src else None
+        return self._source(xs, src, positions)
+
+    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
+        return self._attend(x, entries, window, self._destination(x, None))
+
+    def _source(self, xs: Tensor, src: Selection | None, positions: Tensor) -> tuple[Tensor, Tensor]:
+        k = self._project("k", xs, src).transpose(1, 2)  # [B, H, L, D]
+        v = self._project("v", xs, src).transpose(1, 2)  # [B, H, L, D]
+        return self.attention.keys(k, positions), v
+
+    def _destination(self, x: Tensor, src: Selection | None) -> Selection | None:
+        """The destination side's selection for the current tokens x [B, t, d_model]; with ``shared_selection``
+        it is the source side's, taken from ``src`` (over the window) when given."""
+        B, t, _ = x.shape
+        if not self.uses_dst:
+            return None
+        if src is not None and self.cfg.shared_selection:
+            return self._select(src.logits.view(B, -1, src.logits.shape[1] * src.logits.shape[2])[:, -t:], B)
+        return self._select((self.src_router if self.cfg.shared_selection else self.dst_router)(x), B)
+
+    def _attend(
+        self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window, dst: Selection | None
+    ) -> Tensor:
+        # B batch, t current tokens, H heads, D d_head
         cfg = self.cfg
         B, t, _ = x.shape
-        xs = with_memory(mem, x)  # [B, S, d_model]
-        src = dst = None
-        if self.uses_src:
-            src = self._select(self.src_router(xs), B)
-        if self.uses_dst and src is not None and cfg.shared_selection:
-            dst = self._select(src.logits.view(B, -1, src.logits.shape[1] * src.logits.shape[2])[:, -t:], B)
-        elif self.uses_dst:
-            dst = self._select((self.src_router if cfg.shared_selection else self.dst_router)(x), B)
         q = self._project("q", x, dst).transpose(1, 2)  # [B, H, t, D]
-        k = self._project("k", xs, src).transpose(1, 2)  # [B, H, S, D]
-        v = self._project("v", xs, src).transpose(1, 2)  # [B, H, S, D]
-        out, maps = self.attention(q, k, v, window, self.observing)  # [B, H, t, D]
+        out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         out = out.transpose(1, 2).contiguous()  # [B, t, H, D], one layout whatever the attention kernel
         if "o" in cfg.experts:
             y = expert_matmul(out.reshape(B * t, cfg.n_heads, cfg.d_head), self.o, dst.routing, dst.scores, 1)
         else:
             y = self.o(out.reshape(B * t, -1))
         if self.observing:
-            self.record(maps=maps, **_selection_record("src", src), **_selection_record("dst", dst))
-        return y.view(B, t, -1), self._regularizer(src, dst)
+            self.record(maps=maps, **_selection_record("dst", dst))
+        return y.view(B, t, -1)
 
     def _select(self, logits: Tensor, B: int) -> Selection:
         """Top-k of each head's router logits [B, L, H * E]."""
@@ -136,6 +163,20 @@ def validate(cfg: ModelConfig) -> None:
     in_range("k", cfg.k, 1, cfg.n_experts)
     if not cfg.experts or set(cfg.experts) - set("qkvo") or len(set(cfg.experts)) != len(cfg.experts):
         raise ValueError(f"experts must be a non-empty subset of 'qkvo', got {cfg.experts!r}")
+
+
+def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
+    """K and V of the H heads, each after its expert mix where it has experts: a GQA-sized cache for its few heads."""
+    H, D = cfg.n_heads, cfg.d_head
+    return tuple(
+        CacheEntry(
+            p,
+            H,
+            D,
+            f"{'keys' if p == 'k' else 'values'}{' after the expert mix' if p in cfg.experts else ''}",
+        )
+        for p in "kv"
+    )
 
 
 def describe(cfg: ModelConfig) -> str:
@@ -225,6 +266,7 @@ FAMILY = register(
         label="SwitchHead",
         attention=SwitchHeadAttention,
         exact_cost=exact_cost,
+        kv_cache=kv_cache,
         validate=validate,
         describe=describe,
         routing="experts",

@@ -27,9 +27,23 @@ def rotate(x: Tensor, positions: Tensor) -> Tensor:
 class RoPEAttention(nn.Module):
     """Attention with rotary positions; scaled-dot-product attention unless the maps are wanted."""
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, window: Window, return_maps: bool = False):
+    def keys(self, k: Tensor, positions: Tensor) -> Tensor:
+        """Keys [B, Hk, L, d_head] as attention reads them: rotated by their positions [L] (a decoder caches these,
+        so no step rotates a key twice)."""
+        return rotate(k, positions)
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        window: Window,
+        return_maps: bool = False,
+        keys_ready: bool = False,
+    ):
+        """``keys_ready``: k went through :meth:`keys` already."""
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys
-        q, k = rotate(q, window.q_pos), rotate(k, window.k_pos)
+        q, k = rotate(q, window.q_pos), k if keys_ready else rotate(k, window.k_pos)
         if return_maps:
             logits = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
             return attend(logits, v, window.mask, return_maps)

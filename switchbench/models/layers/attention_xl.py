@@ -65,17 +65,47 @@ class XLAttention(nn.Module):
         if learned_scale:
             self.logit_scale = nn.Parameter(torch.full((1,), 1.0 / math.sqrt(d_head)))
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, window: Window, return_maps: bool = False):
+    def keys(self, k: Tensor, positions: Tensor) -> Tensor:
+        """Keys as attention reads them: relative positions leave them as projected."""
+        return k
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        window: Window,
+        return_maps: bool = False,
+        keys_ready: bool = False,
+    ):
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys, D distances
         t, S = q.shape[2], k.shape[2]
         lowest = 0 if window.causal else 1 - t  # causal: negative distances are masked anyway
-        distances = torch.arange(S - 1, lowest - 1, -1, device=q.device)  # [D], decreasing
-        encodings = sinusoids(distances, self.d_model, torch.promote_types(q.dtype, torch.float32))
-        r = self.pos_proj(encodings.to(q.dtype))  # [D, Hk * d_head]
-        r = r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
+        r = self._position_keys(window, S - 1, lowest, q.dtype, q.device)  # [Hk, d_head, D]
         q_content, q_position = self._scaled_queries(q)  # [B, H, t, d_head] each
         pos = relative_shift(q_position @ r, S)  # [B, H, t, S]
         return attend(q_content @ k.transpose(-1, -2) + pos, v, window.mask, return_maps)
+
+    def _position_keys(self, window: Window, highest: int, lowest: int, dtype: torch.dtype, device) -> Tensor:
+        """The projected encodings [Hk, d_head, D] of the distances highest, ..., lowest.
+
+        A decoder's window carries a table per layer (``window.tables``): the distances up to the cache's length
+        projected once and sliced at each step, where a decoded token would otherwise project every distance of
+        its window again, as many MACs as projecting its keys."""
+        if window.tables is None or lowest < 0:
+            return self._project_distances(torch.arange(highest, lowest - 1, -1, device=device), dtype)
+        table = window.tables.get(id(self))
+        if table is None or table.shape[-1] <= highest:
+            size = max(highest + 1, window.tables["capacity"])
+            table = window.tables[id(self)] = self._project_distances(
+                torch.arange(size - 1, -1, -1, device=device), dtype
+            )
+        return table[..., table.shape[-1] - 1 - highest :]
+
+    def _project_distances(self, distances: Tensor, dtype: torch.dtype) -> Tensor:
+        encodings = sinusoids(distances, self.d_model, torch.promote_types(dtype, torch.float32))
+        r = self.pos_proj(encodings.to(dtype))  # [D, Hk * d_head]
+        return r.view(len(distances), -1, self.d_head).permute(1, 2, 0)  # [Hk, d_head, D]
 
     def _scaled_queries(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """s (q + u) and s (q + v): the scale goes on the queries, so no [t, S] map is kept for its gradient."""

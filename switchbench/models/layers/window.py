@@ -15,6 +15,8 @@ class Window:
     k_pos: Tensor  # [S] absolute positions of memory + current tokens
     mask: Tensor | None  # [t, S] True where attention is allowed; None: everything (not causal)
     causal: bool
+    # Decoding: what layers compute once per sequence and keep (by the layer's id; "capacity": the longest window)
+    tables: dict | None = None
 
 
 def make_window(

@@ -1,0 +1,40 @@
+"""Small models for the sequence and decoding tests: two layers of d_model 32, chunks of T tokens, any family."""
+
+import torch
+
+from switchbench.models.config import ModelConfig
+from switchbench.models.lm import LanguageModel
+
+T = 8
+SEQ = 2 * T + 3
+TIGHT = dict(rtol=1e-10, atol=1e-10)
+
+
+def small_cfg(model: str, pos: str = "xl", **changes) -> ModelConfig:
+    base = dict(
+        model=model,
+        pos=pos,
+        d_model=32,
+        n_layers=2,
+        n_heads=2,
+        d_head=8,
+        d_ff=48,
+        n_experts=4,
+        k=2,
+        T=T,
+        context_blocks=1 if pos == "xl" else 0,
+        vocab=50,
+        mlp_experts=4,
+        mlp_expert_size=8,
+        mlp_k=2,
+    )
+    return ModelConfig(**(base | changes))
+
+
+def make_lm(cfg: ModelConfig, seed: int = 0) -> LanguageModel:
+    torch.manual_seed(seed)
+    return LanguageModel(cfg).double().eval()
+
+
+def random_tokens(cfg: ModelConfig, length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
+    return torch.randint(cfg.vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
