@@ -8,6 +8,7 @@ from switchbench import wheelhouse
 from switchbench.analysis import analyze, quality
 from switchbench.bench.command import expert_matmul_in_force
 from switchbench.bench.cost import params, scaling, tables
+from switchbench.bench.inference import decode
 from switchbench.bench.kernels import bench as kernels
 from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import tune as kernel_tune
@@ -24,6 +25,7 @@ COMMANDS = (
     scaling,
     speed,
     gate,
+    decode,
     kernels,
     kernel_tune,
     kernel_check,

@@ -115,3 +115,22 @@ def test_a_plugin_that_fails_to_load_is_one_line_and_exit_2(tmp_path):
         "switchbench: error: attention family plug-in 'shared_qk' (no_such_module:FAMILY) failed to load: "
         "No module named 'no_such_module'"
     )
+
+
+def test_decode_reports_a_plug_in_without_a_cache(env, tmp_path):
+    """The plug-in declares no KV cache: `decode` says so in its row and times the others."""
+    argv = [
+        "decode",
+        "tiny-transformer",
+        "tiny-sharedqk",
+        "--device",
+        "cpu",
+        "--batches",
+        "1",
+        "--contexts",
+        "8",
+    ]
+    done = _run(env, tmp_path, *argv, "--rounds", "1", "--json")
+    rows = {r["preset"]: r for r in json.loads(done.stdout)["rows"]}
+    assert rows["tiny-sharedqk"]["status"] == "no decode path"
+    assert rows["tiny-transformer"]["status"] == "ok"

@@ -465,3 +465,39 @@ def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():
         {"log": [row], "training": {}}, {"value": 0.95, "tolerance": 0.05, "printed": "95%"}
     )
     assert lines[0].ours == "62.0% (weakest: SM 31.0%)"
+
+
+def test_the_inference_section_sets_serving_beside_training(tmp_path):
+    """A decode run: per preset its cache and decode ratio at the largest cell, beside the training-step ratio of
+    the same preset from a speed run; a family without a decode path is a row saying so; text is escaped."""
+    out = tmp_path / "decode"
+    argv = ["decode", "tiny-transformer", "tiny-switchhead", "--device", "cpu", "--batches", "1", "2"]
+    assert main([*argv, "--contexts", "8", "--rounds", "1", "--warmup", "0", "--out", str(out)]) == 0
+    run_path = next((out).glob("*/*.json"))
+    run = json.loads(run_path.read_text())
+    run["rows"].append({"preset": HOSTILE, "family": "plug-in", "status": "no decode path", "group": "tiny"})
+    run_path.write_text(json.dumps(run))
+    speed = {
+        "metadata": {"device": "cpu", "dtype": "fp32"},
+        "rows": [
+            {
+                "preset": "tiny-switchhead",
+                "scope": "model",
+                "what": "train step",
+                "status": "ok",
+                "ratio_time": 1.23,
+            }
+        ],
+    }
+    (tmp_path / "speed" / "cpu").mkdir(parents=True)
+    (tmp_path / "speed" / "cpu" / "fp32.json").write_text(json.dumps(speed))
+    summary_rows = collect(tmp_path)["decode"]["runs"][0]["summary"]
+    by_preset = {r["preset"]: r for r in summary_rows}
+    assert (by_preset["tiny-switchhead"]["batch"], by_preset["tiny-switchhead"]["train_step_ratio"]) == (
+        2,
+        1.23,
+    )
+    assert by_preset["tiny-transformer"]["train_step_ratio"] is None
+    page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
+    assert 'id="decode"' in page and "123.0%" in page and "no decode path" in page
+    assert HOSTILE not in page and "&lt;script&gt;" in page

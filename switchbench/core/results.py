@@ -181,9 +181,10 @@ def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path
     return write_atomic(stem.with_suffix(".json"), payload)
 
 
-def nothing_measured(rows: list[dict], command: str, saved: Path) -> int:
-    """1, with one line on stderr, when no row of a run has a time (every case OOM, skipped or wrong); else 0."""
-    if any("ms" in row for row in rows):
+def nothing_measured(rows: list[dict], command: str, saved: Path, timed: str = "ms") -> int:
+    """1, with one line on stderr, when no row of a run has a time (``timed``; every case OOM, skipped or wrong);
+    else 0."""
+    if any(timed in row for row in rows):
         return 0
     statuses = collections.Counter(row.get("status", "?") for row in rows if "status" in row)
     why = ", ".join(f"{n} {status}" for status, n in statuses.items()) or "no case ran"

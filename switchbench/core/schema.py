@@ -54,6 +54,7 @@ CSV_COLUMNS = {
 RUN_ROWS = {
     "speed": {"preset": TEXT, "scope": TEXT, "what": TEXT, "status": TEXT},
     "kernels": {"case": TEXT, "impl": TEXT, "pass": TEXT},
+    "decode": {"preset": TEXT, "family": TEXT, "status": TEXT},
     "profile": {"preset": TEXT, "what": TEXT, "kind": TEXT, "name": TEXT, "ms": NUMBER, "fraction": NUMBER},
     "quality": {
         "family": TEXT,
@@ -75,6 +76,12 @@ OPTIONAL_NUMBERS = (
     "fraction_of_matmul_peak",
     "vs_dense",
     "max_rel_error",
+    "kv_cache_bytes_per_token",
+    "max_abs_diff_vs_forward",
+    "prefill_ms",
+    "decode_ms",
+    "ratio_decode_time",
+    "ratio_decode_floor",
 )
 # A checkpoint's payload: the model and its configuration, and the state a resumed run continues from.
 CHECKPOINT = {

@@ -219,6 +219,23 @@ def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
     return run
 
 
+def _decode(group: str) -> Callable[[Context], object]:
+    """Inference over the default grid (batch 1, 16, 64 x context 512, 2048, 8192 where it fits), five rounds: the
+    largest cell's prefill is the step's longest call."""
+
+    def run(ctx: Context):
+        cpu = ["--batches", "1", "--contexts", "8", "--rounds", "1", "--warmup", "0"]
+        where = [
+            "--groups",
+            group if ctx.gpu else REHEARSAL_GROUP[group],
+            "--out",
+            str(ctx.results / "decode"),
+        ]
+        ctx.switchbench("decode", "--device", ctx.device, *where, *(["--rounds", "5"] if ctx.gpu else cpu))
+
+    return run
+
+
 def _speed_per_implementation(ctx: Context):
     """The 262M group's training steps on each fixed expert-matmul implementation (auto ran in 'speed')."""
     group, impls = (
@@ -365,6 +382,10 @@ STEPS = (
             _speed(group),
         )
         for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80), ("244m-rope", 110))
+    ),
+    *(
+        Step(f"decode-{group}", f"KV cache, prefill and decode of the {group} group", seconds, _decode(group))
+        for group, seconds in (("262m", 300), ("47m", 150))
     ),
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),

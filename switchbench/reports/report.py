@@ -112,6 +112,34 @@ def load_speed(results: Path) -> dict | None:
     return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
 
 
+def load_decode(results: Path) -> dict | None:
+    """The newest decode run of each device folder, each with a summary per preset at its largest cell beside the
+    training-step time ratio of the same preset where a speed run has one."""
+    folders = sorted(p for p in (results / "decode").glob("*") if p.is_dir())
+    runs = [_run(path, "decode") for path in map(newest, folders) if path is not None]
+    if not runs:
+        return None
+    speed = load_speed(results) or {"runs": []}
+    training = {
+        r["preset"]: r["ratio_time"]
+        for run in speed["runs"]
+        for r in run["rows"]
+        if r.get("what") == "train step" and r.get("ratio_time") is not None
+    }
+    return {"runs": [run | {"summary": _decode_summary(run["rows"], training)} for run in runs]}
+
+
+def _decode_summary(rows: list[dict], training: dict) -> list[dict]:
+    """One row per preset: its cache, and its decode ratio at the run's largest batch and context."""
+    timed = [r for r in rows if r["status"] == "ok"]
+    cell = max(((r["batch"], r["context"]) for r in timed), default=None)
+    out = {}
+    for r in rows:
+        if r["status"] != "ok" or (r["batch"], r["context"]) == cell:
+            out[r["preset"]] = r | {"train_step_ratio": training.get(r["preset"])}
+    return list(out.values())
+
+
 def load_kernels(results: Path) -> dict | None:
     path = newest(results / "kernels")
     return {"runs": [_run(path, "kernels")]} if path is not None else None
@@ -204,6 +232,7 @@ SECTIONS = (
     Section("tables", "Compute and memory", load_tables),
     Section("sweep", "Cost vs length", load_sweep),
     Section("speed", "Speed", load_speed),
+    Section("decode", "Inference", load_decode),
     Section("kernels", "Kernel", load_kernels),
     Section("profile", "Profile", load_profile),
     Section("quality", "Quality", load_quality),

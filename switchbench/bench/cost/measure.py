@@ -65,6 +65,15 @@ def free_memory(device: str) -> int:
     return int(fields["MemAvailable"].split()[0]) * 1024
 
 
+def total_memory(device: str) -> int:
+    """Bytes of the device's memory: the GPU's, or the system's."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    with open("/proc/meminfo") as f:
+        fields = dict(line.split(":", 1) for line in f)
+    return int(fields["MemTotal"].split()[0]) * 1024
+
+
 def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:
     """A measurement, or "OOM" where it does not fit in this machine's memory."""
     try:
@@ -170,11 +179,17 @@ def _flop_formulas() -> dict:
     }
 
 
+def counted_macs(fn: Callable) -> int:
+    """MACs of one ``fn()`` as PyTorch's FlopCounterMode counts them, with the suite's formulas for the expert
+    matmul, the CPU's fused attention and vector norms."""
+    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
+        fn()
+    return counter.get_total_flops() // 2
+
+
 def flop_counter_macs(cfg: ModelConfig) -> int:
     layer, x, mem, window = layer_and_inputs(cfg)
-    with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
-        layer(x, mem, window)
-    return counter.get_total_flops() // 2
+    return counted_macs(lambda: layer(x, mem, window))
 
 
 def saved_floats(cfg: ModelConfig) -> int:

@@ -57,3 +57,19 @@ def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
         timer(lambda: a @ b)
     ms = statistics.median(timer(lambda: a @ b) for _ in range(10))
     return 2 * n**3 / ms / 1e9
+
+
+def memory_bandwidth_gbs(device: str) -> float:
+    """This device's achievable memory bandwidth, measured by copying a buffer far larger than its caches (1 GiB on
+    a GPU, 256 MiB on the CPU): bytes read and written over the median time. The yardstick of decode floors."""
+    size = 2**30 if device == "cuda" else 2**28
+    src, dst = (
+        torch.empty(size, dtype=torch.int8, device=device),
+        torch.empty(size, dtype=torch.int8, device=device),
+    )
+    src.fill_(1)
+    timer = Timer(device)
+    for _ in range(3):
+        timer(lambda: dst.copy_(src))
+    ms = statistics.median(timer(lambda: dst.copy_(src)) for _ in range(10))
+    return 2 * size / ms / 1e6

@@ -78,6 +78,10 @@ class KVCache:
             buffer[:, :, self.length : end] = values
         return tuple(buffer[:, :, self.start : end] for buffer in self.layers[layer])
 
+    def rewind(self, length: int) -> None:
+        """Forget every token after the first ``length`` (a benchmark decodes the same step again)."""
+        self.length, self.start = length, min(self.start, length)
+
     def advance(self, t: int, keep: int) -> None:
         """After every layer wrote ``t`` tokens: the next step sees the last ``keep`` of them (its window)."""
         self.length += t

@@ -1,0 +1,410 @@
+"""``switchbench decode``: what each attention family costs at inference, side by side.
+
+For each preset: the decoding check first (token by token after a chunked prefill, from an empty cache, against one
+forward pass in float32; a preset over 1e-4 is "wrong" and not timed), then over a grid of batch x context the KV
+cache per token (counted from the family's declaration and measured from the allocated cache), the prefill of a
+prompt of ``context`` tokens and one decode step after it, each beside its floor: MACs / the measured matmul peak
+for prefill, max(bytes read / the measured memory bandwidth, MACs / peak) for decode. The members of a group are
+timed interleaved, one call each per round, and each ratio to the group's first preset (dense, at equal
+parameters) is the median of the paired per-round ratios; a preset whose family declares no cache is a "no decode
+path" row.
+
+Serving attends to the whole context: every preset runs with its attention span set to the sequence (T = prompt +
+decoded tokens, no chunked window); weights and cache in the run's dtype, as served.
+"""
+
+import json
+import statistics
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from switchbench.bench.command import (
+    DTYPES,
+    add_expert_matmul,
+    device_from_args,
+    emit,
+    expert_matmul_metadata,
+    slug,
+)
+from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, total_memory
+from switchbench.bench.inference import sizing
+from switchbench.bench.timing.benches import release_memory
+from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops, memory_bandwidth_gbs
+from switchbench.core.results import nothing_measured, save_run, writable_folder
+from switchbench.models import family as registry
+from switchbench.models.lm import LanguageModel
+from switchbench.models.presets import PRESETS
+
+GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
+GPU_GROUPS, CPU_GROUPS = ("262m",), ("tiny", "tiny-rope")
+GRIDS = {"cuda": ((1, 16, 64), (512, 2048, 8192)), "cpu": ((1, 4), (64, 256))}
+TOLERANCE = 1e-4  # the decoding check in float32
+PREFILL_CHUNK = 512  # prompt tokens per prefill call: a chunk's attention maps, not the prompt's, are held
+
+
+def decoding_check(preset: str, device: str) -> float:
+    """Max |logits| difference between decoding (a 24-token prefill in chunks of 10, then token by token) and one
+    forward pass over 40 tokens, float32, the preset's family and positions with chunks of 16 (so XL's window
+    is crossed)."""
+    cfg = PRESETS[preset].replace(T=16, context_blocks=min(PRESETS[preset].context_blocks, 1), dropout=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        lm = LanguageModel(cfg).to(device).eval()
+        tokens = torch.randint(cfg.vocab, (2, 40)).to(device)
+    cache = lm.new_cache(2, 40)
+    with torch.no_grad():
+        full = lm(tokens).logits
+        pieces = [lm.decode(tokens[:, i : i + n], cache) for i, n in ((0, 10), (10, 10), (20, 4))]
+        pieces += [lm.decode(tokens[:, i : i + 1], cache) for i in range(24, 40)]
+    return (torch.cat(pieces, 1) - full).abs().max().item()
+
+
+class Member:
+    """One preset served at one batch and context: its model in the run's dtype, a cache for the prompt and one
+    more token, the prompt, and the calls the timer times."""
+
+    def __init__(self, preset: str, batch: int, context: int, device: str, dtype: torch.dtype):
+        self.preset, self.batch, self.context = preset, batch, context
+        capacity = context + 1
+        self.cfg = PRESETS[preset].replace(T=capacity, context_blocks=0, dropout=0.0)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            self.lm = LanguageModel(self.cfg).to(device, dtype).eval()
+        gen = torch.Generator().manual_seed(1)
+        self.prompt = torch.randint(self.cfg.vocab, (batch, capacity), generator=gen).to(device)
+        self.cache = self.lm.new_cache(batch, capacity)
+
+    @torch.no_grad()
+    def prefill(self) -> None:
+        self.cache.rewind(0)
+        for start in range(0, self.context, PREFILL_CHUNK):
+            self.lm.decode(self.prompt[:, start : min(start + PREFILL_CHUNK, self.context)], self.cache)
+
+    @torch.no_grad()
+    def decode(self) -> None:
+        self.cache.rewind(self.context)
+        self.lm.decode(self.prompt[:, self.context :], self.cache)
+
+
+def time_cell(presets, batch: int, context: int, device, dtype, rounds: int, warmup: int) -> list[dict]:
+    """One cell of the grid: every member built (or refused), counted, then timed interleaved."""
+    width = torch.empty((), dtype=dtype).element_size()
+    rows, members = [], []
+    for preset in presets:
+        need = sizing.peak_bytes(PRESETS[preset], batch, context + 1, min(context, PREFILL_CHUNK), width)
+        if need > free_memory(device):
+            rows.append(_refused(preset, batch, context, f"needs at least {need / 2**30:.1f} GiB"))
+            continue
+        try:
+            member = Member(preset, batch, context, device, dtype)
+            member.prefill_macs, member.decode_macs = (
+                counted_macs(member.prefill),
+                counted_macs(member.decode),
+            )
+            members.append(member)
+        except (RuntimeError, MemoryError) as error:
+            if not is_oom(error):
+                raise
+            release_memory()
+            rows.append(_refused(preset, batch, context, "out of memory"))
+    timer = Timer(device)
+    times = {m.preset: {"prefill": [], "decode": []} for m in members}
+    for round_ in range(warmup + rounds):
+        for member in members:
+            for what in ("prefill", "decode"):
+                ms = timer(getattr(member, what))
+                if round_ >= warmup:
+                    times[member.preset][what].append(ms)
+    measured = [_row(m, times[m.preset], width) for m in members]
+    del members
+    release_memory()
+    return _with_ratios(measured, times) + rows
+
+
+def _refused(preset: str, batch: int, context: int, reason: str) -> dict:
+    return {"preset": preset, "batch": batch, "context": context, "status": "OOM", "reason": reason}
+
+
+def _row(member: Member, times: dict, width: int) -> dict:
+    cfg, batch, context = member.cfg, member.batch, member.context
+    prefill, decode = statistics.median(times["prefill"]), statistics.median(times["decode"])
+    tables = member.cache.tables
+    return {
+        "preset": member.preset,
+        "batch": batch,
+        "context": context,
+        "status": "ok",
+        "kv_cache_bytes_per_token_measured": member.cache.nbytes / (batch * member.cache.capacity),
+        "position_table_bytes": sum(
+            t.numel() * t.element_size() for k, t in tables.items() if k != "capacity"
+        ),
+        "prefill_ms": prefill,
+        "prefill_ms_iqr": _iqr(times["prefill"]),
+        "prefill_tokens_per_s": batch * context / prefill * 1e3,
+        "prefill_macs": member.prefill_macs,
+        "decode_ms": decode,
+        "decode_ms_iqr": _iqr(times["decode"]),
+        "decode_tokens_per_s": batch / decode * 1e3,
+        "decode_macs": member.decode_macs,
+        "decode_bytes_read": sizing.decode_bytes(cfg, batch, context, width),
+        "max_batch_at_context": None,  # filled with the run's memory
+    }
+
+
+def _with_ratios(rows: list[dict], times: dict) -> list[dict]:
+    """Each member's paired per-round time ratios to the cell's first member (the group's dense baseline)."""
+    if not rows:
+        return rows
+    base = rows[0]["preset"]
+    for row in rows:
+        for what in ("prefill", "decode"):
+            paired = [a / b for a, b in zip(times[row["preset"]][what], times[base][what], strict=True)]
+            row[f"ratio_{what}_time"] = statistics.median(paired)
+        row["baseline"] = base
+    return rows
+
+
+def _iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q3 - q1
+
+
+def with_floors(rows: list[dict], peak_tflops: float, bandwidth_gbs: float, memory: int, width: int) -> None:
+    """Each timed row's floors (MACs at the matmul peak; decode also bytes at the memory bandwidth), its time
+    over them, its fraction of the peak, the largest batch at its context, and the floor ratios to its
+    baseline."""
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        cfg = PRESETS[row["preset"]]
+        row["prefill_floor_ms"] = row["prefill_macs"] * 2 / (peak_tflops * 1e9)
+        compute = row["decode_macs"] * 2 / (peak_tflops * 1e9)
+        row["decode_floor_ms"] = max(compute, row["decode_bytes_read"] / (bandwidth_gbs * 1e6))
+        row["decode_bound"] = "memory" if row["decode_floor_ms"] > compute else "compute"
+        for what in ("prefill", "decode"):
+            row[f"{what}_time_over_floor"] = row[f"{what}_ms"] / row[f"{what}_floor_ms"]
+        row["prefill_fraction_of_matmul_peak"] = row["prefill_floor_ms"] / row["prefill_ms"]
+        row["max_batch_at_context"] = sizing.max_batch(cfg, row["context"], memory, width)
+    by_cell = {(r["preset"], r["batch"], r["context"]): r for r in rows if r.get("status") == "ok"}
+    for row in by_cell.values():
+        base = by_cell.get((row["baseline"], row["batch"], row["context"]))
+        for what in ("prefill", "decode"):
+            row[f"ratio_{what}_floor"] = row[f"{what}_floor_ms"] / base[f"{what}_floor_ms"]
+        row["ratio_kv_cache_bytes"] = row["kv_cache_bytes_per_token"] / base["kv_cache_bytes_per_token"]
+
+
+def preset_rows(presets, device: str, width: int) -> tuple[list[str], list[dict]]:
+    """The presets that pass the decoding check, and one row per preset: its family, cache per token and check (or
+    why it is not timed)."""
+    ready, rows = [], []
+    for preset in presets:
+        cfg = PRESETS[preset]
+        row = {
+            "preset": preset,
+            "family": cfg.family.label,
+            "kv_cache_bytes_per_token": sizing.kv_bytes_per_token(cfg, width),
+        }
+        if cfg.family.kv_cache is None:
+            rows.append(row | {"status": "no decode path"})
+            continue
+        diff = decoding_check(preset, device)
+        row["max_abs_diff_vs_forward"] = diff
+        if not diff <= TOLERANCE:  # NaN too
+            rows.append(
+                row | {"status": "wrong", "reason": f"decoding differs from the forward pass by {diff:.3g}"}
+            )
+            continue
+        ready.append(preset)
+        rows.append(row)
+    return ready, rows
+
+
+def run(
+    groups: dict, batches, contexts, device: str, dtype: torch.dtype, rounds: int, warmup: int
+) -> list[dict]:
+    from tqdm import tqdm
+
+    width = torch.empty((), dtype=dtype).element_size()
+    rows = []
+    for group, presets in groups.items():
+        ready, checked = preset_rows(presets, device, width)
+        per_preset = {r["preset"]: r for r in checked}
+        rows += [r | {"group": group} for r in checked if r.get("status") in ("no decode path", "wrong")]
+        cells = [(b, c) for b in batches for c in contexts]
+        for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
+            cell = time_cell(ready, batch, context, device, dtype, rounds, warmup)
+            rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
+    return rows
+
+
+def count_rows(groups: dict, contexts, memory: int, width: int) -> list[dict]:
+    """Per preset, counted only: what its cache holds per token, and the largest batch of each context in
+    ``memory``, with ratios to the group's first preset."""
+    rows = []
+    for group, presets in groups.items():
+        base = sizing.kv_bytes_per_token(PRESETS[presets[0]], width)
+        for preset in presets:
+            cfg = PRESETS[preset]
+            per_token = sizing.kv_bytes_per_token(cfg, width)
+            row = {
+                "group": group,
+                "preset": preset,
+                "family": cfg.family.label,
+                "kv_cache_bytes_per_token": per_token,
+            }
+            if per_token is None:
+                rows.append(row | {"status": "no decode path"})
+                continue
+            entries = cfg.family.kv_cache(cfg)
+            row["cache_entries"] = ", ".join(f"{e.what} ({e.heads} x {e.width})" for e in entries)
+            row["ratio_kv_cache_bytes"] = per_token / base if base else None
+            row |= {f"max_batch_at_{c}": sizing.max_batch(cfg, c, memory, width) for c in contexts}
+            rows.append(row)
+    return rows
+
+
+def register(commands) -> None:
+    parser = commands.add_parser(
+        "decode", help="inference: KV cache per token, prefill and decode, ratios to dense"
+    )
+    parser.add_argument("presets", nargs="*", help="one group, the first its baseline (default: --groups)")
+    parser.add_argument(
+        "--groups",
+        nargs="+",
+        help=f"preset groups (default: {', '.join(GPU_GROUPS)} on a GPU, {', '.join(CPU_GROUPS)} on the CPU)",
+    )
+    parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
+    parser.add_argument(
+        "--dtype", choices=list(DTYPES), help="weights and cache (default: bf16 on a GPU, fp32 on the CPU)"
+    )
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        type=int,
+        help="sequences decoded together (default: 1 16 64 on a GPU, 1 4 on the CPU)",
+    )
+    parser.add_argument(
+        "--contexts",
+        nargs="+",
+        type=int,
+        help="tokens in the cache (default: 512 2048 8192 on a GPU, 64 256 on the CPU)",
+    )
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds after warm-up")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, help="intra-op threads on the CPU (default: PyTorch's)")
+    parser.add_argument(
+        "--memory-gib", type=float, help="memory for the largest batch per context (default: the device's)"
+    )
+    parser.add_argument(
+        "--count",
+        action="store_true",
+        help="the cache sizes and largest batches only, counted (no model built)",
+    )
+    parser.add_argument("--out", default="results/decode", help="results go to OUT/<device>/")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_expert_matmul(parser)
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    device = device_from_args(args.device)
+    writable_folder(Path(args.out))
+    dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
+    batches, contexts = args.batches or GRIDS[device][0], args.contexts or GRIDS[device][1]
+    if min(batches) < 1 or min(contexts) < 1 or args.rounds < 1 or args.warmup < 0:
+        raise ValueError("batches, contexts and rounds must be >= 1 and warmup >= 0")
+    if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
+        raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
+    groups = _groups(args, device)
+    memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
+    dtype, width = DTYPES[dtype_name], torch.empty((), dtype=DTYPES[dtype_name]).element_size()
+    if args.count:
+        rows = count_rows(groups, contexts, memory, width)
+        emit(rows, args.json, [_counted(r, contexts) for r in rows])
+        return 0
+    with intra_op_threads(args.threads):
+        rows = run(groups, batches, contexts, device, dtype, args.rounds, args.warmup)
+        metadata = _metadata(device, dtype_name, memory, args, groups, batches, contexts)
+    with_floors(rows, metadata["matmul_peak_tflops"], metadata["memory_bandwidth_gbs"], memory, width)
+    path = save_run(Path(args.out) / slug(metadata["device"]), f"{dtype_name}-decode", metadata, rows)
+    if args.json:
+        print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
+    else:
+        print(
+            f"{metadata['device']}, {dtype_name}; matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s, "
+            f"memory bandwidth {metadata['memory_bandwidth_gbs']:.3g} GB/s (both measured)"
+        )
+        print(pd.DataFrame([_printed(r) for r in rows]).to_string(index=False))
+        print(f"saved {path}")
+    return nothing_measured(rows, "decode", path, timed="decode_ms")
+
+
+def _metadata(device, dtype_name, memory, args, groups, batches, contexts) -> dict:
+    from switchbench.core.environment import environment
+
+    dtype = DTYPES[dtype_name]
+    return environment(device) | {
+        "dtype": dtype_name,
+        "matmul_peak_tflops": matmul_peak_tflops(device, dtype),
+        "memory_bandwidth_gbs": memory_bandwidth_gbs(device),
+        "memory_for_max_batch_bytes": memory,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "threads": torch.get_num_threads(),
+        "batches": list(batches),
+        "contexts": list(contexts),
+        "clock": "wall",
+        "prefill_chunk": PREFILL_CHUNK,
+        "attention_span": "the whole sequence (T = prompt + 1, no chunked window)",
+        "groups": {g: list(p) for g, p in groups.items()},
+        **expert_matmul_metadata(args.expert_matmul, device),
+    }
+
+
+def _groups(args, device: str) -> dict[str, tuple[str, ...]]:
+    if args.presets:
+        unknown = [p for p in args.presets if p not in PRESETS]
+        if unknown:
+            raise ValueError(f"unknown presets: {', '.join(unknown)}")
+        return {"custom": tuple(args.presets)}
+    names = args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS)
+    unknown = [g for g in names if g not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown groups {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    return {g: GROUPS[g] for g in names}
+
+
+def _counted(r: dict, contexts) -> dict:
+    per_token = r["kv_cache_bytes_per_token"]
+    return {
+        "preset": r["preset"],
+        "family": r["family"],
+        "KV bytes/token": "no decode path" if per_token is None else f"{per_token:,}",
+        "vs first": f"{r['ratio_kv_cache_bytes']:.2f}" if r.get("ratio_kv_cache_bytes") is not None else "",
+        **{f"max batch @{c}": f"{r[f'max_batch_at_{c}']:,}" for c in contexts if f"max_batch_at_{c}" in r},
+        "cached per token and layer": r.get("cache_entries", ""),
+    }
+
+
+def _printed(r: dict) -> dict:
+    def fmt(key, spec=".3g"):
+        return format(r[key], spec) if r.get(key) is not None else ""
+
+    return {
+        "preset": r["preset"],
+        "batch": r.get("batch", ""),
+        "context": r.get("context", ""),
+        "KV B/token": fmt("kv_cache_bytes_per_token", ",") if r.get("kv_cache_bytes_per_token") else "-",
+        "prefill ms": fmt("prefill_ms") or r.get("status", ""),
+        "decode ms": fmt("decode_ms"),
+        "tokens/s": fmt("decode_tokens_per_s", ",.0f"),
+        "decode/floor": fmt("decode_time_over_floor", ".2f"),
+        "rel. decode": fmt("ratio_decode_time", ".2f"),
+        "floor ratio": fmt("ratio_decode_floor", ".2f"),
+        "rel. KV": fmt("ratio_kv_cache_bytes", ".2f"),
+        "max batch": fmt("max_batch_at_context", ","),
+    }

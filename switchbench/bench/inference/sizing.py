@@ -1,0 +1,88 @@
+"""What serving a model holds and reads, counted from its declaration: the KV cache per token, the bytes one decoded
+token reads (the floor of a decode step, where memory bandwidth bounds it), the largest batch a memory holds, and a
+lower bound of a prefill's peak (to refuse a case before it runs, never to size one).
+
+Conventions: the model runs in one dtype (weights and cache, as served); a decode step reads every weight once,
+except the embedding (its B rows) and expert weights (only the experts one token uses: a lower bound, since more
+tokens may touch more experts); it reads the whole cache of its batch and, with XL positions, the projected
+distances of its window (one table per layer, shared by the batch).
+"""
+
+import functools
+
+import torch
+
+from switchbench.models import family as registry
+from switchbench.models.config import ModelConfig
+from switchbench.models.layers.kv_cache import elements_per_token
+from switchbench.models.lm import LanguageModel, count_parameters
+
+
+def kv_bytes_per_token(cfg: ModelConfig, width: int) -> int | None:
+    """Bytes one token leaves in the cache of the whole stack (``width`` bytes per number); None: no decode path."""
+    declared = cfg.family.kv_cache
+    return None if declared is None else elements_per_token(declared(cfg), cfg.n_layers) * width
+
+
+@functools.cache
+def _meta_model(cfg: ModelConfig) -> LanguageModel:
+    with torch.device("meta"):
+        return LanguageModel(cfg)
+
+
+def position_table_bytes(cfg: ModelConfig, distances: int, width: int) -> int:
+    """XL: the projected encodings of ``distances`` distances, every layer (RoPE: none)."""
+    if cfg.pos != "xl":
+        return 0
+    layers = _meta_model(cfg).stack.blocks
+    return sum(block.attn.attention.pos_proj.out_features for block in layers) * distances * width
+
+
+def _expert_cases(cfg: ModelConfig) -> dict[tuple[int, int, int], int]:
+    """The expert weights of one layer by shape (experts, d_in, d_out) -> the slots one token fills."""
+    declared = [cfg.family.expert_matmuls]
+    attention = cfg.family.attention_name
+    if attention in registry.names() and attention != cfg.model:  # SwitchAll's attention is SwitchHead's
+        declared.append(registry.get(attention).expert_matmuls)
+    cases = [case for declare in declared if declare for case in declare(cfg, 1)]
+    return {(c.n_experts, c.d_in, c.d_out): c.slots for c in cases}
+
+
+def weights_read(cfg: ModelConfig, batch: int) -> int:
+    """Numbers of the weights one decode step of ``batch`` tokens reads (see the module's conventions)."""
+    model, slots = _meta_model(cfg), _expert_cases(cfg)
+    total = count_parameters(model) - model.stack.embedding.weight.numel() + batch * cfg.d_model
+    for p in model.parameters():
+        if (
+            p.dim() == 3 and tuple(p.shape) in slots
+        ):  # [experts, d_in, d_out]: a token reads its slots' experts
+            total -= p.numel() - slots[tuple(p.shape)] * p.shape[1] * p.shape[2]
+    return total
+
+
+def weight_bytes(cfg: ModelConfig, width: int) -> int:
+    return count_parameters(_meta_model(cfg)) * width
+
+
+def decode_bytes(cfg: ModelConfig, batch: int, context: int, width: int) -> int:
+    """Bytes one decode step reads at ``context`` cached tokens: the weights, the batch's cache (its own entries
+    included) and, with XL positions, the distances of its window."""
+    keys = context + 1
+    cache = batch * keys * kv_bytes_per_token(cfg, width)
+    return weights_read(cfg, batch) * width + cache + position_table_bytes(cfg, keys, width)
+
+
+def max_batch(cfg: ModelConfig, context: int, memory: int, width: int) -> int:
+    """The most sequences of ``context`` tokens whose caches fit ``memory`` beside the weights (and XL's table), as
+    a serving engine sizes its cache; activations are left out, so it is an upper bound."""
+    free = memory - weight_bytes(cfg, width) - position_table_bytes(cfg, context, width)
+    return max(0, free // (context * kv_bytes_per_token(cfg, width)))
+
+
+def peak_bytes(cfg: ModelConfig, batch: int, capacity: int, chunk: int, width: int) -> int:
+    """A lower bound of what a prefill in chunks of ``chunk`` tokens holds: the weights, the cache, XL's table, one
+    chunk's attention scores (a few [B, H, chunk, capacity] maps where the explicit softmax runs) and its logits."""
+    maps = 3 * batch * cfg.n_heads * chunk * capacity * width if cfg.pos == "xl" else 0
+    logits = batch * chunk * cfg.vocab * 4
+    cache = batch * capacity * kv_bytes_per_token(cfg, width)
+    return weight_bytes(cfg, width) + cache + position_table_bytes(cfg, capacity, width) + maps + logits

@@ -1,0 +1,175 @@
+"""`switchbench decode`: every family's tiny presets, XL and RoPE, checked and then timed; cache sizes equal to a
+hand count; floors, ratios and the largest batch from their definitions; bad input is one line and exit 2."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from switchbench.bench.inference import decode, sizing
+from switchbench.cli import main
+from switchbench.models import family as registry
+from switchbench.models.lm import LanguageModel, count_parameters
+from switchbench.models.presets import PRESETS
+
+FAST = ["--batches", "1", "2", "--contexts", "8", "--rounds", "2", "--warmup", "1", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("decode")
+    argv = ["decode", "--device", "cpu", *FAST, "--out", str(out), "--json"]
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert main(argv) == 0
+    return json.loads(buffer.getvalue())
+
+
+def hand_count(preset: str) -> int:
+    """K and V numbers per token per layer, by family, times layers, times 4 bytes (fp32)."""
+    cfg = PRESETS[preset]
+    heads = {"gqa": lambda: cfg.opts.n_kv_heads, "moa": lambda: 1}.get(cfg.model, lambda: cfg.n_heads)()
+    return 2 * heads * cfg.d_head * cfg.n_layers * 4
+
+
+def test_every_tiny_preset_is_checked_timed_and_counted(run):
+    rows = run["rows"]
+    expected = {p for role in ("tiny", "tiny-rope") for p in registry.role_presets(role)}
+    assert {r["preset"] for r in rows} == expected
+    assert len(rows) == 2 * len(expected)  # two batches, one context
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert 0 <= row["max_abs_diff_vs_forward"] <= 1e-4
+        assert row["kv_cache_bytes_per_token"] == row["kv_cache_bytes_per_token_measured"]
+        assert row["kv_cache_bytes_per_token"] == hand_count(row["preset"])
+        assert row["decode_ms"] > 0 and row["prefill_ms"] > 0 and row["decode_floor_ms"] > 0
+        assert row["decode_tokens_per_s"] == pytest.approx(row["batch"] / row["decode_ms"] * 1e3)
+        assert row["family"] == PRESETS[row["preset"]].family.label
+        xl = PRESETS[row["preset"]].pos == "xl"
+        assert (row["position_table_bytes"] > 0) == xl
+    assert Path(run["saved"]).with_suffix(".csv").exists()
+
+
+def test_ratios_stand_beside_their_floors(run):
+    for row in run["rows"]:
+        base = next(
+            r
+            for r in run["rows"]
+            if (r["preset"], r["batch"], r["context"]) == (row["baseline"], row["batch"], row["context"])
+        )
+        assert row["ratio_decode_floor"] == pytest.approx(row["decode_floor_ms"] / base["decode_floor_ms"])
+        assert row["ratio_kv_cache_bytes"] == pytest.approx(
+            row["kv_cache_bytes_per_token"] / base["kv_cache_bytes_per_token"]
+        )
+        if row["preset"] == row["baseline"]:
+            assert row["ratio_decode_time"] == 1.0
+    gqa = next(r for r in run["rows"] if r["preset"] == "tiny-gqa-kv2")
+    assert gqa["ratio_kv_cache_bytes"] == 0.5  # 2 of 4 key-value heads
+
+
+def test_the_floor_is_bytes_at_the_bandwidth_or_macs_at_the_peak(run):
+    meta = run["metadata"]
+    for row in run["rows"]:
+        memory = row["decode_bytes_read"] / (meta["memory_bandwidth_gbs"] * 1e6)
+        compute = row["decode_macs"] * 2 / (meta["matmul_peak_tflops"] * 1e9)
+        assert row["decode_floor_ms"] == pytest.approx(max(memory, compute))
+
+
+def test_weights_read_by_hand():
+    """Dense: every weight but the embedding, plus the batch's embedding rows. SwitchHead: the V and O experts
+    count only the k of E per head a token uses."""
+    dense = PRESETS["tiny-transformer"]
+    with torch.device("meta"):
+        model = LanguageModel(dense)
+    assert (
+        sizing.weights_read(dense, 3)
+        == count_parameters(model) - dense.vocab * dense.d_model + 3 * dense.d_model
+    )
+    sh = PRESETS["tiny-switchhead"]
+    with torch.device("meta"):
+        model = LanguageModel(sh)
+    H, E, k, d, D = sh.n_heads, sh.n_experts, sh.k, sh.d_model, sh.d_head
+    unused = sh.n_layers * 2 * H * (E - k) * d * D  # V and O: [H E, d, D] and [H E, D, d]
+    assert sizing.weights_read(sh, 1) == count_parameters(model) - sh.vocab * d + d - unused
+
+
+def test_max_batch_by_hand():
+    cfg = PRESETS["c4-47m-switchhead-h2"]
+    with torch.device("meta"):
+        weights = count_parameters(LanguageModel(cfg)) * 2
+    per_token = 2 * cfg.n_heads * cfg.d_head * cfg.n_layers * 2
+    table = cfg.n_layers * cfg.n_heads * cfg.d_head * 512 * 2
+    memory = 10 * 2**30
+    assert sizing.max_batch(cfg, 512, memory, 2) == (memory - weights - table) // (512 * per_token)
+
+
+def test_a_wrong_decode_path_is_not_timed(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(
+        decode, "decoding_check", lambda preset, device: 0.5 if "switchhead" in preset else 0.0
+    )
+    argv = ["decode", "tiny-transformer", "tiny-switchhead", "--device", "cpu", *FAST, "--out", str(tmp_path)]
+    assert main([*argv, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    wrong = [r for r in rows if r["preset"] == "tiny-switchhead"]
+    assert len(wrong) == 1 and wrong[0]["status"] == "wrong" and "decode_ms" not in wrong[0]
+
+
+def test_a_family_without_a_cache_is_a_row_not_an_error(monkeypatch, tmp_path, capsys):
+    import dataclasses
+
+    family = dataclasses.replace(registry.get("moh"), kv_cache=None)
+    monkeypatch.setitem(registry._REGISTRY, "moh", family)
+    argv = [
+        "decode",
+        "tiny-transformer",
+        "tiny-moh",
+        "--device",
+        "cpu",
+        *FAST,
+        "--out",
+        str(tmp_path),
+        "--json",
+    ]
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["status"] for r in rows if r["preset"] == "tiny-moh"] == ["no decode path"]
+    assert main(["decode", "tiny-moh", "--device", "cpu", *FAST, "--out", str(tmp_path)]) == 1
+    assert "nothing measured" in capsys.readouterr().err
+
+
+def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(decode, "free_memory", lambda device: 1)
+    argv = ["decode", "tiny-transformer", "--device", "cpu", *FAST, "--out", str(tmp_path)]
+    assert main(argv) == 1
+    assert "OOM" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["decode", "nope"], "unknown presets: nope"),
+        (["decode", "--groups", "nope"], "unknown groups nope"),
+        (["decode", "--batches", "0"], "must be >= 1"),
+        (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
+    ],
+)
+def test_bad_input(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_docs_table_of_cache_sizes_is_the_count():
+    """docs/inference.md's table at 47M and 262M: each cell as `decode --count` counts it (bf16, 80 GiB)."""
+    page = (Path(__file__).parents[1] / "docs" / "inference.md").read_text()
+    shown = [line.split(" | ") for line in page.splitlines() if line.startswith(("| c4-", "| wikitext103-"))]
+    groups = {g: decode.GROUPS[g] for g in ("47m", "262m")}
+    counted = {r["preset"]: r for r in decode.count_rows(groups, (2048, 8192), 80 * 2**30, 2)}
+    assert [cells[0].strip("| ") for cells in shown] == list(counted)
+    for cells in shown:
+        row = counted[cells[0].strip("| ")]
+        assert cells[3] == f"{row['kv_cache_bytes_per_token']:,}"
+        assert cells[5].strip(" |") == f"{row['max_batch_at_2048']:,} / {row['max_batch_at_8192']:,}"
