@@ -173,3 +173,26 @@ def test_the_docs_table_of_cache_sizes_is_the_count():
         row = counted[cells[0].strip("| ")]
         assert cells[3] == f"{row['kv_cache_bytes_per_token']:,}"
         assert cells[5].strip(" |") == f"{row['max_batch_at_2048']:,} / {row['max_batch_at_8192']:,}"
+
+
+def _decode_json(capsys, *argv: str) -> dict:
+    assert main(["decode", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_bf16_weights_and_cache_as_served(tmp_path, capsys):
+    """Weights and cache in bf16 (no autocast): every family decodes, its residual stream in bf16 though the
+    expert matmuls weigh by float32 gates, and its cache holds half the bytes of float32's."""
+    out = _decode_json(capsys, "--device", "cpu", "--dtype", "bf16", *FAST, "--out", str(tmp_path))
+    assert out["rows"] and all(r["status"] == "ok" for r in out["rows"])
+    assert all(2 * r["kv_cache_bytes_per_token"] == hand_count(r["preset"]) for r in out["rows"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_path(tmp_path, capsys):
+    """CUDA events, bf16, the Triton expert matmul and SDPA's kernels, on the tiny groups."""
+    out = _decode_json(
+        capsys, "--device", "cuda", "--batches", "1", "4", "--contexts", "64", "--out", str(tmp_path)
+    )
+    assert all(r["status"] == "ok" for r in out["rows"]) and out["metadata"]["cuda"]
+    assert all(r["max_abs_diff_vs_forward"] <= 1e-4 for r in out["rows"])

@@ -56,8 +56,10 @@ class Block(nn.Module):
         else:
             entries = cache.write(layer, self.attn.cache_entries(h, window.q_pos))
             y = self.attn.attend_cached(h, entries, window)
-        x = x + y
-        return x + self.mlp(self.ln_mlp(x))[0]
+        # The residual stream stays in the weights' dtype: an expert matmul weighs by full-precision gates, so with
+        # bf16 weights (as served, no autocast) its output is float32
+        x = x + y.to(x.dtype)
+        return x + self.mlp(self.ln_mlp(x))[0].to(x.dtype)
 
 
 class Stack(nn.Module):
