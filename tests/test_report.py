@@ -501,3 +501,30 @@ def test_the_inference_section_sets_serving_beside_training(tmp_path):
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert 'id="decode"' in page and "123.0%" in page and "no decode path" in page
     assert HOSTILE not in page and "&lt;script&gt;" in page
+
+
+def test_the_summary_takes_each_quality_claim_from_the_strongest_run(tmp_path):
+    """A newer quick run (2 seeds x 100k tokens) beside an older long one (5 seeds x 1M): the claim comes from the
+    long one, named; a family only the quick run has comes from it."""
+    folder = tmp_path / "quality" / "cpu"
+    folder.mkdir(parents=True)
+
+    def write(name: str, seeds: int, tokens: int, verdicts: dict) -> None:
+        metadata = {"device": "cpu", "seeds": seeds, "tokens_per_run": tokens}
+        rows = [{"family": "dense", "preset": "d", "seed": 0, "val_bits_per_byte": 2.0, "train_macs": 1.0}]
+        (folder / f"{name}.json").write_text(json.dumps({"metadata": metadata, "rows": rows}))
+        summary_rows = [
+            {"family": f, "preset": f"{f}-p", "runs": seeds, "bpb_mean": 2.0, "bpb_low": 1.9, "bpb_high": 2.1}
+            | {"vs_dense": d, "vs_dense_low": d - 0.01, "vs_dense_high": d + 0.01, "verdict": v}
+            for f, (d, v) in verdicts.items()
+        ]
+        _csv(folder / f"{name}-summary.csv", summary_rows)
+
+    write("long", 5, 1_000_000, {"switchhead": (-0.09, "better")})
+    write("quick", 2, 100_000, {"switchhead": (0.1, "matches"), "moa": (0.0, "matches")})
+    found = {line.claim: line for line in summary.lines(collect(tmp_path)) if "bits per byte" in line.claim}
+    switchhead = next(line for claim, line in found.items() if "switchhead" in claim)
+    assert "5 seeds, 1,000,000 tokens; long.json, the strongest of 2 runs" in switchhead.claim
+    assert switchhead.verdict.startswith("better")
+    moa = next(line for claim, line in found.items() if "moa" in claim)
+    assert "quick.json" in moa.claim and moa.verdict.startswith("matches")

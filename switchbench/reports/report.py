@@ -167,10 +167,21 @@ def _profile(path: Path) -> dict:
 
 
 def load_quality(results: Path) -> dict | None:
-    """The newest quality run of each device folder: its runs, its summary per family and its figure."""
-    folders = sorted(p for p in (results / "quality").glob("*") if p.is_dir())
-    runs = [_quality(path, results) for path in map(newest, folders) if path is not None]
+    """Every quality run of each device folder, the strongest first (most seeds x tokens per run): its runs, its
+    summary per family and its figure. The summary takes each family's claim from the strongest run that has it."""
+    runs = [
+        _quality(path, results)
+        for folder in sorted(p for p in (results / "quality").glob("*") if p.is_dir())
+        for path in sorted(folder.glob("*.json"))
+    ]
+    runs.sort(key=lambda run: (run["metadata"].get("device", ""), -quality_strength(run)))
     return {"runs": runs} if runs else None
+
+
+def quality_strength(run: dict) -> int:
+    """Tokens of evidence in a quality run: seeds x training tokens per run."""
+    meta = run["metadata"]
+    return int(meta.get("seeds", 0)) * int(meta.get("tokens_per_run", 0))
 
 
 def _quality(path: Path, results: Path) -> dict:
