@@ -64,6 +64,8 @@ FOREIGN_FLAGS = {
     "--no-index": "pip",
     "--find-links": "pip",
     "--nproc_per_node": "torchrun",
+    "--nproc-per-node": "torchrun",
+    "--standalone": "torchrun",
     "--benchmark-compare": "pytest-benchmark",
     "--benchmark-compare-fail": "pytest-benchmark",
 }

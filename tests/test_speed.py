@@ -1,9 +1,7 @@
 """The speed harness: interleaved rounds, paired ratios, OOMs, threads, the CLI (no timing target is asserted)."""
 
 import json
-import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
@@ -101,46 +99,6 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
 def test_cli_bad_input(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(
-    shutil.which("torchrun") is None and not (Path(sys.executable).parent / "torchrun").exists(),
-    reason="torchrun not installed",
-)
-def test_distributed_data_parallel_with_gloo(tmp_path):
-    torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
-    cmd = [
-        torchrun,
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "switchbench",
-        "speed",
-        "--device",
-        "cpu",
-        "--presets",
-        "tiny-transformer",
-        "tiny-switchhead",
-        "--scopes",
-        "model",
-        "--rounds",
-        "2",
-        "--warmup",
-        "1",
-        "--batch",
-        "2",
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout[done.stdout.index("{") :])
-    assert out["metadata"]["processes"] == 2
-    assert all(r["status"] == "ok" for r in out["rows"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

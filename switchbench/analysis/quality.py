@@ -197,6 +197,7 @@ def _train(plan: Plan, family: str, seed: int, progress: bool) -> dict:
         "val_bits_per_byte": bpb,
         "val_perplexity": 2**bpb,  # per byte
         "train_seconds": last["train_seconds"],
+        "mfu": last["mfu"],  # of the whole run: it evaluates once, at its end
         "peak_allocated_bytes": torch.cuda.max_memory_allocated() if plan.device == "cuda" else None,
     }
 
@@ -271,6 +272,7 @@ def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, con
         }
     elif family == "dense":
         row["verdict"] = "baseline"
+    row["mfu"] = statistics.fmean(r["mfu"] for r in runs) if all("mfu" in r for r in runs) else None
     for cost in ("train_macs", "train_seconds", "memory_bytes"):
         row[cost] = statistics.fmean(r[cost] for r in runs)
         if dense is not None:
@@ -419,5 +421,6 @@ def _printed(r: dict) -> dict:
         "rel. MACs": f"{r['train_macs_vs_dense']:.2f}" if "train_macs_vs_dense" in r else "",
         "seconds": f"{r['train_seconds']:.1f}",
         "rel. time": f"{r['train_seconds_vs_dense']:.2f}" if "train_seconds_vs_dense" in r else "",
+        "MFU": f"{100 * r['mfu']:.1f}%" if r.get("mfu") is not None else "",
         "memory": f"{r['memory_bytes'] / 2**20:.1f} MiB",
     }

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
@@ -199,8 +201,23 @@ def _kernel_bench(ctx: Context):
 REHEARSAL_GROUP = {"47m": "tiny", "45m-rope": "tiny-rope", "262m": "tiny", "244m-rope": "tiny-rope"}
 
 
+# The pair a node with several GPUs also times data-parallel, at the paper's batch of 64 over its GPUs (Table 5)
+DDP_PAIR = ("c4-262m-transformer-h16", "c4-262m-switchhead-h4")
+
+
 def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
     def run(ctx: Context):
+        gpus = torch.cuda.device_count() if ctx.gpu else 0
+        if group == "262m" and not compiled and gpus > 1:
+            argv = ["speed", "--device", "cuda", "--presets", *DDP_PAIR, "--scopes", "model", "--batch", "64"]
+            launch = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={gpus}",
+            ]
+            ctx.command([*launch, "-m", "switchbench", *argv, "--out", str(ctx.results / "speed")])
         cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
         # the rehearsal compiles with the 'eager' backend: Dynamo's capture without Inductor's minutes
         flags = (["--compile"] if ctx.gpu else ["--compile", "eager"]) if compiled else []

@@ -21,6 +21,9 @@ from switchbench.bench.command import (
     emit,
     expert_matmul_metadata,
 )
+from switchbench.bench.cost.accounting import model_macs
+from switchbench.bench.timing.timer import matmul_peak_tflops
+from switchbench.core import distributed
 from switchbench.core.results import writable_folder, write_csv
 from switchbench.core.schema import read_table
 from switchbench.models import family as registry
@@ -98,8 +101,8 @@ class ListOpsTask:
     """Batches of one length each, no padding; validation on a fixed draw, each length run unpadded, its accuracy
     also per outer operator and per nesting depth (which part of the task a model has not learnt)."""
 
-    def __init__(self, cfg: TrainConfig, model_cfg):
-        self.cfg = cfg
+    def __init__(self, cfg: TrainConfig, model_cfg, rows: slice = slice(None)):
+        self.cfg, self.model_cfg, self.rows = cfg, model_cfg, rows  # rows: this process's share of a batch
         self.data_cfg = listops.ListOpsConfig(max_length=model_cfg.T)
         self.val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
         self.val_answers = torch.tensor([answer for _, answer in self.val], device=cfg.device)
@@ -112,7 +115,7 @@ class ListOpsTask:
                 self.val_groups[f"{name}_{value}"] = [i for i, k in enumerate(keys) if k == value]
 
     def loss(self, model, step: int, state=None):
-        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)
+        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)[self.rows]
         tokens, answers = (t.to(self.cfg.device) for t in listops.encode(examples, len(examples[0][0])))
         logits, aux = model(tokens)
         return (
@@ -120,6 +123,11 @@ class ListOpsTask:
             (logits.argmax(-1) == answers).float().mean().item(),
             None,
         )
+
+    def step_flops(self, step: int) -> float:
+        """Model FLOPs of this process's training step: its sequences, at the step's length."""
+        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)[self.rows]
+        return 6 * len(examples) * classifier_macs(self.model_cfg, len(examples[0][0]))
 
     @torch.no_grad()
     def evaluate(self, model) -> dict:
@@ -142,7 +150,7 @@ class ListOpsTask:
 
 
 class LMTask:
-    def __init__(self, cfg: TrainConfig, model_cfg):
+    def __init__(self, cfg: TrainConfig, model_cfg, rows: slice = slice(None)):
         data = text.encode(text.load_text(cfg.text, cfg.hf_dataset))
         split = int(0.9 * data.numel())
         # 90% for training, a chunk of T + 1 bytes per stream at least; the rest is 4 validation streams
@@ -152,7 +160,9 @@ class LMTask:
                 f"the text has {text.count_bytes(data.numel())}: too short for batch {cfg.batch} and "
                 f"chunks of {model_cfg.T} bytes (needs {needed:,})"
             )
-        self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch).to(cfg.device)
+        # every process cuts the same streams and trains on its share of them
+        self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)[rows].to(cfg.device)
+        self.flops = 6 * len(self.train) * model_macs(model_cfg)
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
 
@@ -160,6 +170,10 @@ class LMTask:
         """Whether the chunk of ``step`` follows the previous step's, so that the XL memory carries over; back at
         the start of the streams it does not (the memory would be of their end)."""
         return step % self.chunks != 0
+
+    def step_flops(self, step: int) -> float:
+        """Model FLOPs of this process's training step (a chunk of T tokens per stream, after XL memory)."""
+        return self.flops
 
     def loss(self, model, step: int, state=None):
         i = step % self.chunks
@@ -181,7 +195,20 @@ class LMTask:
         return {"val_bits_per_byte": total / max(count, 1) / math.log(2)}
 
 
-def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = True) -> dict:
+def classifier_macs(cfg: ModelConfig, length: int) -> int:
+    """Forward MACs of the sequence classifier on one sequence of ``length`` tokens: the stack as the language
+    model's, its head on the pooled state instead of the vocabulary on every token."""
+    at_length = cfg.replace(T=length)
+    return model_macs(at_length) - length * cfg.d_model * cfg.vocab + cfg.d_model * listops.N_CLASSES
+
+
+def train(
+    cfg: TrainConfig,
+    out: Path,
+    resume: bool = False,
+    progress: bool = True,
+    world: distributed.World = distributed.ONE,
+) -> dict:
     """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last log row: the step,
     the training loss, the evaluation and ``train_seconds``, the wall-clock of the training steps so far
     (evaluations and checkpoints left out).
@@ -193,7 +220,8 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
     n_classes = listops.N_CLASSES if cfg.task == "listops" else None
     model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg)
+    rows = distributed.share(cfg.batch, world)
+    task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg, rows)
     start, log_rows = 0, []
     if resume and (out / "checkpoint.pt").exists():
         saved = checkpoint.load(out / "checkpoint.pt")
@@ -209,6 +237,9 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
     state, kept = None, start
     seconds = log_rows[-1].get("train_seconds", 0.0) if log_rows else 0.0
+    # MFU of each logged interval: this process's model FLOPs over its time, at this device's measured peak
+    peak, flops, since = matmul_peak_tflops(cfg.device, torch.float32) * 1e12, 0.0, seconds
+    trained = distributed.wrap(model, world)
     model.train()
     # disable=None: tqdm stays quiet when stderr is no terminal (a log file, a pipe, a CI job)
     bar = dict(
@@ -218,7 +249,7 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
         started = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg)
-        loss, accuracy, state = task.loss(model, step, state)
+        loss, accuracy, state = task.loss(trained, step, state)
         if not torch.isfinite(loss):
             raise ValueError(_diverged(step + 1, f"the loss is {loss.item()}", out, kept))
         optimizer.zero_grad(set_to_none=True)
@@ -231,8 +262,11 @@ def train(cfg: TrainConfig, out: Path, resume: bool = False, progress: bool = Tr
             "train_accuracy": accuracy,
         }  # item() waits for the step (GPU)
         seconds += time.perf_counter() - started
+        flops += task.step_flops(step)
         row["train_seconds"] = seconds
-        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+        if ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps) and world.main:
+            row["mfu"] = flops / max(seconds - since, 1e-9) / peak
+            flops, since = 0.0, seconds
             model.eval()
             row |= task.evaluate(model)
             model.train()
@@ -318,7 +352,10 @@ def _run(args) -> None:
     earlier = [out / name for name in ("checkpoint.pt", "log.csv") if (out / name).exists()]
     if earlier and not (args.resume or args.force):
         raise ValueError(f"{out} holds an earlier run; --resume to continue it or --force to replace it")
-    result = train(cfg, out, resume=args.resume, progress=not args.json)
+    with distributed.process_group(cfg.device) as world:
+        result = train(cfg, out, resume=args.resume, progress=not args.json and world.main, world=world)
+    if not world.main:
+        return
     experts = expert_matmul_metadata(args.expert_matmul, cfg.device)
     if args.json:
         emit({"run": str(out), "preset": preset, **result, **experts}, True)

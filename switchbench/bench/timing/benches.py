@@ -17,6 +17,7 @@ from switchbench.bench.cost.measure import (
     is_oom,
 )
 from switchbench.bench.cost.params import parameter_counts
+from switchbench.core import distributed
 from switchbench.core.precision import autocast
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
@@ -43,16 +44,22 @@ class Bench:
     # the expert-matmul implementations run() takes; None: no expert matmul, or not looked at
     expert_matmul: Callable[[], str | None] = lambda: None
     module: torch.nn.Module | None = None  # what run() calls, for tools that look inside it (profile)
+    tokens: int = 0  # tokens one run() computes (per process)
 
 
 def model_benches(
-    preset: str, batch: int, device: str, dtype: torch.dtype, ddp: bool = False, compile: str | None = None
+    preset: str,
+    batch: int,
+    device: str,
+    dtype: torch.dtype,
+    world: distributed.World = distributed.ONE,
+    compile: str | None = None,
 ) -> list[Bench]:
     """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
     under ``torch.compile`` with the ``compile`` backend when given."""
     cfg = PRESETS[preset].replace(dropout=0.0)
     model = LanguageModel(cfg).to(device)
-    trained = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    trained = distributed.wrap(model, world)
     if compile:
         trained = torch.compile(trained, backend=compile)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0)
@@ -94,6 +101,7 @@ def model_benches(
             attention=attention,
             expert_matmul=experts,
             module=model,
+            tokens=batch * cfg.T,
         ),
         Bench(
             preset,
@@ -105,6 +113,7 @@ def model_benches(
             attention=attention,
             expert_matmul=experts,
             module=model,
+            tokens=batch * cfg.T,
         ),
     ]
 
@@ -156,6 +165,7 @@ def layer_benches(
             attention,
             experts,
             module,
+            batch * cfg.T,
         ),
         Bench(
             preset,
@@ -168,6 +178,7 @@ def layer_benches(
             attention,
             experts,
             module,
+            batch * cfg.T,
         ),
     ]
 

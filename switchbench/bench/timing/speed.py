@@ -9,7 +9,7 @@ times one intra-op thread by its CPU time, which other processes on the machine 
 """
 
 import json
-import os
+import platform
 import statistics
 from pathlib import Path
 
@@ -39,7 +39,8 @@ from switchbench.bench.timing.benches import (
 )
 from switchbench.bench.timing.heap import keep_freed_memory
 from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops
-from switchbench.core import precision
+from switchbench.core import distributed, precision
+from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
@@ -57,16 +58,32 @@ GATE_LAYERS = ("wikitext103-47m-transformer-h10", "wikitext103-47m-switchhead-h2
 # on a shared CI runner stall the thread pool and the SwitchHead/dense ratio moved by 2x (issue 12).
 GATE_THREADS = 1
 GATE_ROUNDS = 30
+# What a row's fraction_of_matmul_peak (its MFU) counts
+MFU_CONVENTION = (
+    "model FLOPs per device per second over this device's measured matmul peak; model FLOPs = 2 x the exact MACs "
+    "(the k experts used, every head run, attention over the whole window, the causal mask's half not taken off: "
+    "the kernels compute it) x 3 for a training step (forward + backward)"
+)
 
 
-def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, progress=None) -> list[dict]:
-    """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians."""
+def time_group(
+    benches: list[Bench],
+    timer: Timer,
+    rounds: int,
+    warmup: int,
+    progress=None,
+    world: distributed.World = distributed.ONE,
+) -> list[dict]:
+    """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians.
+    Under several processes the ranks meet at a barrier before each call, and each call's time is the slowest
+    rank's."""
     times: dict[int, list[float]] = {i: [] for i in range(len(benches))}
     failed: dict[int, str] = {}
     for r in range(warmup + rounds):
         for i, bench in enumerate(benches):
             if i in failed:
                 continue
+            distributed.barrier(world)
             try:
                 t = timer(bench.run)
             # an OOM is a result; anything else is a bug and is raised
@@ -80,6 +97,7 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 times[i].append(t)
         if progress is not None:
             progress.update(1)
+    times, failed = _slowest_rank(times, failed, world)
     rows, baseline = [], benches[0].preset if benches else None
     for i, bench in enumerate(benches):
         # The group's baseline is its first preset; if it failed, nothing gets a ratio.
@@ -102,6 +120,7 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
                 "ms": statistics.median(times[i]),
                 "ms_iqr": _iqr(times[i]),
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
+                "tokens_per_s_per_device": bench.tokens / statistics.median(times[i]) * 1e3,
                 "memory_bytes": _memory(bench),
             }
             measured = {
@@ -134,6 +153,14 @@ def time_group(benches: list[Bench], timer: Timer, rounds: int, warmup: int, pro
         if row.get("memory_bytes") and base and base.get("memory_bytes"):
             row["ratio_memory"] = row["memory_bytes"] / base["memory_bytes"]
     return rows
+
+
+def _slowest_rank(times: dict, failed: dict, world: distributed.World) -> tuple[dict, dict]:
+    """Each call's time the slowest rank's; a bench that failed on any rank failed."""
+    every = distributed.gathered((times, failed), world)
+    failed = {i: why for _, rank_failed in every for i, why in rank_failed.items()}
+    slowest = {i: [max(per_rank) for per_rank in zip(*(t[i] for t, _ in every), strict=True)] for i in times}
+    return {i: t for i, t in slowest.items() if i not in failed}, failed
 
 
 def _flag_mixed_attention(rows: list[dict]) -> None:
@@ -175,6 +202,7 @@ def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict
         "dtype": dtype_name,
         "precision": precision.describe(dtype_name),
         "matmul_peak_tflops": peak,
+        "mfu_convention": MFU_CONVENTION,
         **settings,
     }
 
@@ -208,7 +236,7 @@ def run(
     batch: int | None,
     rounds: int,
     warmup: int,
-    ddp: bool = False,
+    world: distributed.World = distributed.ONE,
     clock: str = "wall",
     compile: str | None = None,
 ) -> list[dict]:
@@ -226,7 +254,7 @@ def run(
             for scope in scopes:
                 benches = []
                 for preset in presets:
-                    failed = _build(benches, preset, scope, size, device, dtype, ddp, compile)
+                    failed = _build(benches, preset, scope, size, device, dtype, world, compile)
                     if failed:
                         rows.append(
                             {
@@ -239,7 +267,7 @@ def run(
                                 "batch": size,
                             }
                         )
-                timed = time_group(benches, timer, rounds, warmup, bar)
+                timed = time_group(benches, timer, rounds, warmup, bar, world)
                 rows += [r | {"group": group, "batch": size} for r in timed]
                 del benches
                 release_memory()
@@ -247,7 +275,7 @@ def run(
 
 
 def _build(
-    benches: list, preset: str, scope: str, batch: int, device: str, dtype, ddp: bool, compile
+    benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, compile
 ) -> str | None:
     """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
@@ -255,7 +283,7 @@ def _build(
         return reason
     try:
         if scope == "model":
-            benches += model_benches(preset, batch, device, dtype, ddp, compile)
+            benches += model_benches(preset, batch, device, dtype, world, compile)
         else:
             benches += layer_benches(preset, batch, device, dtype, compile)
     except (RuntimeError, MemoryError) as error:
@@ -313,35 +341,35 @@ def register(commands) -> None:
 def _run(args) -> int:
     device = device_from_args(args.device or ("cpu" if args.quick else None))  # the gate is the CPU's
     writable_folder(Path(args.out))
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
+    with distributed.process_group(device) as world:
+        return _measure(args, device, world)
+
+
+def _measure(args, device: str, world: distributed.World) -> int:
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     batch = args.batch
     if batch is None and device == "cpu":
         batch = 4 if args.quick else 2
-    elif batch is None and world > 1:
+    elif batch is None and world.distributed:
         batch = 64  # processes fit their share; fitting a batch is for one GPU
     rounds = args.rounds if args.rounds is not None else GATE_ROUNDS if args.quick else 20
     gate = args.quick and device == "cpu"
     threads = args.threads if args.threads is not None or not gate else GATE_THREADS
-    clock = args.clock or ("thread" if gate else "wall")
-    if clock == "thread" and (device == "cuda" or threads != 1):
+    # The thread clock leaves out the other threads' work: under several processes, gloo's all-reduce
+    clock = args.clock or ("thread" if gate and not world.distributed else "wall")
+    if clock == "thread" and (device == "cuda" or threads != 1 or world.distributed):
         raise ValueError(
-            "--clock thread times the CPU with one intra-op thread: use --device cpu --threads 1"
+            "--clock thread times the CPU with one intra-op thread in one process: use --device cpu --threads 1"
         )
-    if batch is not None and (batch < world or batch % world):
-        raise ValueError(f"batch must be a positive multiple of the {world} processes; got {batch}")
+    if batch is not None:
+        distributed.share(batch, world)  # a ValueError unless it splits evenly
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
     groups, scopes = _groups(args, device)
     # on the CPU the clock then times the computation, not page faults (timing/heap.py)
     allocator = keep_freed_memory() if device == "cpu" else "as is"
-    if world > 1:
-        torch.distributed.init_process_group("nccl" if device == "cuda" else "gloo")
-        if device == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     with intra_op_threads(threads):
-        per_process = None if batch is None else batch // world
+        per_process = None if batch is None else batch // world.size
         rows = run(
             groups,
             scopes,
@@ -350,21 +378,23 @@ def _run(args) -> int:
             per_process,
             rounds,
             args.warmup,
-            world > 1,
+            world,
             clock,
             args.compile,
         )
-        if world > 1:
-            torch.distributed.destroy_process_group()
-        if rank != 0:
+        rank_devices = distributed.gathered(_device_of(device, world), world)
+        if not world.main:
             return 0
         metadata = describe(
             rows,
             device,
             dtype_name,
             batch=batch if batch is not None else "fitted per group",
-            batches={r["group"]: r["batch"] * world for r in rows if "batch" in r},
-            processes=world,
+            batches={r["group"]: r["batch"] * world.size for r in rows if "batch" in r},
+            processes=world.size,
+            world_size=world.size,
+            backend=world.backend,
+            rank_devices=rank_devices,
             rounds=rounds,
             warmup=args.warmup,
             threads=torch.get_num_threads(),
@@ -377,21 +407,29 @@ def _run(args) -> int:
     folder = Path(args.out) / slug(metadata["device"])
     label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
     label += f"-compiled-{args.compile}" if args.compile else ""
+    label += f"-x{world.size}" if world.distributed else ""
     path = save_run(folder, label, metadata, rows)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return nothing_measured(_timed(rows), "speed", path)
     print(
-        f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world} process(es), "
+        f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world.size} process(es), "
         f"{metadata['threads']} "
         f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
         f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured); {describe_expert_matmul(metadata)}"
     )
     print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
+    print(f"MFU: {MFU_CONVENTION}")
     print("\nPaper Table 5 (whole training steps):")
     print(_published_wallclock().to_string(index=False))
     print(f"saved {path}")
     return nothing_measured(_timed(rows), "speed", path)
+
+
+def _device_of(device: str, world: distributed.World) -> str:
+    if device == "cuda":
+        return f"cuda:{world.local_rank} {torch.cuda.get_device_name(world.local_rank)}"
+    return f"{device_name(device)} (CPU, {platform.node()})"
 
 
 def _timed(rows: list[dict]) -> list[dict]:
@@ -399,7 +437,7 @@ def _timed(rows: list[dict]) -> list[dict]:
 
 
 def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
-    if args.quick:
+    if args.quick and not (args.groups or args.presets):
         return {"gate": GATE_LAYERS}, ("layer",)
     if args.presets:
         unknown = [p for p in args.presets if p not in PRESETS]
@@ -429,8 +467,9 @@ def _printed(r: dict) -> dict:
         "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
         "rel. memory": f"{r['ratio_memory']:.2f}" if "ratio_memory" in r else "",
         "op calls": r.get("op_calls", ""),
+        "tokens/s/device": f"{r['tokens_per_s_per_device']:,.0f}" if "tokens_per_s_per_device" in r else "",
         "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
-        "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
+        "MFU": f"{100 * r['fraction_of_matmul_peak']:.1f}%" if "fraction_of_matmul_peak" in r else "",
     }
 
 

@@ -1,0 +1,95 @@
+"""Several processes under ``torchrun``: the world a command runs in, its process group, the share of a batch each
+rank computes, and the times the field reports (the slowest rank's).
+
+Without torchrun (no ``WORLD_SIZE`` in the environment, or 1) every function is the single-process identity, so a
+command written with them runs unchanged on one device.
+"""
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    size: int = 1
+    rank: int = 0
+    local_rank: int = 0
+    backend: str | None = None  # nccl on CUDA, gloo on the CPU; None: one process
+
+    @property
+    def main(self) -> bool:
+        """The process that prints and writes results."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+ONE = World()  # one process, no process group
+
+
+def from_environment() -> World:
+    """The world torchrun describes in the environment (one process without it)."""
+    size = int(os.environ.get("WORLD_SIZE", "1"))
+    if size < 1:
+        raise ValueError(f"WORLD_SIZE must be >= 1; got {size}")
+    return World(size, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+
+
+@contextlib.contextmanager
+def process_group(device: str) -> Iterator[World]:
+    """The world, its process group started for the block (NCCL on CUDA, each rank on its local GPU; gloo on the
+    CPU) and destroyed after; one process starts nothing."""
+    world = from_environment()
+    if not world.distributed:
+        yield world
+        return
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(world.local_rank)
+    dist.init_process_group(backend)
+    try:
+        yield World(world.size, world.rank, world.local_rank, backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def share(batch: int, world: World) -> slice:
+    """The rows of a global batch this rank computes: equal shares, in rank order (a ValueError unless
+    ``batch`` divides evenly)."""
+    if batch < world.size or batch % world.size:
+        raise ValueError(f"batch must be a positive multiple of the {world.size} processes; got {batch}")
+    size = batch // world.size
+    return slice(world.rank * size, (world.rank + 1) * size)
+
+
+def wrap(model: torch.nn.Module, world: World) -> torch.nn.Module:
+    """``model`` under DistributedDataParallel when there are several processes (its gradients averaged over the
+    ranks in backward, so equal shares of a batch give the whole batch's mean-loss gradient); else itself."""
+    return torch.nn.parallel.DistributedDataParallel(model) if world.distributed else model
+
+
+def barrier(world: World) -> None:
+    if world.distributed:
+        dist.barrier()
+
+
+def gathered(value, world: World) -> list:
+    """Every rank's ``value``, in rank order ([value] in one process)."""
+    if not world.distributed:
+        return [value]
+    out = [None] * world.size
+    dist.all_gather_object(out, value)
+    return out
+
+
+def slowest(times: list[float], world: World) -> list[float]:
+    """Per timed call, the slowest rank's time: a data-parallel step ends when its last rank does (Megatron's
+    convention, with a barrier before each call so that the ranks start it together)."""
+    return [max(per_rank) for per_rank in zip(*gathered(list(times), world), strict=True)]

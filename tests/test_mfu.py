@@ -1,0 +1,45 @@
+"""MFU beside every training-step time: `train` logs each interval's model FLOPs over its seconds at the measured
+peak; the model FLOPs are the exact count (held here against PyTorch's FlopCounterMode on the classifier)."""
+
+import pandas as pd
+import pytest
+import torch
+
+from switchbench.bench.cost.accounting import model_macs
+from switchbench.bench.cost.measure import counted_macs
+from switchbench.models.lm import SequenceClassifier
+from switchbench.models.presets import PRESETS
+from switchbench.train import listops, run
+
+
+@pytest.mark.parametrize("preset", ["listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4"])
+@pytest.mark.parametrize("length", [9, 31])
+def test_the_classifier_count_is_what_runs(preset, length):
+    cfg = PRESETS[preset]
+    torch.manual_seed(0)
+    model = SequenceClassifier(cfg, listops.N_CLASSES).eval()
+    tokens = torch.randint(len(listops.VOCAB), (1, length))
+    with torch.no_grad():
+        assert counted_macs(lambda: model(tokens)) == run.classifier_macs(cfg, length)
+
+
+@pytest.mark.parametrize("task", ["lm", "listops"])
+def test_each_logged_interval_carries_its_mfu(task, tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "matmul_peak_tflops", lambda device, dtype: 1.0)  # a peak of 1 TFLOP/s
+    preset = "tiny-transformer" if task == "lm" else "listops-transformer-h8"
+    cfg = run.TrainConfig(task, preset, steps=4, batch=2, eval_every=2, val_size=20)
+    run.train(cfg, tmp_path, progress=False)
+    log = pd.read_csv(tmp_path / "log.csv")
+    model_cfg = PRESETS[preset]
+    if task == "lm":
+        per_step = [6 * 2 * model_macs(model_cfg)] * 4
+    else:
+        lengths = [
+            len(listops.length_batch(2, s, 0, listops.ListOpsConfig(max_length=model_cfg.T))[0][0])
+            for s in range(4)
+        ]
+        per_step = [6 * 2 * run.classifier_macs(model_cfg, n) for n in lengths]
+    seconds = [0.0, *log["train_seconds"]]
+    for i, row in enumerate(log.itertuples()):
+        flops = sum(per_step[2 * i : 2 * i + 2])
+        assert row.mfu == pytest.approx(flops / (seconds[i + 1] - seconds[i]) / 1e12)
