@@ -331,7 +331,12 @@ def register(commands) -> None:
         metavar="BACKEND",
         help="every member under torch.compile (default backend inductor), as a practitioner would train",
     )
-    parser.add_argument("--quick", action="store_true", help="the CI gate: 47M attention layers on the CPU")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the CI gate: 47M attention layers on the CPU, one thread, 30 rounds (with --groups or --presets: "
+        "those, at the gate's settings)",
+    )
     parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_expert_matmul(parser)
