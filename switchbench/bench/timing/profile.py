@@ -39,8 +39,8 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
-from switchbench.bench.timing.speed import GROUPS, PAPER_GPU_BATCH
-from switchbench.bench.timing.timer import Timer
+from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH
+from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core import precision
 from switchbench.core.environment import environment
 from switchbench.core.results import save_run, writable_folder
@@ -356,12 +356,15 @@ def run(
     warmup: int,
     top: int,
 ) -> list[dict]:
-    rows = []
+    rows, peak = [], matmul_peak_tflops(device, dtype) * 1e12
     for preset in presets:
         benches = {b.what: b for b in model_benches(preset, batch, device, dtype)}
         roles = module_roles(benches["train step"].module)
         for name in what:
             profiled, timing = profile_step(benches[name].run, device, steps, warmup, roles, top)
+            timing["mfu"] = (
+                benches[name].flops / (timing["ms_unprofiled"] / 1e3) / peak
+            )  # of the unprofiled step
             rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
         del benches
         if device == "cuda":
@@ -423,6 +426,7 @@ def _run(args) -> int:
             "what": what,
             "compile": "eager",
             "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
+            "mfu_convention": MFU_CONVENTION,
         }
         | expert_matmul_metadata(args.expert_matmul, device)
     )
