@@ -7,7 +7,7 @@ from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost, layer_inputs, o_input, printed_xl, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
 from switchbench.models.layers.initialization import init_projection_
-from switchbench.models.layers.kv_cache import CacheEntry
+from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.window import Window, with_memory
@@ -29,10 +29,7 @@ class DenseAttention(Observable, nn.Module):
 
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """What the source tokens xs [B, L, d_model] at ``positions`` [L] leave in a cache: K and V [B, H, L, D]."""
-        B = xs.shape[0]
-        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
-        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
-        return self.attention.keys(k, positions), v
+        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_heads, self.d_head)
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
         """The current tokens x [B, t, d_model] attend to the cached keys and values of the window."""

@@ -24,7 +24,7 @@ from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attenti
 from switchbench.models.family import Family, register
 from switchbench.models.layers.attention_rope import rotate, sdpa_width
 from switchbench.models.layers.initialization import init_projection_
-from switchbench.models.layers.kv_cache import CacheEntry
+from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.window import Window, with_memory
@@ -60,10 +60,7 @@ class GroupedQueryAttention(Observable, nn.Module):
 
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """K and V [B, Hk, L, D] of the source tokens xs [B, L, d_model] at ``positions`` [L]: Hk heads, not H."""
-        B = xs.shape[0]
-        k = self.k(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-        v = self.v(xs).view(B, -1, self.n_kv_heads, self.d_head).transpose(1, 2)
-        return self.attention.keys(k, positions), v
+        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_kv_heads, self.d_head)
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
         # B batch, t current tokens, H query heads, Hk key heads, D d_head

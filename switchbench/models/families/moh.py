@@ -28,7 +28,7 @@ from switchbench.models.config import ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
 from switchbench.models.family import Family, register
 from switchbench.models.layers.initialization import init_projection_
-from switchbench.models.layers.kv_cache import CacheEntry
+from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.router import full_precision
@@ -100,10 +100,7 @@ class MoHAttention(Observable, nn.Module):
 
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """K and V [B, H, L, D] of every head: as published, every head is computed (and cached), then weighted."""
-        B = xs.shape[0]
-        k = self.k(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
-        v = self.v(xs).view(B, -1, self.n_heads, self.d_head).transpose(1, 2)
-        return self.attention.keys(k, positions), v
+        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_heads, self.d_head)
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
         return self._attend(x, entries, window)[0]

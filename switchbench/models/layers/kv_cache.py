@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 # The kind of the one entry of a family that caches its layers' inputs and re-projects them at every step
 INPUTS = "inputs"
@@ -34,6 +34,18 @@ class CacheEntry:
 def elements_per_token(entries: tuple[CacheEntry, ...], n_layers: int) -> int:
     """Numbers one token leaves in the cache of a whole stack: the exact count behind bytes per token."""
     return n_layers * sum(e.per_token for e in entries)
+
+
+def keys_values(
+    k: nn.Module, v: nn.Module, attention: nn.Module, xs: Tensor, positions: Tensor, heads: int, d_head: int
+) -> tuple[Tensor, Tensor]:
+    """K and V [B, heads, L, d_head] of the source tokens xs [B, L, d_model] at ``positions`` [L] through the
+    projections ``k`` and ``v``, the keys as ``attention`` reads them (RoPE: rotated): what a token caches in the
+    families with one K and one V projection per head."""
+    B = xs.shape[0]
+    keys = k(xs).view(B, -1, heads, d_head).transpose(1, 2)
+    values = v(xs).view(B, -1, heads, d_head).transpose(1, 2)
+    return attention.keys(keys, positions), values
 
 
 def caches_inputs(entries: tuple[CacheEntry, ...]) -> bool:
