@@ -9,8 +9,8 @@ timed interleaved, one call each per round, and each ratio to the group's first 
 parameters) is the median of the paired per-round ratios; a preset whose family declares no cache is a "no decode
 path" row.
 
-Serving attends to the whole context: every preset runs with its attention span set to the sequence (T = prompt +
-decoded tokens, no chunked window); weights and cache in the run's dtype, as served.
+Serving attends to the whole context: every preset runs with its attention span set to the sequence (one chunk of
+T = the longest context + 1, no window), built once per group; weights and cache in the run's dtype, as served.
 """
 
 import json
@@ -61,20 +61,25 @@ def decoding_check(preset: str, device: str) -> float:
     return (torch.cat(pieces, 1) - full).abs().max().item()
 
 
-class Member:
-    """One preset served at one batch and context: its model in the run's dtype, a cache for the prompt and one
-    more token, the prompt, and the calls the timer times."""
+def served(preset: str, capacity: int, device: str, dtype: torch.dtype) -> LanguageModel:
+    """``preset`` as served: its weights in ``dtype``, built on the device, attending to the whole sequence of up
+    to ``capacity`` tokens (one chunk of T = capacity, no window)."""
+    cfg = PRESETS[preset].replace(T=capacity, context_blocks=0, dropout=0.0)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(0)
+        return LanguageModel(cfg).to(dtype).eval()
 
-    def __init__(self, preset: str, batch: int, context: int, device: str, dtype: torch.dtype):
-        self.preset, self.batch, self.context = preset, batch, context
-        capacity = context + 1
-        self.cfg = PRESETS[preset].replace(T=capacity, context_blocks=0, dropout=0.0)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            self.lm = LanguageModel(self.cfg).to(device, dtype).eval()
+
+class Member:
+    """One served model at one batch and context: a cache for the prompt and one more token, the prompt, and the
+    calls the timer times."""
+
+    def __init__(self, preset: str, lm: LanguageModel, batch: int, context: int):
+        self.preset, self.lm, self.cfg, self.batch, self.context = preset, lm, lm.cfg, batch, context
         gen = torch.Generator().manual_seed(1)
-        self.prompt = torch.randint(self.cfg.vocab, (batch, capacity), generator=gen).to(device)
-        self.cache = self.lm.new_cache(batch, capacity)
+        device = lm.head.weight.device
+        self.prompt = torch.randint(self.cfg.vocab, (batch, context + 1), generator=gen).to(device)
+        self.cache = lm.new_cache(batch, context + 1)
 
     @torch.no_grad()
     def prefill(self) -> None:
@@ -88,17 +93,18 @@ class Member:
         self.lm.decode(self.prompt[:, self.context :], self.cache)
 
 
-def time_cell(presets, batch: int, context: int, device, dtype, rounds: int, warmup: int) -> list[dict]:
-    """One cell of the grid: every member built (or refused), counted, then timed interleaved."""
+def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int, warmup: int) -> list[dict]:
+    """One cell of the grid: every member (a served model of ``models``) given its cache and prompt, or refused,
+    counted, then timed interleaved."""
     width = torch.empty((), dtype=dtype).element_size()
     rows, members = [], []
-    for preset in presets:
+    for preset, lm in models.items():
         need = sizing.peak_bytes(PRESETS[preset], batch, context + 1, min(context, PREFILL_CHUNK), width)
         if need > free_memory(device):
             rows.append(_refused(preset, batch, context, f"needs at least {need / 2**30:.1f} GiB"))
             continue
         try:
-            member = Member(preset, batch, context, device, dtype)
+            member = Member(preset, lm, batch, context)
             member.prefill_macs, member.decode_macs = (
                 counted_macs(member.prefill),
                 counted_macs(member.decode),
@@ -234,10 +240,14 @@ def run(
         ready, checked = preset_rows(presets, device, width)
         per_preset = {r["preset"]: r for r in checked}
         rows += [r | {"group": group} for r in checked if r.get("status") in ("no decode path", "wrong")]
+        # built once for the group, long enough for its longest context: a cell gives each its cache
+        models = {preset: served(preset, max(contexts) + 1, device, dtype) for preset in ready}
         cells = [(b, c) for b in batches for c in contexts]
         for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
-            cell = time_cell(ready, batch, context, device, dtype, rounds, warmup)
+            cell = time_cell(models, batch, context, device, dtype, rounds, warmup)
             rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
+        del models
+        release_memory()
     return rows
 
 
@@ -359,7 +369,7 @@ def _metadata(device, dtype_name, memory, args, groups, batches, contexts) -> di
         "contexts": list(contexts),
         "clock": "wall",
         "prefill_chunk": PREFILL_CHUNK,
-        "attention_span": "the whole sequence (T = prompt + 1, no chunked window)",
+        "attention_span": "the whole sequence (one chunk of T = the longest context + 1, no window)",
         "groups": {g: list(p) for g, p in groups.items()},
         **expert_matmul_metadata(args.expert_matmul, device),
     }
