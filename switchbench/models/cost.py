@@ -41,18 +41,22 @@ def o_input(cfg: ModelConfig) -> int:
     return 0 if cfg.pos == "rope" and laid_out else T * H * dh
 
 
-def softmax_attention(cfg: ModelConfig, n_kv_heads: int, kept_queries: int = 0) -> Cost:
-    """H query heads over S keys of ``n_kv_heads`` key heads; XL adds projected positions (one projection per key
-    head). ``kept_queries``: extra [T, H d_head] queries the XL extras keep (the learned scale keeps the unscaled
-    query, the global biases a second one)."""
+def softmax_attention(
+    cfg: ModelConfig, n_kv_heads: int, kept_queries: int = 0, position_heads: int | None = None
+) -> Cost:
+    """H query heads over S keys of ``n_kv_heads`` key heads (each read by its group of query heads, none
+    repeated); XL adds projected positions, ``position_heads`` of them (default: one per key head).
+    ``kept_queries``: extra [T, H d_head] queries the XL extras keep (the learned scale keeps the unscaled query,
+    the global biases a second one)."""
     H, dh, dm, T, C = symbols(cfg)
     S, Hk = C * T, n_kv_heads
+    Hp = Hk if position_heads is None else position_heads
     if cfg.pos == "xl":
         macs = 2 * H * T * S * dh  # q k^T and A v
         D = S if cfg.causal else S + T - 1  # distances 0..S-1, and the negative ones without a causal mask
-        macs += D * dm * Hk * dh + H * T * dh * D  # position projection, q r^T
+        macs += D * dm * Hp * dh + H * T * dh * D  # position projection, q r^T
         # sinusoids, projected positions, q, k, the attention map (after softmax), v
-        mem = D * dm + D * Hk * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
+        mem = D * dm + D * Hp * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
         return Cost(macs, mem + kept_queries * T * H * dh)
     half = int(dh * 0.5) // 2  # rotated channel pairs
     rotation = 2 * (T + S) * half  # cos and sin of the query and key positions

@@ -3,8 +3,9 @@ value heads, each serving a group of H / n_kv_heads; MQA (Shazeer 2019) is n_kv_
 
 With RoPE the heads go to scaled-dot-product attention's grouped path (``enable_gqa``), which reads each key head
 for its group without copying it. Transformer-XL's relative positions, and the maps the routing analysis asks
-for, need the explicit softmax: there each key and value head is repeated for its group, as Llama's reference
-code does, and the positions are projected per query head, as the dense model does.
+for, need the explicit softmax: there the query heads of a group are stacked against their key head in one matmul
+(no key or value head is repeated, as Llama's reference code repeats them: a decoder reads n_kv_heads heads of
+cache, not H), and the positions are projected per query head, as the dense model does.
 
 Presets are parameter-matched to the dense rows, as the paper matches its models: the K and V weights GQA saves,
 2 d_model (H - n_kv_heads) d_head per layer, go to the MLP, d_ff + (H - n_kv_heads) d_head, so that attention plus
@@ -70,9 +71,7 @@ class GroupedQueryAttention(Observable, nn.Module):
         grouped = self.n_kv_heads != self.n_heads  # a Python bool: SDPA takes no traced value for it
         if self.rope and not self.observing:
             out, maps = grouped_sdpa(rotate(q, window.q_pos), k, v, window.mask, grouped), None
-        else:
-            group = self.n_heads // self.n_kv_heads
-            k, v = (y.repeat_interleave(group, dim=1) if grouped else y for y in (k, v))  # [B, H, S, D]
+        else:  # each query head reads its group's key head, none repeated (a decoder reads Hk heads of cache)
             out, maps = self.attention(q, k, v, window, self.observing, keys_ready=True)  # [B, H, t, D]
         self.record(maps=maps)
         return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
@@ -98,8 +97,8 @@ def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grouped: 
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:
-    """Q and O as dense; K and V of n_kv_heads heads over the window. With RoPE, SDPA keeps the key and value heads
-    once; with XL, the repeated ones (H heads) and the dense model's position projection and extras."""
+    """Q and O as dense; K and V of n_kv_heads heads over the window, kept once (SDPA's grouped path with RoPE, the
+    grouped matmuls with XL); with XL, the dense model's position projection (one per query head) and extras."""
     H, dh, dm, T, C = symbols(cfg)
     S, Hk = C * T, cfg.opts.n_kv_heads
     projections = Cost(
@@ -107,7 +106,11 @@ def exact_cost(cfg: ModelConfig) -> Cost:
     )
     if cfg.pos == "rope":
         return projections + softmax_attention(cfg, Hk)
-    return projections + softmax_attention(cfg, H, 2 if cfg.xl_bias_and_scale else 0)
+    # Stacking a group's queries copies them when they are laid out token-major (several tokens): the copy is kept
+    # in their stead, and beside them where the position term keeps the same queries (no extras)
+    copied = T * H * dh if 1 < Hk < H and T > 1 and not cfg.xl_bias_and_scale else 0
+    extras = 2 if cfg.xl_bias_and_scale else 0
+    return projections + softmax_attention(cfg, Hk, extras, position_heads=H) + Cost(0, copied)
 
 
 # Parameter-matched presets: the dense row, and its key-value heads (GQA; MQA has one)

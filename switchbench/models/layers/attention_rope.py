@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from switchbench.models.layers.window import Window, attend
+from switchbench.models.layers.window import Window, attend, grouped_matmul
 
 ROTATE_FRACTION = 0.5
 BASE = 10000.0
@@ -45,7 +45,7 @@ class RoPEAttention(nn.Module):
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys
         q, k = rotate(q, window.q_pos), k if keys_ready else rotate(k, window.k_pos)
         if return_maps:
-            logits = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
+            logits = grouped_matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
             return attend(logits, v, window.mask, return_maps)
         return padded_sdpa(q, k, v, window.mask), None
 
