@@ -28,6 +28,7 @@ RUN_KEYS = {
     "val_perplexity",
     "train_macs",
     "train_seconds",
+    "mfu",
     "memory_bytes",
     "peak_allocated_bytes",
     "params",
