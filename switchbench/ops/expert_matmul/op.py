@@ -178,6 +178,8 @@ class TorchExpertMatmul:
     @staticmethod
     def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         n = x.shape[0]
+        if order.numel() <= weight.shape[0]:  # a few tokens (decoding): each slot reads its expert's matrix
+            return _gathered(x, weight, scores, indices, s_out)
         rows, capacity = _padded_rows(order, experts, offsets)
         x_pad = _pad(_per_slot(x, indices.shape[1]), rows, capacity, weight.shape[0])  # [E, cap, d_in]
         y = _unpad(torch.bmm(x_pad, weight), rows)  # [N * S, d_out]
@@ -204,6 +206,17 @@ class TorchExpertMatmul:
         with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
             grad_w = torch.bmm(_pad(x_slots, rows, capacity, n_experts).transpose(1, 2), grad_pad)
         return _group_sum(grad_rows, n, s_in), grad_w, grad_s
+
+
+def _gathered(x: Tensor, weight: Tensor, scores: Tensor | None, indices: Tensor, s_out: int) -> Tensor:
+    """The forward for no more slots than experts, as gpt-fast decodes its MoE: each slot's expert matrix gathered
+    and applied by one batched matmul. It reads no more weights than the padded bmm, and skips its sort-order
+    bookkeeping (and the capacity's host sync), which a decoded token's few slots do not repay."""
+    n, slots = indices.shape
+    y = torch.bmm(_per_slot(x, slots)[:, None], weight[indices.reshape(-1)])[:, 0]  # [N * S, d_out]
+    if scores is not None:
+        y = y * scores.gather(1, indices).reshape(-1, 1)
+    return _group_sum(y, n, s_out)
 
 
 def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tensor, int]:
