@@ -126,3 +126,36 @@ def test_a_full_cache_says_so():
     cache = lm.new_cache(1, 4)
     with pytest.raises(ValueError, match="holds 4 tokens"):
         lm.decode(random_tokens(cfg, 5, batch=1), cache)
+
+
+@pytest.mark.parametrize("model", ["transformer", "switchhead"])
+def test_rewinding_the_cache_decodes_the_same_token_again(model):
+    """Back to any length after decoding past it, the next token's logits are the forward pass's: the window's start
+    follows the length both ways (a benchmark rewinds to time one step again)."""
+    cfg = small_cfg(model, "xl", context_blocks=1)
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    reference = full_forward(lm, tokens)
+    cache = lm.new_cache(2, SEQ)
+    with torch.no_grad():
+        lm.decode(tokens[:, : SEQ - 1], cache)
+        for length in (T - 2, T + 3, 2 * T - 1):
+            cache.rewind(length)
+            got = lm.decode(tokens[:, length : length + 1], cache)
+            torch.testing.assert_close(got[:, 0], reference[:, length], **TIGHT)
+
+
+@pytest.mark.parametrize("pos", ["xl", "rope"])
+def test_bf16_weights_decode_with_experts_on_every_projection(pos):
+    """Q, K, V and O experts gate in float32 while the weights and the cache are bf16: the decode runs, near the
+    float64 forward pass."""
+    cfg = small_cfg("switchhead", pos, experts="qkvo")
+    lm = make_lm(cfg)
+    tokens = random_tokens(cfg, SEQ)
+    reference = full_forward(lm, tokens)
+    got = decode_pieces(lm.bfloat16(), tokens, [5, *[1] * (SEQ - 5)])
+    assert got.dtype == torch.bfloat16
+    error = (got.double() - reference).abs()
+    assert (
+        error.median().item() < 0.02 and error.max().item() < 0.5
+    )  # bf16 rounding; a near-tie may pick another expert

@@ -1,5 +1,5 @@
 """Several processes under ``torchrun``: the world a command runs in, its process group, the share of a batch each
-rank computes, and the times the field reports (the slowest rank's).
+rank computes, and what the ranks agree on (a failure anywhere, each rank's times for the slowest's).
 
 Without torchrun (no ``WORLD_SIZE`` in the environment, or 1) every function is the single-process identity, so a
 command written with them runs unchanged on one device.
@@ -89,7 +89,6 @@ def gathered(value, world: World) -> list:
     return out
 
 
-def slowest(times: list[float], world: World) -> list[float]:
-    """Per timed call, the slowest rank's time: a data-parallel step ends when its last rank does (Megatron's
-    convention, with a barrier before each call so that the ranks start it together)."""
-    return [max(per_rank) for per_rank in zip(*gathered(list(times), world), strict=True)]
+def anywhere(flag: bool, world: World) -> bool:
+    """Whether ``flag`` holds on any rank."""
+    return any(gathered(flag, world))

@@ -90,6 +90,11 @@ class Stack(nn.Module):
             aux = aux + aux_block
         return self.dropout(self.ln_out(x)), State(tuple(mems), end), aux
 
+    def window(self, length: int) -> int:
+        """Of the first ``length`` tokens, how many the next one attends to: the cached chunks and the unfinished
+        one (as the XL memory keeps them)."""
+        return min(length, self.cfg.context_blocks * self.cfg.T + length % self.cfg.T)
+
     def decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """The next t tokens [B, t] after those in ``cache`` -> final hidden states [B, t, d_model]; the cache
         gains them. Token by token or chunk by chunk, the outputs are the full forward's (tests/test_decode.py)."""
@@ -98,14 +103,14 @@ class Stack(nn.Module):
         window = make_window(
             cache.length, cache.length - cache.start, t, cfg.T, cfg.context_blocks, True, tokens.device
         )
-        # One token sees every key the cache keeps (it keeps exactly the next token's window): no mask, so that
+        # One token that sees every key the cache keeps (a cache keeping its window) needs no mask, so that
         # scaled-dot-product attention may take its fused kernels
-        window = replace(window, mask=None if t == 1 else window.mask, tables=cache.tables)
+        sees_all = t == 1 and cache.length - cache.start <= self.window(cache.length)
+        window = replace(window, mask=None if sees_all else window.mask, tables=cache.tables)
         x = self.embedding(tokens)
         for layer, block in enumerate(self.blocks):
             x = block.decode(x, cache, layer, window)
-        end = cache.length + t
-        cache.advance(t, cfg.context_blocks * cfg.T + end % cfg.T)
+        cache.advance(t)
         return self.ln_out(x)
 
 
@@ -143,9 +148,8 @@ class LanguageModel(nn.Module):
         if cfg.family.kv_cache is None:
             raise ValueError(f"{cfg.family.label} has no decode path (its family declares no kv_cache)")
         weight = self.head.weight
-        return KVCache(
-            cfg.family.kv_cache(cfg), cfg.n_layers, batch, capacity, weight.device, dtype or weight.dtype
-        )
+        entries, dtype = cfg.family.kv_cache(cfg), dtype or weight.dtype
+        return KVCache(entries, cfg.n_layers, batch, capacity, weight.device, dtype, self.stack.window)
 
     def decode(self, tokens: Tensor, cache: KVCache) -> Tensor:
         """Logits [B, t, vocab] of the next t tokens after those in ``cache`` (prefill: many; decode: one)."""

@@ -95,16 +95,20 @@ class Member:
 
 def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int, warmup: int) -> list[dict]:
     """One cell of the grid: every member (a served model of ``models``) given its cache and prompt, or refused,
-    counted, then timed interleaved."""
+    counted, then timed interleaved; a member that runs out of memory while timed is an OOM row."""
     width = torch.empty((), dtype=dtype).element_size()
     rows, members = [], []
     for preset, lm in models.items():
-        need = sizing.peak_bytes(PRESETS[preset], batch, context + 1, min(context, PREFILL_CHUNK), width)
+        release_memory()  # what earlier members left in the allocator's cache counts as free
+        cfg = PRESETS[preset]  # its weights are resident already
+        need = sizing.peak_bytes(cfg, batch, context + 1, min(context, PREFILL_CHUNK), width)
+        need -= sizing.weight_bytes(cfg, width)
         if need > free_memory(device):
-            rows.append(_refused(preset, batch, context, f"needs at least {need / 2**30:.1f} GiB"))
+            rows.append(_refused(preset, batch, context, f"needs at least {need / 2**30:.1f} GiB more"))
             continue
         try:
             member = Member(preset, lm, batch, context)
+            member.prefill()  # XL's distances are projected once per model: not counted in every prefill
             member.prefill_macs, member.decode_macs = (
                 counted_macs(member.prefill),
                 counted_macs(member.decode),
@@ -113,20 +117,38 @@ def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int
         except (RuntimeError, MemoryError) as error:
             if not is_oom(error):
                 raise
-            release_memory()
             rows.append(_refused(preset, batch, context, "out of memory"))
-    timer = Timer(device)
-    times = {m.preset: {"prefill": [], "decode": []} for m in members}
-    for round_ in range(warmup + rounds):
-        for member in members:
-            for what in ("prefill", "decode"):
-                ms = timer(getattr(member, what))
-                if round_ >= warmup:
-                    times[member.preset][what].append(ms)
-    measured = [_row(m, times[m.preset], width) for m in members]
+        member = None  # no cache of a refused member outlives the check of the next
+    times = _time_interleaved(members, Timer(device), rounds, warmup)
+    rows += [
+        _refused(m.preset, batch, context, "out of memory while timed")
+        for m in members
+        if m.preset not in times
+    ]
+    measured = [_row(m, times[m.preset], width) for m in members if m.preset in times]
     del members
     release_memory()
     return _with_ratios(measured, times) + rows
+
+
+def _time_interleaved(members: list, timer: Timer, rounds: int, warmup: int) -> dict[str, dict[str, list]]:
+    """Each member's prefill and decode times, one call each per round; a member out of memory drops out."""
+    times = {m.preset: {"prefill": [], "decode": []} for m in members}
+    for round_ in range(warmup + rounds):
+        for member in members:
+            if member.preset not in times:
+                continue
+            try:
+                for what in ("prefill", "decode"):
+                    ms = timer(getattr(member, what))
+                    if round_ >= warmup:
+                        times[member.preset][what].append(ms)
+            except (RuntimeError, MemoryError) as error:
+                if not is_oom(error):
+                    raise
+                del times[member.preset]
+                release_memory()
+    return times
 
 
 def _refused(preset: str, batch: int, context: int, reason: str) -> dict:

@@ -84,16 +84,10 @@ def time_group(
             if i in failed:
                 continue
             distributed.barrier(world)
-            try:
-                t = timer(bench.run)
-            # an OOM is a result; anything else is a bug and is raised
-            except (RuntimeError, MemoryError) as error:
-                if not is_oom(error):
-                    raise
+            t = _timed_call(timer, bench)
+            if distributed.anywhere(t is None, world):  # every rank drops it together, so they stay in step
                 failed[i] = "OOM"
-                release_memory()
-                continue
-            if r >= warmup:
+            elif r >= warmup:
                 times[i].append(t)
         if progress is not None:
             progress.update(1)
@@ -155,12 +149,23 @@ def time_group(
     return rows
 
 
+def _timed_call(timer: Timer, bench: Bench) -> float | None:
+    """One timed call; None if it ran out of memory (a result), anything else is a bug and is raised."""
+    try:
+        return timer(bench.run)
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+        release_memory()
+        return None
+
+
 def _slowest_rank(times: dict, failed: dict, world: distributed.World) -> tuple[dict, dict]:
-    """Each call's time the slowest rank's; a bench that failed on any rank failed."""
-    every = distributed.gathered((times, failed), world)
-    failed = {i: why for _, rank_failed in every for i, why in rank_failed.items()}
-    slowest = {i: [max(per_rank) for per_rank in zip(*(t[i] for t, _ in every), strict=True)] for i in times}
-    return {i: t for i, t in slowest.items() if i not in failed}, failed
+    """Each call's time the slowest rank's (the ranks agreed on every failure as it happened)."""
+    every = distributed.gathered({i: t for i, t in times.items() if i not in failed}, world)
+    return {
+        i: [max(per_rank) for per_rank in zip(*(t[i] for t in every), strict=True)] for i in every[0]
+    }, failed
 
 
 def _flag_mixed_attention(rows: list[dict]) -> None:
@@ -279,6 +284,8 @@ def _build(
 ) -> str | None:
     """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
+    # agreed by every rank before any builds: a rank that built would wait for the others in DDP's first broadcast
+    reason = next((r for r in distributed.gathered(reason, world) if r), None)
     if reason:
         return reason
     try:

@@ -9,6 +9,7 @@ already holds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -64,8 +65,10 @@ class KVCache:
         capacity: int,
         device,
         dtype: torch.dtype,
+        window: Callable[[int], int] = lambda length: length,
     ):
-        self.entries, self.capacity = entries, capacity
+        """``window(length)``: how many of the first ``length`` tokens the next token attends to (default all)."""
+        self.entries, self.capacity, self.window = entries, capacity, window
         self.layers = [
             tuple(torch.zeros(batch, e.heads, capacity, e.width, device=device, dtype=dtype) for e in entries)
             for _ in range(n_layers)
@@ -92,9 +95,11 @@ class KVCache:
 
     def rewind(self, length: int) -> None:
         """Forget every token after the first ``length`` (a benchmark decodes the same step again)."""
-        self.length, self.start = length, min(self.start, length)
+        self._at(length)
 
-    def advance(self, t: int, keep: int) -> None:
-        """After every layer wrote ``t`` tokens: the next step sees the last ``keep`` of them (its window)."""
-        self.length += t
-        self.start = max(0, self.length - keep)
+    def advance(self, t: int) -> None:
+        """After every layer wrote ``t`` tokens."""
+        self._at(self.length + t)
+
+    def _at(self, length: int) -> None:
+        self.length, self.start = length, max(0, length - self.window(length))

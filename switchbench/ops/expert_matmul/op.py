@@ -210,8 +210,8 @@ class TorchExpertMatmul:
 
 def _gathered(x: Tensor, weight: Tensor, scores: Tensor | None, indices: Tensor, s_out: int) -> Tensor:
     """The forward for no more slots than experts, as gpt-fast decodes its MoE: each slot's expert matrix gathered
-    and applied by one batched matmul. It reads no more weights than the padded bmm, and skips its sort-order
-    bookkeeping (and the capacity's host sync), which a decoded token's few slots do not repay."""
+    (a copy of at most as many matrices as there are experts) and applied by one batched matmul, without the padded
+    path's sort-order bookkeeping and its capacity's host sync, which a decoded token's few slots do not repay."""
     n, slots = indices.shape
     y = torch.bmm(_per_slot(x, slots)[:, None], weight[indices.reshape(-1)])[:, 0]  # [N * S, d_out]
     if scores is not None:
