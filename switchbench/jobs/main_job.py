@@ -1,7 +1,7 @@
 """``switchbench all``: the main job, a declared sequence of steps over the embedded default.
 
-Tables and the cost sweep, speed on this device, the ListOps analysis pair and a byte-level text pair trained and
-analysed, the report.
+Tables and the cost sweep, speed and decode on this device, the ListOps analysis pair and a byte-level text pair
+trained and analysed, the report.
 A quick run writes to folders of its own (``results-quick/``, ``runs-quick/``, ignored by git), so it never
 replaces the committed results with shorter runs; a full run refreshes ``results/``.
 """
@@ -25,6 +25,8 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.cost import scaling, tables
+from switchbench.bench.cost.measure import total_memory
+from switchbench.bench.inference import decode
 from switchbench.bench.timing import speed
 from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import commit
@@ -93,6 +95,23 @@ def _speed(args, results: Path, runs: Path) -> str:
     return str(save_run(results / "speed" / slug(metadata["device"]), f"{dtype}-all", metadata, rows))
 
 
+def _decode(args, results: Path, runs: Path) -> str:
+    """The inference grid: on a GPU the 262M group's default grid; on the CPU the tiny groups, small, one thread."""
+    device = device_from_args(None)
+    gpu = device == "cuda"
+    groups = decode.GPU_GROUPS if gpu else decode.CPU_GROUPS
+    batches, contexts = decode.GRIDS[device]
+    rounds = (3 if gpu else 5) if args.quick else (5 if gpu else 20)
+    grid = decode.Grid(
+        {g: decode.GROUPS[g] for g in groups}, batches, contexts, rounds, 2, total_memory(device)
+    )
+    with intra_op_threads(None if gpu else 1):
+        dtype = "bf16" if gpu else "fp32"
+        return str(
+            decode.measure(grid, device, dtype, results / "decode", args.expert_matmul, args.provenance)[2]
+        )
+
+
 def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         preset = default_preset(task, model)
@@ -145,6 +164,7 @@ STEPS = (
     Step("tables", _tables),
     Step("cost sweep", _sweep),
     Step("speed", _speed),
+    Step("decode", _decode),
     *(
         Step(f"training {name}", _trainer(task, model, seed))
         for task, pairs in TASKS.items()

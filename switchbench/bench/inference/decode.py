@@ -15,6 +15,7 @@ T = the longest context + 1, no window), built once per group; weights and cache
 
 import json
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -353,16 +354,14 @@ def _run(args) -> int:
         raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
     groups = _groups(args, device)
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
-    dtype, width = DTYPES[dtype_name], torch.empty((), dtype=DTYPES[dtype_name]).element_size()
+    width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:
         rows = count_rows(groups, contexts, memory, width)
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
+    grid = Grid(groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory)
     with intra_op_threads(args.threads):
-        rows = run(groups, batches, contexts, device, dtype, args.rounds, args.warmup)
-        metadata = _metadata(device, dtype_name, memory, args, groups, batches, contexts)
-    with_floors(rows, metadata["matmul_peak_tflops"], metadata["memory_bandwidth_gbs"], memory, width)
-    path = save_run(Path(args.out) / slug(metadata["device"]), f"{dtype_name}-decode", metadata, rows)
+        metadata, rows, path = measure(grid, device, dtype_name, Path(args.out), args.expert_matmul)
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
     else:
@@ -375,7 +374,34 @@ def _run(args) -> int:
     return nothing_measured(rows, "decode", path, timed="decode_ms")
 
 
-def _metadata(device, dtype_name, memory, args, groups, batches, contexts) -> dict:
+@dataclass(frozen=True)
+class Grid:
+    """What a decode run measures: its groups (the first preset of each its baseline), batch x context, the rounds
+    timed after warm-up, and the memory the largest batch per context is sized for."""
+
+    groups: dict
+    batches: tuple[int, ...]
+    contexts: tuple[int, ...]
+    rounds: int
+    warmup: int
+    memory: int
+
+
+def measure(
+    grid: Grid, device: str, dtype_name: str, out: Path, expert_matmul: str, extra: dict | None = None
+):
+    """Run ``grid``, put each row beside its floors, save the run under ``out``/<device>/; -> (metadata, rows,
+    the JSON's path). ``extra``: more metadata (a job's provenance)."""
+    dtype = DTYPES[dtype_name]
+    width = torch.empty((), dtype=dtype).element_size()
+    rows = run(grid.groups, grid.batches, grid.contexts, device, dtype, grid.rounds, grid.warmup)
+    metadata = _metadata(grid, device, dtype_name, expert_matmul) | (extra or {})
+    with_floors(rows, metadata["matmul_peak_tflops"], metadata["memory_bandwidth_gbs"], grid.memory, width)
+    path = save_run(out / slug(metadata["device"]), f"{dtype_name}-decode", metadata, rows)
+    return metadata, rows, path
+
+
+def _metadata(grid: Grid, device: str, dtype_name: str, expert_matmul: str) -> dict:
     from switchbench.core.environment import environment
 
     dtype = DTYPES[dtype_name]
@@ -383,17 +409,17 @@ def _metadata(device, dtype_name, memory, args, groups, batches, contexts) -> di
         "dtype": dtype_name,
         "matmul_peak_tflops": matmul_peak_tflops(device, dtype),
         "memory_bandwidth_gbs": memory_bandwidth_gbs(device),
-        "memory_for_max_batch_bytes": memory,
-        "rounds": args.rounds,
-        "warmup": args.warmup,
+        "memory_for_max_batch_bytes": grid.memory,
+        "rounds": grid.rounds,
+        "warmup": grid.warmup,
         "threads": torch.get_num_threads(),
-        "batches": list(batches),
-        "contexts": list(contexts),
+        "batches": list(grid.batches),
+        "contexts": list(grid.contexts),
         "clock": "wall",
         "prefill_chunk": PREFILL_CHUNK,
         "attention_span": "the whole sequence (one chunk of T = the longest context + 1, no window)",
-        "groups": {g: list(p) for g, p in groups.items()},
-        **expert_matmul_metadata(args.expert_matmul, device),
+        "groups": {g: list(p) for g, p in grid.groups.items()},
+        **expert_matmul_metadata(expert_matmul, device),
     }
 
 
