@@ -27,6 +27,7 @@ def test_the_traceback_on_request(tmp_path, monkeypatch):
         main(["kernel-bench", "--device", "cpu", "--out", str(tmp_path)])
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_reader_that_stops_early_is_no_failure():
     """`switchbench presets | head -1`: the closed pipe ends the command quietly, exit 0."""
     import fcntl

@@ -80,6 +80,7 @@ def test_cli_params_json_overrides_the_preset(capsys):
     assert out["per_layer"]["attention"] == 2 * 412 * 336 + 2 * 15 * 412 * 112 + 2 * 412 * 15 + 412 * 336
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_cli_presets_lists_every_preset(capsys):
     assert main(["presets", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -386,6 +386,7 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 @pytest.mark.parametrize("argv", _to_run(RUN_FAST, stand_ins=False), ids=shlex.join)
 def test_the_cheap_commands_run(argv, tmp_path):
     done = _run(argv, tmp_path)

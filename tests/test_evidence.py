@@ -70,6 +70,7 @@ def test_a_step_that_does_not_fit_waits_for_a_later_call_and_the_steps_after_it_
     assert third["steps"]["a"]["files"] == [str(tmp_path / "results" / "a.txt")]
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it_again(tmp_path, monkeypatch):
     monkeypatch.setattr(
         evidence, "STEPS", _steps(evidence.Step("slow", "figure S", 1, _writer("slow", 30), cpu_seconds=0.1))

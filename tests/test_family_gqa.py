@@ -197,6 +197,7 @@ def test_bad_options_are_value_errors_that_say_why(options, heads, message):
         ModelConfig(model="transformer", options={"n_kv_heads": 2})
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_the_option_is_a_flag_and_a_wrong_family_exits_2():
     run = [sys.executable, "-m", "switchbench", "params", "--json"]
     ok = subprocess.run(

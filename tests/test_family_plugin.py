@@ -12,6 +12,8 @@ import pytest
 from optional import needs
 
 FAMILIES = Path(__file__).parent / "families"
+# Every test starts switchbench in a fresh interpreter with the plug-in installed: seconds each, run in tox
+pytestmark = pytest.mark.slow
 
 
 def _install(site: Path, entry: str) -> dict:

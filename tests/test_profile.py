@@ -51,6 +51,7 @@ def test_every_operator_is_counted_once():
     assert sum(u.us for u in found) < step_us < sum(e.cpu_time_total for e in ops)
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
     def run() -> float:
         """The expert matmul's forward time over the rest of the operators' time: a ratio that a busy machine,

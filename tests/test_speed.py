@@ -422,6 +422,7 @@ print(statistics.median(seen), said)
 """
 
 
+@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 def test_the_gates_dense_layer_runs_without_page_faults_in_a_kept_heap():
     """What made the gate's dense timing wander: its temporaries of 20-30 MiB were mapped afresh and faulted page
