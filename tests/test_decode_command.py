@@ -155,6 +155,7 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
         (["decode", "--groups", "nope"], "unknown groups nope"),
         (["decode", "--batches", "0"], "must be >= 1"),
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
+        (["decode", "--prefill-rounds", "0"], "prefill rounds must be"),
     ],
 )
 def test_bad_input(capsys, argv, message):
@@ -196,3 +197,21 @@ def test_gpu_path(tmp_path, capsys):
     )
     assert all(r["status"] == "ok" for r in out["rows"]) and out["metadata"]["cuda"]
     assert all(r["max_abs_diff_vs_forward"] <= 1e-4 for r in out["rows"])
+
+
+def test_decode_every_round_and_prefill_in_the_first_few():
+    """Warm-up rounds decode only (the counted prefill warmed it); prefill is timed in the first prefill_rounds."""
+    calls = []
+
+    class Fake:
+        def __init__(self, preset):
+            self.preset = preset
+            self.prefill = lambda: calls.append((preset, "prefill"))
+            self.decode = lambda: calls.append((preset, "decode"))
+
+    grid = decode.Grid({}, (1,), (8,), rounds=5, warmup=2, memory=1, prefill_rounds=3)
+    times = decode._time_interleaved([Fake("a"), Fake("b")], lambda fn: fn() or 1.0, grid)
+    assert {p: {w: len(t) for w, t in d.items()} for p, d in times.items()} == {
+        p: {"prefill": 3, "decode": 5} for p in "ab"
+    }
+    assert calls.count(("a", "decode")) == 7 and calls.count(("a", "prefill")) == 3

@@ -94,7 +94,7 @@ class Member:
         self.lm.decode(self.prompt[:, self.context :], self.cache)
 
 
-def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int, warmup: int) -> list[dict]:
+def time_cell(models: dict, batch: int, context: int, device, dtype, grid: "Grid") -> list[dict]:
     """One cell of the grid: every member (a served model of ``models``) given its cache and prompt, or refused,
     counted, then timed interleaved; a member that runs out of memory while timed is an OOM row."""
     width = torch.empty((), dtype=dtype).element_size()
@@ -120,7 +120,7 @@ def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int
                 raise
             rows.append(_refused(preset, batch, context, "out of memory"))
         member = None  # no cache of a refused member outlives the check of the next
-    times = _time_interleaved(members, Timer(device), rounds, warmup)
+    times = _time_interleaved(members, Timer(device), grid)
     rows += [
         _refused(m.preset, batch, context, "out of memory while timed")
         for m in members
@@ -132,17 +132,20 @@ def time_cell(models: dict, batch: int, context: int, device, dtype, rounds: int
     return _with_ratios(measured, times) + rows
 
 
-def _time_interleaved(members: list, timer: Timer, rounds: int, warmup: int) -> dict[str, dict[str, list]]:
-    """Each member's prefill and decode times, one call each per round; a member out of memory drops out."""
+def _time_interleaved(members: list, timer: Timer, grid: "Grid") -> dict[str, dict[str, list]]:
+    """Each member's prefill and decode times, one call each per round; a member out of memory drops out. Prefill,
+    already run twice (to build XL's table, then counted), is timed in the first ``grid.prefill_rounds`` rounds
+    after the warm-up: at long contexts it is the cell's longest call, and the steadiest."""
     times = {m.preset: {"prefill": [], "decode": []} for m in members}
-    for round_ in range(warmup + rounds):
+    for round_ in range(-grid.warmup, grid.rounds):
         for member in members:
             if member.preset not in times:
                 continue
+            timed = ("prefill", "decode") if 0 <= round_ < grid.prefill_rounds else ("decode",)
             try:
-                for what in ("prefill", "decode"):
+                for what in timed:
                     ms = timer(getattr(member, what))
-                    if round_ >= warmup:
+                    if round_ >= 0:
                         times[member.preset][what].append(ms)
             except (RuntimeError, MemoryError) as error:
                 if not is_oom(error):
@@ -252,22 +255,20 @@ def preset_rows(presets, device: str, width: int) -> tuple[list[str], list[dict]
     return ready, rows
 
 
-def run(
-    groups: dict, batches, contexts, device: str, dtype: torch.dtype, rounds: int, warmup: int
-) -> list[dict]:
+def run(grid: "Grid", device: str, dtype: torch.dtype) -> list[dict]:
     from tqdm import tqdm
 
     width = torch.empty((), dtype=dtype).element_size()
     rows = []
-    for group, presets in groups.items():
+    for group, presets in grid.groups.items():
         ready, checked = preset_rows(presets, device, width)
         per_preset = {r["preset"]: r for r in checked}
         rows += [r | {"group": group} for r in checked if r.get("status") in ("no decode path", "wrong")]
         # built once for the group, long enough for its longest context: a cell gives each its cache
-        models = {preset: served(preset, max(contexts) + 1, device, dtype) for preset in ready}
-        cells = [(b, c) for b in batches for c in contexts]
+        models = {preset: served(preset, max(grid.contexts) + 1, device, dtype) for preset in ready}
+        cells = [(b, c) for b in grid.batches for c in grid.contexts]
         for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
-            cell = time_cell(models, batch, context, device, dtype, rounds, warmup)
+            cell = time_cell(models, batch, context, device, dtype, grid)
             rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
         del models
         release_memory()
@@ -328,6 +329,12 @@ def register(commands) -> None:
     )
     parser.add_argument("--rounds", type=int, default=10, help="timed rounds after warm-up")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--prefill-rounds",
+        type=int,
+        default=3,
+        help="of the timed rounds, those that time prefill too (default 3)",
+    )
     parser.add_argument("--threads", type=int, help="intra-op threads on the CPU (default: PyTorch's)")
     parser.add_argument(
         "--memory-gib", type=float, help="memory for the largest batch per context (default: the device's)"
@@ -348,8 +355,8 @@ def _run(args) -> int:
     writable_folder(Path(args.out))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     batches, contexts = args.batches or GRIDS[device][0], args.contexts or GRIDS[device][1]
-    if min(batches) < 1 or min(contexts) < 1 or args.rounds < 1 or args.warmup < 0:
-        raise ValueError("batches, contexts and rounds must be >= 1 and warmup >= 0")
+    if min(batches) < 1 or min(contexts) < 1 or min(args.rounds, args.prefill_rounds) < 1 or args.warmup < 0:
+        raise ValueError("batches, contexts, rounds and prefill rounds must be >= 1 and warmup >= 0")
     if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
         raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
     groups = _groups(args, device)
@@ -359,7 +366,9 @@ def _run(args) -> int:
         rows = count_rows(groups, contexts, memory, width)
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
-    grid = Grid(groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory)
+    grid = Grid(
+        groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, args.prefill_rounds
+    )
     with intra_op_threads(args.threads):
         metadata, rows, path = measure(grid, device, dtype_name, Path(args.out), args.expert_matmul)
     if args.json:
@@ -377,7 +386,8 @@ def _run(args) -> int:
 @dataclass(frozen=True)
 class Grid:
     """What a decode run measures: its groups (the first preset of each its baseline), batch x context, the rounds
-    timed after warm-up, and the memory the largest batch per context is sized for."""
+    timed after warm-up (prefill in the first ``prefill_rounds`` of them), and the memory the largest batch per
+    context is sized for."""
 
     groups: dict
     batches: tuple[int, ...]
@@ -385,6 +395,7 @@ class Grid:
     rounds: int
     warmup: int
     memory: int
+    prefill_rounds: int = 3
 
 
 def measure(
@@ -394,7 +405,7 @@ def measure(
     the JSON's path). ``extra``: more metadata (a job's provenance)."""
     dtype = DTYPES[dtype_name]
     width = torch.empty((), dtype=dtype).element_size()
-    rows = run(grid.groups, grid.batches, grid.contexts, device, dtype, grid.rounds, grid.warmup)
+    rows = run(grid, device, dtype)
     metadata = _metadata(grid, device, dtype_name, expert_matmul) | (extra or {})
     with_floors(rows, metadata["matmul_peak_tflops"], metadata["memory_bandwidth_gbs"], grid.memory, width)
     path = save_run(out / slug(metadata["device"]), f"{dtype_name}-decode", metadata, rows)
@@ -412,6 +423,7 @@ def _metadata(grid: Grid, device: str, dtype_name: str, expert_matmul: str) -> d
         "memory_for_max_batch_bytes": grid.memory,
         "rounds": grid.rounds,
         "warmup": grid.warmup,
+        "prefill_rounds": min(grid.prefill_rounds, grid.rounds),
         "threads": torch.get_num_threads(),
         "batches": list(grid.batches),
         "contexts": list(grid.contexts),
