@@ -621,3 +621,17 @@ def test_a_tables_run_stopped_while_writing_leaves_the_earlier_set(tmp_path, mon
     monkeypatch.setattr(Path, "write_text", killed_at_the_third)
     fails_cleanly(capsys, ["tables", "--out", str(tmp_path), "--json"], code=130, says="interrupted")
     assert len(writes) == 3 and snapshot(tmp_path) == before
+
+
+def test_a_folder_another_run_writes_in_meanwhile_is_left_to_it(tmp_path, monkeypatch):
+    """Three trainings started together probe runs/<name> each: a probe that made runs/ must not fail when another
+    run has written in it meanwhile (it left a race: 'Directory not empty'), and leaves that run's file alone."""
+    real = results.tempfile.mkstemp
+
+    def beside_another_run(*args, **kwargs):
+        (tmp_path / "runs" / "other").mkdir()  # the other training's folder, made while this probe runs
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", beside_another_run)
+    assert results.writable_folder(tmp_path / "runs" / "mine") == tmp_path / "runs" / "mine"
+    assert (tmp_path / "runs" / "other").is_dir() and not (tmp_path / "runs" / "mine").exists()

@@ -1,6 +1,7 @@
 """Result files: written whole or not at all, never over an earlier run."""
 
 import collections
+import errno
 import glob
 import json
 import os
@@ -98,7 +99,14 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
         raise ValueError(f"{flag} {given}: {doing}: {error.strerror}") from None
     finally:
         for step in reversed(made):
-            step.rmdir()
+            try:
+                step.rmdir()
+            except (
+                OSError
+            ) as error:  # another process (a parallel run) is writing in it since: it is its folder now
+                if error.errno != errno.ENOTEMPTY:
+                    raise
+                break
 
 
 def _remove_stale_temps(path: Path) -> None:
