@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from switchbench.bench.inference import decode, sizing
+from switchbench.bench.timing import speed
 from switchbench.cli import main
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel, count_parameters
@@ -167,7 +168,7 @@ def test_the_docs_table_of_cache_sizes_is_the_count():
     """docs/inference.md's table at 47M and 262M: each cell as `decode --count` counts it (bf16, 80 GiB)."""
     page = (Path(__file__).parents[1] / "docs" / "inference.md").read_text()
     shown = [line.split(" | ") for line in page.splitlines() if line.startswith(("| c4-", "| wikitext103-"))]
-    groups = {g: decode.GROUPS[g] for g in ("47m", "262m")}
+    groups = {g: speed.GROUPS[g] for g in ("47m", "262m")}
     counted = {r["preset"]: r for r in decode.count_rows(groups, (2048, 8192), 80 * 2**30, 2)}
     assert [cells[0].strip("| ") for cells in shown] == list(counted)
     for cells in shown:

@@ -3,6 +3,7 @@
 Seeded, resumable (a batch depends only on the seed and the step), logged to CSV, checkpointed atomically.
 """
 
+import functools
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -195,6 +196,7 @@ class LMTask:
         return {"val_bits_per_byte": total / max(count, 1) / math.log(2)}
 
 
+@functools.cache  # each training step asks for its length's count: one config per length, not one per step
 def classifier_macs(cfg: ModelConfig, length: int) -> int:
     """Forward MACs of the sequence classifier on one sequence of ``length`` tokens: the stack as the language
     model's, its head on the pooled state instead of the vocabulary on every token."""

@@ -60,18 +60,21 @@ def free_memory(device: str) -> int:
     """Bytes that can still be allocated on ``device``: the GPU's free memory, or the system's available memory."""
     if device == "cuda":
         return torch.cuda.mem_get_info()[0]
-    with open("/proc/meminfo") as f:  # MemAvailable counts reclaimable caches, unlike the free pages
-        fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemAvailable"].split()[0]) * 1024
+    return _meminfo("MemAvailable")  # it counts reclaimable caches, unlike the free pages
 
 
 def total_memory(device: str) -> int:
     """Bytes of the device's memory: the GPU's, or the system's."""
     if device == "cuda":
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return _meminfo("MemTotal")
+
+
+def _meminfo(field: str) -> int:
+    """Bytes of one line of the system's /proc/meminfo (it states kB)."""
     with open("/proc/meminfo") as f:
         fields = dict(line.split(":", 1) for line in f)
-    return int(fields["MemTotal"].split()[0]) * 1024
+    return int(fields[field].split()[0]) * 1024
 
 
 def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:

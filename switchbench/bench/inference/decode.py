@@ -32,13 +32,18 @@ from switchbench.bench.command import (
 from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, total_memory
 from switchbench.bench.inference import sizing
 from switchbench.bench.timing.benches import release_memory
-from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops, memory_bandwidth_gbs
+from switchbench.bench.timing.speed import preset_groups
+from switchbench.bench.timing.timer import (
+    Timer,
+    intra_op_threads,
+    iqr,
+    matmul_peak_tflops,
+    memory_bandwidth_gbs,
+)
 from switchbench.core.results import nothing_measured, save_run, writable_folder
-from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 
-GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
 GPU_GROUPS, CPU_GROUPS = ("262m",), ("tiny", "tiny-rope")
 GRIDS = {"cuda": ((1, 16, 64), (512, 2048, 8192)), "cpu": ((1, 4), (64, 256))}
 TOLERANCE = 1e-4  # the decoding check in float32
@@ -173,11 +178,11 @@ def _row(member: Member, times: dict, width: int) -> dict:
             t.numel() * t.element_size() for k, t in tables.items() if k != "capacity"
         ),
         "prefill_ms": prefill,
-        "prefill_ms_iqr": _iqr(times["prefill"]),
+        "prefill_ms_iqr": iqr(times["prefill"]),
         "prefill_tokens_per_s": batch * context / prefill * 1e3,
         "prefill_macs": member.prefill_macs,
         "decode_ms": decode,
-        "decode_ms_iqr": _iqr(times["decode"]),
+        "decode_ms_iqr": iqr(times["decode"]),
         "decode_tokens_per_s": batch / decode * 1e3,
         "decode_macs": member.decode_macs,
         "decode_bytes_read": sizing.decode_bytes(cfg, batch, context, width),
@@ -196,13 +201,6 @@ def _with_ratios(rows: list[dict], times: dict) -> list[dict]:
             row[f"ratio_{what}_time"] = statistics.median(paired)
         row["baseline"] = base
     return rows
-
-
-def _iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q3 - q1
 
 
 def with_floors(rows: list[dict], peak_tflops: float, bandwidth_gbs: float, memory: int, width: int) -> None:
@@ -359,7 +357,7 @@ def _run(args) -> int:
         raise ValueError("batches, contexts, rounds and prefill rounds must be >= 1 and warmup >= 0")
     if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
         raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
-    groups = _groups(args, device)
+    groups = preset_groups(args.presets, args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS))
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:
@@ -433,19 +431,6 @@ def _metadata(grid: Grid, device: str, dtype_name: str, expert_matmul: str) -> d
         "groups": {g: list(p) for g, p in grid.groups.items()},
         **expert_matmul_metadata(expert_matmul, device),
     }
-
-
-def _groups(args, device: str) -> dict[str, tuple[str, ...]]:
-    if args.presets:
-        unknown = [p for p in args.presets if p not in PRESETS]
-        if unknown:
-            raise ValueError(f"unknown presets: {', '.join(unknown)}")
-        return {"custom": tuple(args.presets)}
-    names = args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS)
-    unknown = [g for g in names if g not in GROUPS]
-    if unknown:
-        raise ValueError(f"unknown groups {', '.join(unknown)}; known: {', '.join(GROUPS)}")
-    return {g: GROUPS[g] for g in names}
 
 
 def _counted(r: dict, contexts) -> dict:

@@ -38,7 +38,7 @@ from switchbench.bench.timing.benches import (
     too_large,
 )
 from switchbench.bench.timing.heap import keep_freed_memory
-from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops
+from switchbench.bench.timing.timer import Timer, intra_op_threads, iqr, matmul_peak_tflops
 from switchbench.core import distributed, precision
 from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
@@ -112,7 +112,7 @@ def time_group(
         if i not in failed:
             row |= {
                 "ms": statistics.median(times[i]),
-                "ms_iqr": _iqr(times[i]),
+                "ms_iqr": iqr(times[i]),
                 "tflops": bench.flops / statistics.median(times[i]) / 1e9,
                 "tokens_per_s_per_device": bench.tokens / statistics.median(times[i]) * 1e3,
                 "memory_bytes": _memory(bench),
@@ -176,13 +176,6 @@ def _flag_mixed_attention(rows: list[dict]) -> None:
         if len({r["attention"] for r in members}) > 1:
             for r in members:
                 r["attention_mixed"] = True
-
-
-def _iqr(values: list[float]) -> float:
-    if len(values) < 2:
-        return 0.0
-    q1, _, q3 = statistics.quantiles(values, n=4)
-    return q3 - q1
 
 
 def _memory(bench: Bench) -> float | None:
@@ -451,16 +444,22 @@ def _timed(rows: list[dict]) -> list[dict]:
 def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, ...]]:
     if args.quick and not (args.groups or args.presets):
         return {"gate": GATE_LAYERS}, ("layer",)
-    if args.presets:
-        unknown = [p for p in args.presets if p not in PRESETS]
+    default = GPU_GROUPS if device == "cuda" else CPU_GROUPS
+    return preset_groups(args.presets, args.groups or default), tuple(args.scopes)
+
+
+def preset_groups(presets: list[str] | None, groups: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """The groups a command compares: ``presets`` as one custom group (the first its baseline) when given, else the
+    named ``groups``; a ValueError names any unknown one."""
+    if presets:
+        unknown = [p for p in presets if p not in PRESETS]
         if unknown:
             raise ValueError(f"unknown presets: {', '.join(unknown)}")
-        return {"custom": tuple(args.presets)}, tuple(args.scopes)
-    names = args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS)
-    unknown = [g for g in names if g not in GROUPS]
+        return {"custom": tuple(presets)}
+    unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown groups {', '.join(unknown)}; known: {', '.join(GROUPS)}")
-    return {g: GROUPS[g] for g in names}, tuple(args.scopes)
+    return {g: GROUPS[g] for g in groups}
 
 
 def _printed(r: dict) -> dict:

@@ -48,6 +48,14 @@ def intra_op_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
+def iqr(values: list[float]) -> float:
+    """The interquartile range of timed calls (0 for fewer than two): the spread printed beside each median."""
+    if len(values) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q3 - q1
+
+
 def matmul_peak_tflops(device: str, dtype: torch.dtype) -> float:
     """This device's achievable dense-matmul throughput, measured: the yardstick for 'fraction of peak'."""
     n = 8192 if device == "cuda" else 1024
