@@ -36,8 +36,8 @@ def test_the_shares_add_up_to_the_step_timed_by_a_separate_clock():
 
 
 def test_every_operator_is_counted_once():
-    """The units are operators' self times: summed with the host's time they give the step's range exactly, which
-    an operator counted with its children (total times) would exceed."""
+    """The units are operators' self times, which fit inside the step's range; total times count a nested operator
+    again in each of its parents (more than the self times here, where operators nest), so they are not the units."""
     bench = model_benches("tiny-switchhead", 2, "cpu", torch.float32)[0]
     bench.run()
     labels = profile._Labels(profile.module_roles(bench.module))
@@ -48,7 +48,10 @@ def test_every_operator_is_counted_once():
     ops = [e for e in events if e.name.startswith(profile.OPERATORS)]
     assert len(found) == len(ops)
     assert sum(u.us for u in found) == pytest.approx(sum(e.self_cpu_time_total for e in ops))
-    assert sum(u.us for u in found) < step_us < sum(e.cpu_time_total for e in ops)
+    assert sum(u.us for u in found) < step_us
+    # No upper bound from total times: the host's own time between operators grows with the machine's load and
+    # may exceed what nesting adds (a loaded CI machine did), so the test compares self and total times instead.
+    assert sum(e.cpu_time_total for e in ops) > 1.1 * sum(e.self_cpu_time_total for e in ops)
 
 
 @pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
