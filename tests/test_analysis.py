@@ -232,6 +232,26 @@ def test_resume_continues_where_it_stopped(tmp_path):
     assert len((tmp_path / "resumed" / "log.csv").read_text().splitlines()) == 3
 
 
+def test_a_run_resumed_to_more_steps_restarts_its_cosine_and_logs_each_rate(tmp_path):
+    """The main job trains ListOps in stages: each resumes the last and runs a cosine of its own to its end."""
+    short = TrainConfig(
+        "listops", "listops-transformer-h8", steps=4, batch=4, eval_every=1, warmup=1, val_size=8
+    )
+    train(short, tmp_path, progress=False)
+    train(TrainConfig(**{**short.__dict__, "steps": 8}), tmp_path, resume=True, progress=False)
+    logged = dict(read_csv(tmp_path / "log.csv")[["step", "lr"]].itertuples(index=False))
+
+    def cosine(step: int, steps: int) -> float:  # by hand: to a tenth of the peak, after one warm-up step
+        return 1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - 1) / (steps - 1))))
+
+    assert logged[1] == pytest.approx(1e-3)  # the warm-up's one step at the peak
+    for step in (2, 3, 4):
+        assert logged[step] == pytest.approx(cosine(step - 1, 4))
+    for step in range(5, 9):
+        assert logged[step] == pytest.approx(cosine(step - 1, 8))
+    assert logged[5] > 2 * logged[4]  # the restart
+
+
 class Evil:
     pass
 

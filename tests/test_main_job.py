@@ -78,7 +78,7 @@ def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, mo
     assert seen[0] == {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": (150,), "lm": (150,)},
         "commit": git_state(checkout),
     }
 
@@ -96,7 +96,7 @@ def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, mon
         == {
             "job": "switchbench all",
             "quick": False,
-            "training_steps": {"listops": 10_000, "lm": 1500},
+            "training_steps": {"listops": main_job.LISTOPS_STAGES, "lm": (1500,)},
             "commit": clean,
         }
         for s in seen
@@ -108,7 +108,7 @@ def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": [150], "lm": [150]},
         "commit": "abc",
     }
     tables.write_tables(tmp_path, {"table1": [row]}, provenance)
@@ -153,7 +153,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": [150], "lm": [150]},
         "commit": head,
     }
     speed_runs = list((results / "speed").rglob("*.json"))

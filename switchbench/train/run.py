@@ -262,6 +262,9 @@ def train(
             "step": step + 1,
             "loss": loss.item(),
             "train_accuracy": accuracy,
+            "lr": optimizer.param_groups[0][
+                "lr"
+            ],  # the schedule as run, warm restarts of a resumed run included
         }  # item() waits for the step (GPU)
         seconds += time.perf_counter() - started
         flops += task.step_flops(step)
