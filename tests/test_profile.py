@@ -1,7 +1,6 @@
 """``switchbench profile``: shares that add up to the step, each unit of time counted once and put where it ran."""
 
 import json
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -50,22 +49,28 @@ def test_every_operator_is_counted_once():
     assert sum(u.us for u in found) == pytest.approx(sum(e.self_cpu_time_total for e in ops))
     assert sum(u.us for u in found) < step_us
     # No upper bound from total times: the host's own time between operators grows with the machine's load and
-    # may exceed what nesting adds (a loaded CI machine did), so the test compares self and total times instead.
-    assert sum(e.cpu_time_total for e in ops) > 1.1 * sum(e.self_cpu_time_total for e in ops)
+    # may exceed what nesting adds (a loaded CI machine's did); that operators nest here is what makes the
+    # self times the only units that count each operator once.
+    assert any(e.cpu_parent is not None and e.cpu_parent.name.startswith(profile.OPERATORS) for e in ops)
 
 
 @pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
-    def run() -> float:
-        """The expert matmul's forward time over the rest of the operators' time: a ratio that a busy machine,
-        slowing every operator alike, leaves where it is."""
+    def run() -> tuple[float, float]:
+        """The expert matmul's forward time and the rest of the operators' time."""
         with expert_matmul_choice.selected("torch"):  # the implementation slowed below, whatever else is set
             rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 2, 1, 5)
         shares = _shares(rows)
         rest = sum(shares.values()) - shares[profile.EXPERT_FORWARD] - shares["outside kernels"]
-        return shares[profile.EXPERT_FORWARD] / rest
+        return shares[profile.EXPERT_FORWARD], rest
 
-    before = statistics.median(run() for _ in range(3))  # a median of three: one busy moment moves a run
+    def ratio() -> float:
+        """The least of each time over five runs: a busy machine only adds time, and not to every operator alike
+        (a stall lands in one), so the minima, not a median of ratios, are what a run on a quiet machine gives."""
+        expert, rest = zip(*(run() for _ in range(5)), strict=True)
+        return min(expert) / min(rest)
+
+    before = ratio()
     forward = expert_matmul.TorchExpertMatmul.forward
 
     def ten_times(*args):
@@ -74,7 +79,7 @@ def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
         return forward(*args)
 
     monkeypatch.setattr(expert_matmul.TorchExpertMatmul, "forward", staticmethod(ten_times))
-    after = statistics.median(run() for _ in range(3))
+    after = ratio()
     # ten times the op's arithmetic: about 4.5 times the ratio here (the op's gathers and scatters are not
     # repeated); the share attributed elsewhere would leave it near 1
     assert after > 2.5 * before, (before, after)
@@ -241,7 +246,12 @@ def test_a_backward_run_on_another_thread_is_counted_in_its_shares():
     shares, _ = profile.summarise(found, step_us, 1, 5)
     fractions = {r["name"]: r["fraction"] for r in shares}
     assert fractions[profile.EXPERT_INPUT] > 0 and fractions[profile.EXPERT_WEIGHT] > 0
-    assert fractions["outside kernels"] < 0.5  # the backward is more than half of the operators' time
+    # every operator of both threads is a unit (no fraction of the step is asserted: the host's time between
+    # operators, "outside kernels", is about half of this tiny step and grows with the machine's load)
+    ops = [e for e in events if e.name.startswith(profile.OPERATORS)]
+    backward = sum(e.self_cpu_time_total for e in ops if e.thread != events[0].thread)
+    assert backward > 0 and len(found) == len(ops)
+    assert sum(u.us for u in found) == pytest.approx(sum(e.self_cpu_time_total for e in ops))
 
 
 def _event(id, name, start, end, thread=1, device=DeviceType.CPU, linked=0):
