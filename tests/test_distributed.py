@@ -66,6 +66,7 @@ def test_train_under_torchrun_writes_once_the_one_process_model(tmp_path):
         [sys.executable, "-m", "switchbench", *argv, "--out", str(tmp_path / "one")],
         capture_output=True,
         text=True,
+        env=os.environ | {"OMP_NUM_THREADS": "1"},  # as torchrun runs each rank: the same summation order
     )
     assert alone.returncode == 0, alone.stderr[-2000:]
     two, one = (
