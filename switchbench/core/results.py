@@ -101,9 +101,8 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
         for step in reversed(made):
             try:
                 step.rmdir()
-            except (
-                OSError
-            ) as error:  # another process (a parallel run) is writing in it since: it is its folder now
+            # another process (a parallel run) is writing in it since: it is its folder now
+            except OSError as error:
                 if error.errno != errno.ENOTEMPTY:
                     raise
                 break

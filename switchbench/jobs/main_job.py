@@ -102,9 +102,7 @@ def _decode(args, results: Path, runs: Path) -> str:
     groups = decode.GPU_GROUPS if gpu else decode.CPU_GROUPS
     batches, contexts = decode.GRIDS[device]
     rounds = (3 if gpu else 5) if args.quick else (5 if gpu else 20)
-    grid = decode.Grid(
-        {g: speed.GROUPS[g] for g in groups}, batches, contexts, rounds, 2, total_memory(device)
-    )
+    grid = decode.Grid(speed.preset_groups(None, groups), batches, contexts, rounds, 2, total_memory(device))
     with intra_op_threads(None if gpu else 1):
         dtype = "bf16" if gpu else "fp32"
         return str(

@@ -249,8 +249,9 @@ def train(
     )
     for step in tqdm(range(start, cfg.steps), **bar):
         started = time.perf_counter()
+        lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, cfg)
+            group["lr"] = lr
         loss, accuracy, state = task.loss(trained, step, state)
         if not torch.isfinite(loss):
             raise ValueError(_diverged(step + 1, f"the loss is {loss.item()}", out, kept))
@@ -262,9 +263,7 @@ def train(
             "step": step + 1,
             "loss": loss.item(),
             "train_accuracy": accuracy,
-            "lr": optimizer.param_groups[0][
-                "lr"
-            ],  # the schedule as run, warm restarts of a resumed run included
+            "lr": lr,  # the schedule as run, a resumed run's warm restarts included
         }  # item() waits for the step (GPU)
         seconds += time.perf_counter() - started
         flops += task.step_flops(step)

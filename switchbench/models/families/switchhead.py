@@ -110,10 +110,8 @@ class SwitchHeadAttention(Observable, nn.Module):
         cfg = self.cfg
         B, t, _ = x.shape
         q = self._project("q", x, dst).transpose(1, 2)  # [B, H, t, D]
-        if (
-            q.dtype != entries[0].dtype
-        ):  # Q experts gate in float32 whatever the weights' dtype (a bf16 cache)
-            q = q.to(entries[0].dtype)
+        # Q's experts gate in float32 whatever the weights' dtype: brought to the cache's (bf16 when served)
+        q = q.to(entries[0].dtype)
         out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         out = out.transpose(1, 2).contiguous()  # [B, t, H, D], one layout whatever the attention kernel
         if "o" in cfg.experts:
