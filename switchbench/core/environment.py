@@ -1,6 +1,7 @@
 """Where and with what a measurement was taken: device, driver, versions, commit."""
 
 import datetime
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -38,17 +39,19 @@ def _version(package: str) -> str | None:
 
 
 def commit() -> str | None:
-    """The checkout's commit, with ``-dirty`` when it has changes; None outside a git checkout."""
+    """The checkout's commit, with ``-dirty`` when it has changes. Outside a git checkout (a copy sent to a GPU node
+    without its history) the commit ``SWITCHBENCH_COMMIT`` names, else None."""
     root = Path(__file__).resolve().parents[2]
+    named = os.environ.get("SWITCHBENCH_COMMIT") or None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True
         )
     except OSError:
-        return None
+        return named
     if out.returncode:
-        return None
+        return named
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 

@@ -110,8 +110,10 @@ class SwitchHeadAttention(Observable, nn.Module):
         cfg = self.cfg
         B, t, _ = x.shape
         q = self._project("q", x, dst).transpose(1, 2)  # [B, H, t, D]
-        # Q's experts gate in float32 whatever the weights' dtype: brought to the cache's (bf16 when served)
-        q = q.to(entries[0].dtype)
+        # Q's experts gate in float32 whatever the weights' dtype: brought to the cache's (bf16 when served). Only
+        # when they differ: even a no-op .to is one more operator in the gate's op_calls count
+        if q.dtype != entries[0].dtype:
+            q = q.to(entries[0].dtype)
         out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         out = out.transpose(1, 2).contiguous()  # [B, t, H, D], one layout whatever the attention kernel
         if "o" in cfg.experts:
