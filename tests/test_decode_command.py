@@ -216,3 +216,29 @@ def test_decode_every_round_and_prefill_in_the_first_few():
         p: {"prefill": 3, "decode": 5} for p in "ab"
     }
     assert calls.count(("a", "decode")) == 7 and calls.count(("a", "prefill")) == 3
+
+
+def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path):
+    """A GPU node's slice of time can end inside a long grid: every finished cell is on disk, with how many of the
+    grid's cells that is, in the run's one pair of files."""
+    time_cell, calls = decode.time_cell, []
+
+    def stopped_at_the_second_cell(*args):
+        calls.append(args[1:3])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as a SIGINT at the end of a slice would
+        return time_cell(*args)
+
+    monkeypatch.setattr(decode, "time_cell", stopped_at_the_second_cell)
+    argv = ["decode", "tiny-transformer", "tiny-switchhead", "--device", "cpu", *FAST, "--out", str(tmp_path)]
+    assert main(argv) == 130
+    (saved,) = tmp_path.glob("*/*.json")
+    run = json.loads(saved.read_text())
+    assert (run["metadata"]["cells_done"], run["metadata"]["cells"]) == (1, 2)
+    timed = [r for r in run["rows"] if "decode_ms" in r]
+    assert {(r["preset"], r["batch"], r["context"]) for r in timed} == {
+        ("tiny-transformer", 1, 8),
+        ("tiny-switchhead", 1, 8),
+    }
+    assert all(r["decode_floor_ms"] > 0 for r in timed)  # saved beside its floors, as a finished run is
+    assert len(list(tmp_path.glob("*/*.csv"))) == 1

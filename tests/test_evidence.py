@@ -3,7 +3,9 @@
 Most tests run the chain over stand-in steps (small Python subprocesses that write a file), so what is checked is
 the chain itself; the last one runs the real rehearsal on tiny presets end to end, stopped once by its budget."""
 
+import importlib.util
 import json
+import subprocess
 import sys
 import tarfile
 import time
@@ -280,3 +282,27 @@ def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, caps
     assert main(["evidence", "--device", "cpu", "--list", "--budget", "200"]) == 0
     text = capsys.readouterr().out
     assert "never: tests needs ~300 s, more than one call holds" in text and "call 1: " in text
+
+
+@pytest.mark.skipif(
+    not all(map(importlib.util.find_spec, ("xdist", "pytest_benchmark"))),
+    reason="needs pytest-xdist and pytest-benchmark",
+)
+def test_the_gpu_test_step_is_a_pytest_command_that_starts_under_xdist(monkeypatch, tmp_path):
+    """On an H200 node the step stopped at start-up (pytest exit 3): pytest-benchmark 5.2 warns under xdist unless
+    told to stay off, and the suite turns warnings into errors. The step's own flags, on one small test file."""
+    seen = []
+    monkeypatch.setattr(evidence, "device_name", lambda device: "NVIDIA H200")  # its results' folder
+    ctx = evidence.Context("cuda", tmp_path, tmp_path, 0.0, tmp_path / "log.txt")
+    monkeypatch.setattr(ctx, "command", seen.append)
+    evidence._tests("not slow", "test_config.py")(ctx)
+    (argv,) = seen
+    assert argv[argv.index("-n") + 1] == "8" and "--benchmark-disable" in argv
+    flags = [a for a in argv[1:] if not a.endswith(".py") or a == "-m"]
+    flags[flags.index("-n") + 1] = "2"
+    done = subprocess.run(
+        [sys.executable, *flags, str(Path(__file__).parent / "test_environment.py")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout[-2000:]

@@ -39,19 +39,21 @@ def _version(package: str) -> str | None:
 
 
 def commit() -> str | None:
-    """The checkout's commit, with ``-dirty`` when it has changes. Outside a git checkout (a copy sent to a GPU node
-    without its history) the commit ``SWITCHBENCH_COMMIT`` names, else None."""
+    """The commit ``SWITCHBENCH_COMMIT`` names, else the checkout's, with ``-dirty`` when it has changes; None
+    outside a git checkout. The variable comes first: a copy of the tree sent to a GPU node may carry a git
+    history of its own (one seen on a node had a snapshot commit of its own making), whose HEAD names nothing here."""
+    if named := os.environ.get("SWITCHBENCH_COMMIT"):
+        return named
     root = Path(__file__).resolve().parents[2]
-    named = os.environ.get("SWITCHBENCH_COMMIT") or None
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True
         )
     except OSError:
-        return named
+        return None
     if out.returncode:
-        return named
+        return None
     return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 

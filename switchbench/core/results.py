@@ -180,9 +180,10 @@ def newest(folder: Path, pattern: str = "*.json") -> Path | None:
     return files[-1] if files else None
 
 
-def save_run(folder: Path, label: str, metadata: dict, rows: list[dict]) -> Path:
-    """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``; returns the JSON path."""
-    stem = new_run_stem(folder, label)
+def save_run(folder: Path, label: str, metadata: dict, rows: list[dict], stem: Path | None = None) -> Path:
+    """``label.json`` (metadata + rows) and ``label.csv`` (rows) under ``folder``, or over ``stem``'s two files (a
+    run saved as it goes); returns the JSON path."""
+    stem = stem or new_run_stem(folder, label)
     write_csv(stem.with_suffix(".csv"), rows)
     payload = json.dumps({"metadata": metadata, "rows": rows}, indent=2, allow_nan=False)  # strict JSON
     return write_atomic(stem.with_suffix(".json"), payload)

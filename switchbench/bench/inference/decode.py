@@ -40,7 +40,7 @@ from switchbench.bench.timing.timer import (
     matmul_peak_tflops,
     memory_bandwidth_gbs,
 )
-from switchbench.core.results import nothing_measured, save_run, writable_folder
+from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 
@@ -253,7 +253,9 @@ def preset_rows(presets, device: str, width: int) -> tuple[list[str], list[dict]
     return ready, rows
 
 
-def run(grid: "Grid", device: str, dtype: torch.dtype) -> list[dict]:
+def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None) -> list[dict]:
+    """Every group's cells in turn; ``saved`` is given the rows so far after each cell, so a run stopped midway
+    (a GPU node's slice of time ending) keeps what it measured."""
     from tqdm import tqdm
 
     width = torch.empty((), dtype=dtype).element_size()
@@ -268,6 +270,7 @@ def run(grid: "Grid", device: str, dtype: torch.dtype) -> list[dict]:
         for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
             cell = time_cell(models, batch, context, device, dtype, grid)
             rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
+            saved(rows)
         del models
         release_memory()
     return rows
@@ -403,14 +406,27 @@ def measure(
     the JSON's path). ``extra``: more metadata (a job's provenance)."""
     dtype = DTYPES[dtype_name]
     width = torch.empty((), dtype=dtype).element_size()
-    rows = run(grid, device, dtype)
-    metadata = _metadata(grid, device, dtype_name, expert_matmul) | (extra or {})
-    with_floors(rows, metadata["matmul_peak_tflops"], metadata["memory_bandwidth_gbs"], grid.memory, width)
-    path = save_run(out / slug(metadata["device"]), f"{dtype_name}-decode", metadata, rows)
-    return metadata, rows, path
+    measured = _metadata(grid, device, dtype_name) | (extra or {})
+    folder = out / slug(measured["device"])
+    stem = new_run_stem(folder, f"{dtype_name}-decode")
+    cells = len(grid.groups) * len(grid.batches) * len(grid.contexts)
+
+    def save(rows: list[dict]) -> tuple[dict, list[dict], Path]:
+        """The run so far, each row beside its floors, written over the last save: one run, one pair of files."""
+        rows = [dict(r) for r in rows]
+        with_floors(
+            rows, measured["matmul_peak_tflops"], measured["memory_bandwidth_gbs"], grid.memory, width
+        )
+        done = len({(r["group"], r["batch"], r["context"]) for r in rows if "batch" in r})
+        metadata = (
+            measured | expert_matmul_metadata(expert_matmul, device) | {"cells_done": done, "cells": cells}
+        )
+        return metadata, rows, save_run(folder, stem.name, metadata, rows, stem)
+
+    return save(run(grid, device, dtype, save))
 
 
-def _metadata(grid: Grid, device: str, dtype_name: str, expert_matmul: str) -> dict:
+def _metadata(grid: Grid, device: str, dtype_name: str) -> dict:
     from switchbench.core.environment import environment
 
     dtype = DTYPES[dtype_name]
@@ -429,7 +445,6 @@ def _metadata(grid: Grid, device: str, dtype_name: str, expert_matmul: str) -> d
         "prefill_chunk": PREFILL_CHUNK,
         "attention_span": "the whole sequence (one chunk of T = the longest context + 1, no window)",
         "groups": {g: list(p) for g, p in grid.groups.items()},
-        **expert_matmul_metadata(expert_matmul, device),
     }
 
 
