@@ -417,10 +417,13 @@ def _measure(args, device: str, world: distributed.World) -> int:
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return nothing_measured(_timed(rows), "speed", path)
+    timed_with = (
+        "CUDA events" if device == "cuda" else f"{metadata['threads']} intra-op thread(s), {clock} clock"
+    )
     print(
         f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world.size} process(es), "
-        f"{metadata['threads']} "
-        f"intra-op thread(s), {clock} clock; ratios are medians of paired ratios over {rounds} interleaved rounds; "
+        f"{timed_with}; "
+        f"ratios are medians of paired ratios over {rounds} interleaved rounds; "
         f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured); {describe_expert_matmul(metadata)}"
     )
     print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
