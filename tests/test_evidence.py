@@ -102,6 +102,7 @@ def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_
     state = _chain(tmp_path, budget=60)
     assert state["steps"]["bad"]["status"] == "failed" and "exited 3" in state["steps"]["bad"]["detail"]
     assert state["steps"]["good"]["status"] == "done"  # a failure does not stop the chain
+    assert state["durations"]["bad"] == 0.5  # how soon it failed is no estimate of how long it runs
     again = _chain(tmp_path, budget=60)
     assert _runs(tmp_path, "bad") == 1 and any("bad: failed for this code" in line for line in again["said"])
     _chain(tmp_path, budget=60, retry_failed=True)
@@ -114,6 +115,32 @@ def test_new_code_runs_everything_again_with_the_old_durations_as_estimates(tmp_
     monkeypatch.setattr(evidence, "fingerprint", lambda: "other code")
     state = _chain(tmp_path, budget=60)
     assert _runs(tmp_path, "a") == 2 and state["fingerprint"] == "other code" and "a" in state["durations"]
+    assert state["earlier"] == {}  # measured again for this code
+
+
+def test_after_new_code_figures_never_measured_come_before_those_measured_for_earlier_code(
+    tmp_path, monkeypatch
+):
+    """A was measured, B never was; with new code the chain measures B first, and until A is measured again it
+    stands at its earlier commit."""
+    monkeypatch.setattr(
+        evidence, "STEPS", _steps(*(evidence.Step(n, f"figure {n}", 1, _writer(n)) for n in "AB"))
+    )
+    monkeypatch.setattr(evidence, "commit", lambda: "c0ffee")
+    _chain(tmp_path, budget=60, only=["A"])
+    monkeypatch.setattr(evidence, "fingerprint", lambda: "other code")
+    waiting = evidence.load_state(tmp_path / "state.json", "other code")
+    assert evidence.missing_figures(waiting, "cpu")[:2] == [
+        "figure A (A: done for earlier code, commit c0ffee)",
+        "figure B (B: not run)",
+    ]
+    state = _chain(tmp_path, budget=60)
+    assert [line[3:] for line in state["said"] if line.startswith("== ")] == [
+        "B: figure B",
+        "A: figure A",
+        "report: the report",
+    ]
+    assert evidence.missing_figures(state, "cpu") == [] and state["earlier"] == {}
 
 
 def test_a_step_that_needs_a_gpu_is_missing_on_the_cpu(tmp_path, monkeypatch):

@@ -459,12 +459,14 @@ def fingerprint() -> str:
 
 
 def load_state(path: Path, code: str) -> dict:
-    """The state of this device's chain; steps of other code are dropped, their durations kept as estimates."""
+    """The state of this device's chain for ``code``. The steps done for other code are kept as ``earlier`` (their
+    figures stand, at their commit, until measured again) and every duration as an estimate."""
     state = json.loads(path.read_text()) if path.exists() else {}
-    durations = state.get("durations", {})
-    if state.get("fingerprint") != code:
-        return {"fingerprint": code, "steps": {}, "durations": durations}
-    return state
+    if state.get("fingerprint") == code:
+        return {"earlier": {}} | state
+    done = {name: r for name, r in state.get("steps", {}).items() if r.get("status") == "done"}
+    earlier = state.get("earlier", {}) | done
+    return {"fingerprint": code, "steps": {}, "durations": state.get("durations", {}), "earlier": earlier}
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -508,7 +510,10 @@ def plan(
             )
         else:
             todo.append(step)
-    return todo, notes
+    # A GPU comes in short slices and the code moves between them: figures never measured on this device come
+    # before figures measured for earlier code, each in order of value
+    earlier = state.get("earlier", {})
+    return [s for s in todo if s.name not in earlier] + [s for s in todo if s.name in earlier], notes
 
 
 def expected_seconds(step: Step, state: dict, device: str) -> float:
@@ -611,8 +616,12 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> s
         "files": _written(before, _snapshot(roots)),
     }
     state["steps"][step.name] = record
+    if status == "done":
+        state.get("earlier", {}).pop(step.name, None)
     estimate = seconds
-    if status == "interrupted":
+    if status == "failed":  # how soon it failed says nothing of how long it runs
+        estimate = expected_seconds(step, state, ctx.device)
+    elif status == "interrupted":
         # A resumable step keeps its estimate. Any other needs more than it ran: twice that, so that a step that
         # outgrew its estimate is not started again and again into the same wall (past a call's room it runs
         # as a call's first step, with all of it).
@@ -630,6 +639,8 @@ def missing_figures(state: dict, device: str) -> list[str]:
         done = state["steps"].get(step.name, {})
         if done.get("status") != "done":
             why = "needs a CUDA GPU" if step.needs_gpu and device != "cuda" else done.get("status", "not run")
+            if step.name in state.get("earlier", {}) and not done:
+                why = f"done for earlier code, commit {state['earlier'][step.name]['commit']}"
             lines.append(f"{step.owes} ({step.name}: {why})")
     return lines
 
