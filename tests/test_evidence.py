@@ -152,16 +152,35 @@ def test_a_step_that_needs_a_gpu_is_missing_on_the_cpu(tmp_path, monkeypatch):
     assert evidence.missing_figures(state, "cpu") == ["tuned table (tune: needs a CUDA GPU)"]
 
 
+def _trainer(ctx: evidence.Context):
+    """Two models' checkpoints under the runs folder, as the ListOps step leaves them."""
+    for name in ("m1", "m2"):
+        (ctx.runs / name).mkdir(parents=True, exist_ok=True)
+        (ctx.runs / name / "checkpoint.pt").write_bytes(b"weights")
+
+
 def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_paths(tmp_path, monkeypatch):
-    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("a", "figure A", 1, _writer("a"))))
+    """The figures in one archive; each trained model in one of its own beside it (a checkpoint is ~10 MB, and
+    what comes back from a node may be capped per file)."""
+    steps = (evidence.Step("a", "figure A", 1, _writer("a")), evidence.Step("t", "models", 1, _trainer))
+    monkeypatch.setattr(evidence, "STEPS", _steps(*steps))
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "old.csv").write_text("an earlier run")
     state = _chain(tmp_path, budget=60)
     monkeypatch.chdir(tmp_path)
-    archive = evidence.pack(state, tmp_path / "state.json", tmp_path / "out.tar.gz", tmp_path / "results")
-    with tarfile.open(archive) as tar:
-        names = sorted(tar.getnames())
-    assert names == ["log.txt", "results/a.txt", "results/report.txt", "state.json"]
+    archives = evidence.pack(
+        state, tmp_path / "state.json", tmp_path / "out.tar.gz", tmp_path / "results", tmp_path / "runs"
+    )
+    assert [a.name for a in archives] == ["out.tar.gz", "out-m1.tar.gz", "out-m2.tar.gz"]
+    names = []
+    for archive in archives:
+        with tarfile.open(archive) as tar:
+            names.append(sorted(tar.getnames()))
+    assert names == [
+        ["log.txt", "results/a.txt", "results/report.txt", "state.json"],
+        ["runs/m1/checkpoint.pt"],
+        ["runs/m2/checkpoint.pt"],
+    ]
 
 
 @pytest.mark.parametrize(
