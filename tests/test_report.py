@@ -501,6 +501,11 @@ def test_the_inference_section_sets_serving_beside_training(tmp_path):
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert 'id="decode"' in page and "123.0%" in page and "no decode path" in page
     assert HOSTILE not in page and "&lt;script&gt;" in page
+    assert "A partial run" not in page  # both cells were measured
+    run["metadata"]["cells_done"] = 1  # as a run stopped after its first cell saves itself
+    run_path.write_text(json.dumps(run))
+    page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
+    assert "A partial run, stopped after 1 of its 2 cells" in page
 
 
 def test_the_summary_takes_each_quality_claim_from_the_strongest_run(tmp_path):
