@@ -242,3 +242,24 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
     }
     assert all(r["decode_floor_ms"] > 0 for r in timed)  # saved beside its floors, as a finished run is
     assert len(list(tmp_path.glob("*/*.csv"))) == 1
+
+    # --resume measures only the cell left, into the same files, and keeps the first cell's rows as they were
+    calls.clear()
+    monkeypatch.setattr(decode, "time_cell", lambda *args: calls.append(args[1:3]) or time_cell(*args))
+    assert main([*argv, "--resume"]) == 0
+    assert calls == [(2, 8)] and list(tmp_path.glob("*/*.json")) == [saved]
+    resumed = json.loads(saved.read_text())
+    assert (resumed["metadata"]["cells_done"], resumed["metadata"]["cells"]) == (2, 2)
+    assert [r["cells_done"] for r in resumed["metadata"]["resumed"]] == [1]
+    first = {(r["preset"], r["batch"]): r["decode_ms"] for r in resumed["rows"] if r.get("batch") == 1}
+    assert first == {(r["preset"], r["batch"]): r["decode_ms"] for r in timed}
+    assert {r["batch"] for r in resumed["rows"] if "decode_ms" in r} == {1, 2}
+    assert len(resumed["rows"]) == 4  # two presets x two cells, none twice
+
+    # a finished run, or a stopped one of another grid, is not continued: --resume then starts a new run
+    assert main([*argv, "--resume"]) == 0
+    assert len(list(tmp_path.glob("*/*.json"))) == 2 and calls[-2:] == [(1, 8), (2, 8)]
+    resumed["metadata"] |= {"contexts": [16], "cells_done": 1}
+    (saved.parent / "other-grid.json").write_text(json.dumps(resumed))
+    assert main([*argv, "--resume"]) == 0
+    assert len(list(tmp_path.glob("*/*.json"))) == 4 and calls[-2:] == [(1, 8), (2, 8)]

@@ -241,7 +241,8 @@ def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
 
 def _decode(group: str) -> Callable[[Context], object]:
     """Inference over the default grid (batch 1, 16, 64 x context 512, 2048, 8192 where it fits), five rounds: the
-    largest cell's prefill is the step's longest call."""
+    largest cell's prefill is the step's longest call. A run saves each cell as it ends and a stopped one is
+    continued (``--resume``), so the grid can take several calls."""
 
     def run(ctx: Context):
         cpu = ["--batches", "1", "--contexts", "8", "--rounds", "1", "--warmup", "0"]
@@ -251,7 +252,8 @@ def _decode(group: str) -> Callable[[Context], object]:
             "--out",
             str(ctx.results / "decode"),
         ]
-        ctx.switchbench("decode", "--device", ctx.device, *where, *(["--rounds", "5"] if ctx.gpu else cpu))
+        rounds = ["--rounds", "5"] if ctx.gpu else cpu
+        ctx.switchbench("decode", "--device", ctx.device, *where, *rounds, "--resume")
 
     return run
 
@@ -417,6 +419,8 @@ STEPS = (
         for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80), ("244m-rope", 110))
     ),
     *(
+        # not a resumable step (a filler of short leftovers): a run re-checks and rebuilds its six models before its
+        # next cell, so it is given a call's room, and --resume keeps the cells of a run that was stopped anyway
         Step(f"decode-{group}", f"KV cache, prefill and decode of the {group} group", seconds, _decode(group))
         for group, seconds in (("262m", 300), ("47m", 150))
     ),

@@ -253,20 +253,25 @@ def preset_rows(presets, device: str, width: int) -> tuple[list[str], list[dict]
     return ready, rows
 
 
-def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None) -> list[dict]:
-    """Every group's cells in turn; ``saved`` is given the rows so far after each cell, so a run stopped midway
-    (a GPU node's slice of time ending) keeps what it measured."""
+def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None, earlier=()) -> list[dict]:
+    """Every group's cells in turn, but those of ``earlier`` (the rows of a run stopped midway, continued);
+    ``saved`` is given the rows so far after each cell, so a run stopped midway (a GPU node's slice of time
+    ending) keeps what it measured."""
     from tqdm import tqdm
 
     width = torch.empty((), dtype=dtype).element_size()
-    rows = []
+    done = {(r["group"], r["batch"], r["context"]) for r in earlier if "batch" in r}
+    rows = list(earlier)
     for group, presets in grid.groups.items():
+        cells = [(b, c) for b in grid.batches for c in grid.contexts if (group, b, c) not in done]
+        if not cells:
+            continue
         ready, checked = preset_rows(presets, device, width)
         per_preset = {r["preset"]: r for r in checked}
-        rows += [r | {"group": group} for r in checked if r.get("status") in ("no decode path", "wrong")]
+        if not any(r["group"] == group for r in earlier):  # else the earlier part holds them
+            rows += [r | {"group": group} for r in checked if r.get("status") in ("no decode path", "wrong")]
         # built once for the group, long enough for its longest context: a cell gives each its cache
         models = {preset: served(preset, max(grid.contexts) + 1, device, dtype) for preset in ready}
-        cells = [(b, c) for b in grid.batches for c in grid.contexts]
         for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
             cell = time_cell(models, batch, context, device, dtype, grid)
             rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
@@ -346,6 +351,12 @@ def register(commands) -> None:
         help="the cache sizes and largest batches only, counted (no model built)",
     )
     parser.add_argument("--out", default="results/decode", help="results go to OUT/<device>/")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the newest run in OUT/<device>/ stopped midway on this grid: its finished cells are kept,"
+        " the others measured into its files (without one, a new run)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_expert_matmul(parser)
     parser.set_defaults(run=_run)
@@ -371,7 +382,9 @@ def _run(args) -> int:
         groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, args.prefill_rounds
     )
     with intra_op_threads(args.threads):
-        metadata, rows, path = measure(grid, device, dtype_name, Path(args.out), args.expert_matmul)
+        metadata, rows, path = measure(
+            grid, device, dtype_name, Path(args.out), args.expert_matmul, resume=args.resume
+        )
     if args.json:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
     else:
@@ -400,15 +413,27 @@ class Grid:
 
 
 def measure(
-    grid: Grid, device: str, dtype_name: str, out: Path, expert_matmul: str, extra: dict | None = None
+    grid: Grid,
+    device: str,
+    dtype_name: str,
+    out: Path,
+    expert_matmul: str,
+    extra: dict | None = None,
+    resume: bool = False,
 ):
     """Run ``grid``, put each row beside its floors, save the run under ``out``/<device>/; -> (metadata, rows,
-    the JSON's path). ``extra``: more metadata (a job's provenance)."""
+    the JSON's path). ``extra``: more metadata (a job's provenance). ``resume``: continue the newest run there
+    that stopped midway on the same grid (its finished cells kept, the rest measured into its files)."""
     dtype = DTYPES[dtype_name]
     width = torch.empty((), dtype=dtype).element_size()
-    measured = _metadata(grid, device, dtype_name) | (extra or {})
+    measured = _metadata(grid, device, dtype_name) | {"expert_matmul": expert_matmul} | (extra or {})
     folder = out / slug(measured["device"])
-    stem = new_run_stem(folder, f"{dtype_name}-decode")
+    earlier, stem = [], new_run_stem(folder, f"{dtype_name}-decode")
+    if resume and (unfinished := _unfinished(folder, measured)):
+        stem, earlier_run = unfinished.with_suffix(""), json.loads(unfinished.read_text())
+        earlier = earlier_run["rows"]
+        kept = {k: earlier_run["metadata"].get(k) for k in ("commit", "time", "cells_done")}
+        measured["resumed"] = [*earlier_run["metadata"].get("resumed", []), kept]
     cells = len(grid.groups) * len(grid.batches) * len(grid.contexts)
 
     def save(rows: list[dict]) -> tuple[dict, list[dict], Path]:
@@ -423,7 +448,32 @@ def measure(
         )
         return metadata, rows, save_run(folder, stem.name, metadata, rows, stem)
 
-    return save(run(grid, device, dtype, save))
+    return save(run(grid, device, dtype, save, earlier))
+
+
+# What makes a stopped run one to continue: the same device and grid, measured the same way
+SAME_GRID = (
+    "device",
+    "dtype",
+    "groups",
+    "batches",
+    "contexts",
+    "rounds",
+    "warmup",
+    "prefill_rounds",
+    "memory_for_max_batch_bytes",
+    "expert_matmul",
+)
+
+
+def _unfinished(folder: Path, metadata: dict) -> Path | None:
+    """The newest run in ``folder`` stopped before its last cell on the grid ``metadata`` describes, or None."""
+    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        earlier = json.loads(path.read_text()).get("metadata", {})
+        same = all(earlier.get(key) == metadata[key] for key in SAME_GRID)
+        if same and earlier.get("cells_done", 0) < earlier.get("cells", 0):
+            return path
+    return None
 
 
 def _metadata(grid: Grid, device: str, dtype_name: str) -> dict:
