@@ -665,9 +665,11 @@ def pack(state: dict, state_path: Path, archive: Path, results: Path, runs: Path
     files = {Path(f) for record in state["steps"].values() for f in record.get("files", [])}
     files |= {state_path, state_path.with_name("log.txt")}
     models: dict[str, set[Path]] = {}
-    for path in [p for p in files if p.resolve().is_relative_to(runs.resolve())]:
-        models.setdefault(path.resolve().relative_to(runs.resolve()).parts[0], set()).add(path)
-        files.discard(path)
+    runs = runs.resolve()
+    for path in list(files):
+        if (resolved := path.resolve()).is_relative_to(runs):
+            models.setdefault(resolved.relative_to(runs).parts[0], set()).add(path)
+            files.discard(path)
     stem = archive.name.removesuffix(".gz").removesuffix(".tar")
     parts = [(archive, files)] + [
         (archive.with_name(f"{stem}-{name}.tar.gz"), paths) for name, paths in sorted(models.items())

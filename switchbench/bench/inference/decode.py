@@ -260,7 +260,7 @@ def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None, 
     from tqdm import tqdm
 
     width = torch.empty((), dtype=dtype).element_size()
-    done = {(r["group"], r["batch"], r["context"]) for r in earlier if "batch" in r}
+    done = _cells(earlier)
     rows = list(earlier)
     for group, presets in grid.groups.items():
         cells = [(b, c) for b in grid.batches for c in grid.contexts if (group, b, c) not in done]
@@ -279,6 +279,11 @@ def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None, 
         del models
         release_memory()
     return rows
+
+
+def _cells(rows) -> set[tuple]:
+    """The (group, batch, context) cells that ``rows`` measured or refused."""
+    return {(r["group"], r["batch"], r["context"]) for r in rows if "batch" in r}
 
 
 def count_rows(groups: dict, contexts, memory: int, width: int) -> list[dict]:
@@ -442,7 +447,7 @@ def measure(
         with_floors(
             rows, measured["matmul_peak_tflops"], measured["memory_bandwidth_gbs"], grid.memory, width
         )
-        done = len({(r["group"], r["batch"], r["context"]) for r in rows if "batch" in r})
+        done = len(_cells(rows))
         metadata = (
             measured | expert_matmul_metadata(expert_matmul, device) | {"cells_done": done, "cells": cells}
         )
