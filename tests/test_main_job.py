@@ -1,6 +1,8 @@
 """The main job in a git checkout: a quick run writes only where git ignores, and every file says which commit
 the job started from, before its own results changed the checkout."""
 
+import argparse
+import csv
 import json
 import os
 import shutil
@@ -78,7 +80,7 @@ def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, mo
     assert seen[0] == {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": (150,), "lm": (150,)},
+        "training_steps": {"listops": 150, "lm": 150},
         "commit": git_state(checkout),
     }
 
@@ -96,11 +98,39 @@ def test_a_full_job_records_the_commit_once_before_its_first_write(checkout, mon
         == {
             "job": "switchbench all",
             "quick": False,
-            "training_steps": {"listops": main_job.LISTOPS_STAGES, "lm": (1500,)},
+            "training_steps": {"listops": main_job.LISTOPS_STEPS, "lm": 1500},
             "commit": clean,
         }
         for s in seen
     )
+
+
+def test_a_full_job_keeps_its_models_among_the_results(checkout, monkeypatch):
+    monkeypatch.setattr(main_job, "STEPS", fake_steps([]))
+    monkeypatch.setattr(main_job, "commit", lambda: "abc")
+    assert main(["all", "--json"]) == 0
+    assert (checkout / "results" / "runs" / "run" / "log.csv").exists() and not (checkout / "runs").exists()
+    kept = git(checkout, "status", "--porcelain", "--untracked-files=all")  # committed, not ignored
+    assert "results/runs/run/log.csv" in kept
+
+
+def logged_steps(run: Path) -> list[str]:
+    with open(run / "log.csv") as f:
+        return [row["step"] for row in csv.DictReader(f)]
+
+
+def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(tmp_path, monkeypatch):
+    """The committed ListOps trio outlasts any one sitting: a full run picks a model up at its checkpoint and
+    carries its log on; a quick run would analyse a stale model if it did, so it replaces it."""
+    trainer = main_job._trainer("listops", "dense", 0)
+    full = argparse.Namespace(quick=False, json=True)
+    for steps in (3, 5):
+        monkeypatch.setattr(main_job, "LISTOPS_STEPS", steps)
+        result = trainer(full, tmp_path, tmp_path)
+    assert logged_steps(tmp_path / "listops-transformer-h8") == ["3", "5"] and result["step"] == 5
+    monkeypatch.setattr(main_job, "_steps", lambda args: {"listops": 2})
+    trainer(argparse.Namespace(quick=True, json=True), tmp_path, tmp_path)
+    assert logged_steps(tmp_path / "listops-transformer-h8") == ["2"]
 
 
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
@@ -108,7 +138,7 @@ def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": [150], "lm": [150]},
+        "training_steps": {"listops": 150, "lm": 150},
         "commit": "abc",
     }
     tables.write_tables(tmp_path, {"table1": [row]}, provenance)
@@ -153,7 +183,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": [150], "lm": [150]},
+        "training_steps": {"listops": 150, "lm": 150},
         "commit": head,
     }
     speed_runs = list((results / "speed").rglob("*.json"))
