@@ -2,7 +2,6 @@
 the job started from, before its own results changed the checkout."""
 
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -15,7 +14,7 @@ from test_report import CHROMIUM, browse
 
 from switchbench.bench.cost import tables
 from switchbench.cli import main
-from switchbench.core.results import write_csv
+from switchbench.core.results import read_csv, write_csv
 from switchbench.jobs import main_job
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -114,23 +113,18 @@ def test_a_full_job_keeps_its_models_among_the_results(checkout, monkeypatch):
     assert "results/runs/run/log.csv" in kept
 
 
-def logged_steps(run: Path) -> list[str]:
-    with open(run / "log.csv") as f:
-        return [row["step"] for row in csv.DictReader(f)]
-
-
 def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(tmp_path, monkeypatch):
     """The committed ListOps trio outlasts any one sitting: a full run picks a model up at its checkpoint and
     carries its log on; a quick run would analyse a stale model if it did, so it replaces it."""
     trainer = main_job._trainer("listops", "dense", 0)
-    full = argparse.Namespace(quick=False, json=True)
+    full, log = argparse.Namespace(quick=False, json=True), tmp_path / "listops-transformer-h8" / "log.csv"
     for steps in (3, 5):
         monkeypatch.setattr(main_job, "LISTOPS_STEPS", steps)
         result = trainer(full, tmp_path, tmp_path)
-    assert logged_steps(tmp_path / "listops-transformer-h8") == ["3", "5"] and result["step"] == 5
+    assert read_csv(log)["step"].tolist() == [3, 5] and result["step"] == 5
     monkeypatch.setattr(main_job, "_steps", lambda args: {"listops": 2})
     trainer(argparse.Namespace(quick=True, json=True), tmp_path, tmp_path)
-    assert logged_steps(tmp_path / "listops-transformer-h8") == ["2"]
+    assert read_csv(log)["step"].tolist() == [2]
 
 
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
