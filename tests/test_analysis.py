@@ -14,7 +14,7 @@ from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.train import checkpoint, listops
-from switchbench.train.run import ListOpsTask, TrainConfig, run_name, train
+from switchbench.train.run import ListOpsTask, TrainConfig, _reached, run_name, train
 
 
 def evaluate(tokens: list[str]) -> int:
@@ -230,6 +230,40 @@ def test_resume_continues_where_it_stopped(tmp_path):
     for name, tensor in a["model"].items():
         torch.testing.assert_close(b["model"][name], tensor, msg=name)
     assert len((tmp_path / "resumed" / "log.csv").read_text().splitlines()) == 3
+
+
+def test_a_run_stops_once_three_evaluations_in_a_row_reach_its_target_and_stays_stopped(tmp_path):
+    """The main job trains the ListOps trio until the analysis' accuracy holds, not to an arbitrary step."""
+    cfg = TrainConfig(
+        "listops",
+        "listops-transformer-h8",
+        steps=20,
+        batch=4,
+        eval_every=2,
+        warmup=1,
+        val_size=8,
+        stop_at=0.0,
+    )
+    train(cfg, tmp_path, progress=False)
+    assert read_csv(tmp_path / "log.csv")["step"].tolist() == [2, 4, 6]  # the third evaluation meets it
+    assert checkpoint.load(tmp_path / "checkpoint.pt")["step"] == 6
+    result = train(TrainConfig(**{**cfg.__dict__, "steps": 40}), tmp_path, resume=True, progress=False)
+    assert result["step"] == 6 and read_csv(tmp_path / "log.csv")["step"].tolist() == [2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    ("accuracies", "met"),
+    [
+        ([0.86, 0.85, 0.87], True),
+        ([0.80, 0.85, 0.86, 0.851], True),
+        ([0.86, 0.86, 0.84, 0.86, 0.86], False),  # one miss among the last three
+        ([0.9, 0.9], False),  # too few evaluations
+    ],
+)
+def test_the_target_needs_three_evaluations_in_a_row(accuracies, met):
+    rows = [{"step": 500 * (i + 1), "val_accuracy": a} for i, a in enumerate(accuracies)]
+    assert _reached(rows, 0.85) is met
+    assert _reached(rows, None) is False
 
 
 def test_a_run_resumed_to_more_steps_restarts_its_cosine_and_logs_each_rate(tmp_path):

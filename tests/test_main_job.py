@@ -127,6 +127,15 @@ def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(t
     assert read_csv(log)["step"].tolist() == [2]
 
 
+def test_a_full_job_trains_listops_until_the_analysis_accuracy_holds(tmp_path, monkeypatch):
+    """The issue's 85% (three evaluations in a row); a quick run and the text models train to their steps."""
+    seen = []
+    monkeypatch.setattr(main_job, "train", lambda cfg, out, **kwargs: seen.append(cfg) or {})
+    for task, quick in (("listops", False), ("listops", True), ("lm", False)):
+        main_job._trainer(task, "dense", 0)(argparse.Namespace(quick=quick, json=True), tmp_path, tmp_path)
+    assert [cfg.stop_at for cfg in seen] == [0.85, None, None]
+
+
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
     row = {"preset": "p", "macs_vs_dense": 0.5}
     provenance = {

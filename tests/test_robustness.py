@@ -444,6 +444,9 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
         (["--seed", str(2**64)], "seed must be in [0, 2**64)"),
         (["--seed", "-1"], "seed must be in [0, 2**64)"),
         (["--text", "tempest.txt"], "--text and --hf-dataset are for --task lm"),
+        (["--stop-at", "1.5"], "stop_at is a ListOps validation accuracy in [0, 1]"),
+        (["--stop-at", "nan"], "stop_at is a ListOps validation accuracy in [0, 1]"),
+        (["--task", "lm", "--stop-at", "0.5"], "stop_at is a ListOps validation accuracy in [0, 1]"),
     ],
 )
 def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):

@@ -66,6 +66,7 @@ class TrainConfig:
     text: str | None = None  # lm: a text file instead of the embedded default
     hf_dataset: str | None = None  # lm: a Hugging Face dataset saved on disk
     model: ModelConfig | None = None  # a configuration that is no preset, named by ``preset``
+    stop_at: float | None = None  # ListOps: stop once STOP_AFTER evaluations in a row reach this accuracy
 
     def __post_init__(self):
         if self.task not in ("listops", "lm"):
@@ -80,6 +81,10 @@ class TrainConfig:
         for name in ("lr", "clip"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0; got {getattr(self, name)}")
+        if self.stop_at is not None and (self.task != "listops" or not 0 <= self.stop_at <= 1):
+            raise ValueError(
+                f"stop_at is a ListOps validation accuracy in [0, 1]; got {self.stop_at} for {self.task}"
+            )
         if not 0 <= self.seed < 2**64:  # torch.manual_seed takes a 64-bit unsigned seed
             raise ValueError(f"seed must be in [0, 2**64); got {self.seed}")
         if self.task == "listops" and (self.text or self.hf_dataset):
@@ -211,11 +216,15 @@ def train(
     progress: bool = True,
     world: distributed.World = distributed.ONE,
 ) -> dict:
-    """Train to ``cfg.steps``; ``out`` receives checkpoint.pt and log.csv. Returns the last log row: the step,
+    """Train to ``cfg.steps``, or until ``cfg.stop_at`` is met; ``out`` receives checkpoint.pt and log.csv. Returns the last log row: the step,
     the training loss, the evaluation and ``train_seconds``, the wall-clock of the training steps so far
     (evaluations and checkpoints left out).
 
     A non-finite loss stops the run with a ValueError; the last checkpoint, of finite weights, is kept."""
+    if cfg.stop_at is not None and world.distributed:
+        raise ValueError(
+            "--stop-at trains on one process: only the first evaluates, so the others would not stop"
+        )
     out = Path(out)
     model_cfg = cfg.model_config
     torch.manual_seed(cfg.seed)
@@ -237,6 +246,8 @@ def train(
         start = saved["step"]
         # The log is written before the checkpoint: rows past the checkpoint's step are redone.
         log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
+    if _reached(log_rows, cfg.stop_at):
+        return log_rows[-1]  # a resumed run that had met its target
     state, kept = None, start
     seconds = log_rows[-1].get("train_seconds", 0.0) if log_rows else 0.0
     # MFU of each logged interval: this process's model FLOPs over its time, at this device's measured peak
@@ -291,7 +302,20 @@ def train(
                 n_classes=n_classes,
             )
             kept = step + 1
+            if _reached(log_rows, cfg.stop_at):
+                break
     return log_rows[-1] if log_rows else {}
+
+
+# One evaluation is of 1,000 examples (a standard error of about 1.1 points at 85%): a target counts as met when
+# it holds three times in a row, not at the first lucky draw.
+STOP_AFTER = 3
+
+
+def _reached(rows: list[dict], target: float | None) -> bool:
+    """Whether the last STOP_AFTER evaluations in the log all reached the target validation accuracy."""
+    accuracies = [row["val_accuracy"] for row in rows if "val_accuracy" in row][-STOP_AFTER:]
+    return target is not None and len(accuracies) == STOP_AFTER and min(accuracies) >= target
 
 
 def _expert_matmul(cfg: TrainConfig) -> dict:
@@ -325,6 +349,12 @@ def register(commands) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument(
+        "--stop-at",
+        type=float,
+        metavar="ACCURACY",
+        help=f"ListOps: stop once {STOP_AFTER} evaluations in a row reach this validation accuracy (e.g. 0.85)",
+    )
     parser.add_argument("--text", help="LM: a text file instead of the embedded default")
     parser.add_argument("--hf-dataset", help="LM: a Hugging Face dataset saved on disk (save_to_disk)")
     parser.add_argument(
@@ -348,6 +378,7 @@ def _run(args) -> None:
         args.lr,
         seed=args.seed,
         eval_every=args.eval_every,
+        stop_at=args.stop_at,
         text=args.text,
         hf_dataset=args.hf_dataset,
         device=device_from_args(args.device),
