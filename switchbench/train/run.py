@@ -216,9 +216,9 @@ def train(
     progress: bool = True,
     world: distributed.World = distributed.ONE,
 ) -> dict:
-    """Train to ``cfg.steps``, or until ``cfg.stop_at`` is met; ``out`` receives checkpoint.pt and log.csv. Returns the last log row: the step,
-    the training loss, the evaluation and ``train_seconds``, the wall-clock of the training steps so far
-    (evaluations and checkpoints left out).
+    """Train to ``cfg.steps``, or until ``cfg.stop_at`` is met; ``out`` receives checkpoint.pt and log.csv.
+    Returns the last log row: the step, the training loss, the evaluation and ``train_seconds``, the wall-clock of
+    the training steps so far (evaluations and checkpoints left out).
 
     A non-finite loss stops the run with a ValueError; the last checkpoint, of finite weights, is kept."""
     if cfg.stop_at is not None and world.distributed:
