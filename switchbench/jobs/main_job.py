@@ -113,14 +113,15 @@ def _decode(args, results: Path, runs: Path) -> str:
 def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         preset = default_preset(task, model)
+        full_listops = task == "listops" and not args.quick
         cfg = TrainConfig(
             task,
             preset,
             steps=_steps(args)[task],
-            batch=LISTOPS_BATCH if task == "listops" and not args.quick else 32,
+            batch=LISTOPS_BATCH if full_listops else 32,
             seed=seed,
             eval_every=50 if args.quick else (500 if task == "listops" else 100),
-            stop_at=LISTOPS_TARGET if task == "listops" and not args.quick else None,
+            stop_at=LISTOPS_TARGET if full_listops else None,
             device=device_from_args(None),
         )
         # A full run continues the models it finds (the committed ListOps trio takes more CPU hours than any one
