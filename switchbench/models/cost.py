@@ -9,7 +9,7 @@ backward pass (distinct storages of floating tensors, parameters excluded).
 from dataclasses import dataclass
 
 from switchbench.models.config import ModelConfig
-from switchbench.models.layers.attention_rope import sdpa_width
+from switchbench.ops.attention.kernels import sdpa_width
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,15 @@ Presets are parameter-matched to the dense rows, as the paper matches its models
 MLP weights per layer are equal.
 """
 
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
 from switchbench.models.family import Family, register
-from switchbench.models.layers.attention_rope import rotate, sdpa_width
 from switchbench.models.layers.initialization import init_projection_
 from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
@@ -48,7 +45,6 @@ class GroupedQueryAttention(Observable, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.opts.n_kv_heads, cfg.d_head
-        self.rope = cfg.pos == "rope"
         self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=False)
         self.k, self.v = (nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False) for _ in range(2))
         self.o = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
@@ -68,11 +64,8 @@ class GroupedQueryAttention(Observable, nn.Module):
         B, t, _ = x.shape
         k, v = entries  # [B, Hk, S, D]
         q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
-        grouped = self.n_kv_heads != self.n_heads  # a Python bool: SDPA takes no traced value for it
-        if self.rope and not self.observing:
-            out, maps = grouped_sdpa(rotate(q, window.q_pos), k, v, window.mask, grouped), None
-        else:  # each query head reads its group's key head, none repeated (a decoder reads Hk heads of cache)
-            out, maps = self.attention(q, k, v, window, self.observing, keys_ready=True)  # [B, H, t, D]
+        # each query head reads its group's key head, none repeated (a decoder reads Hk heads of cache)
+        out, maps = self.attention(q, k, v, window, self.observing, keys_ready=True)  # [B, H, t, D]
         self.record(maps=maps)
         return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
 
@@ -81,19 +74,6 @@ def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
     """The key and value heads only: what GQA is for."""
     Hk = cfg.opts.n_kv_heads
     return (CacheEntry("k", Hk, cfg.d_head, "shared keys"), CacheEntry("v", Hk, cfg.d_head, "shared values"))
-
-
-def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, grouped: bool) -> Tensor:
-    """Scaled-dot-product attention of q [B, H, t, D] over k, v [B, Hk, S, D] on SDPA's grouped path, heads
-    zero-padded to a multiple of 8 channels (the fused kernels' condition, as for the dense model)."""
-    d_head = q.shape[-1]
-    pad = sdpa_width(d_head) - d_head
-    if pad:
-        q, k, v = (F.pad(y, (0, pad)) for y in (q, k, v))
-    out = F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d_head), enable_gqa=grouped
-    )
-    return out[..., :d_head] if pad else out
 
 
 def exact_cost(cfg: ModelConfig) -> Cost:

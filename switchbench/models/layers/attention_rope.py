@@ -1,12 +1,10 @@
 """Rotary position attention: the first half of each head's channels rotated by absolute position."""
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from switchbench.models.layers.window import Window, attend, grouped_matmul
+from switchbench.models.layers.window import Window
+from switchbench.ops.attention.kernels import attention
 
 ROTATE_FRACTION = 0.5
 BASE = 10000.0
@@ -25,7 +23,7 @@ def rotate(x: Tensor, positions: Tensor) -> Tensor:
 
 
 class RoPEAttention(nn.Module):
-    """Attention with rotary positions; scaled-dot-product attention unless the maps are wanted."""
+    """Attention with rotary positions: no bias on the logits, so SDPA runs it on a flash kernel."""
 
     def keys(self, k: Tensor, positions: Tensor) -> Tensor:
         """Keys [B, Hk, L, d_head] as attention reads them: rotated by their positions [L] (a decoder caches these,
@@ -44,29 +42,4 @@ class RoPEAttention(nn.Module):
         """``keys_ready``: k went through :meth:`keys` already."""
         # B batch, H query heads, Hk key heads (H or 1), t queries, S keys
         q, k = rotate(q, window.q_pos), k if keys_ready else rotate(k, window.k_pos)
-        if return_maps:
-            logits = grouped_matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
-            return attend(logits, v, window.mask, return_maps)
-        return padded_sdpa(q, k, v, window.mask), None
-
-
-def sdpa_width(d_head: int) -> int:
-    """The head width scaled-dot-product attention runs at: d_head rounded up to a multiple of 8."""
-    return -(-d_head // 8) * 8
-
-
-def padded_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-    """Scaled-dot-product attention of q [B, H, t, d_head] over k, v [B, Hk, S, d_head] -> [B, H, t, d_head].
-
-    The heads are zero-padded to a multiple of 8 channels: with a mask and any other width the fused GPU kernels
-    refuse them and SDPA falls back to its math kernel (the full [t, S] scores in float32). Zero channels add
-    nothing to q k^T, the scale stays that of the true width, and the output's zero channels are dropped.
-    """
-    d_head = q.shape[-1]
-    pad = sdpa_width(d_head) - d_head
-    if pad:
-        q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
-    B, H = q.shape[:2]  # MoA has one key head, shared by the H query heads
-    k, v = k.expand(B, H, -1, -1), v.expand(B, H, -1, -1)  # [B, H, S, d_head + pad]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d_head))
-    return out[..., :d_head] if pad else out
+        return attention(q, k, v, window.mask, return_maps=return_maps)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchbench.models.layers.initialization import init_projection_
-from switchbench.models.layers.window import Window, attend, grouped_matmul
+from switchbench.models.layers.window import Window
+from switchbench.ops.attention.kernels import attention
 
 # Learned per-layer parameters that are not among the weights the paper matches (listed apart, like LayerNorm).
 UNMATCHED = ("content_bias", "position_bias", "logit_scale")
@@ -84,7 +85,7 @@ class XLAttention(nn.Module):
         r = self._position_keys(window, S - 1, lowest, q.dtype, q.device)  # [Hk, d_head, D]
         q_content, q_position = self._scaled_queries(q)  # [B, H, t, d_head] each
         pos = relative_shift(q_position @ r, S)  # [B, H, t, S]
-        return attend(grouped_matmul(q_content, k.transpose(-1, -2)) + pos, v, window.mask, return_maps)
+        return attention(q_content, k, v, window.mask, bias=pos, scale=1.0, return_maps=return_maps)
 
     def _position_keys(self, window: Window, highest: int, lowest: int, dtype: torch.dtype, device) -> Tensor:
         """The projected encodings [Hk, d_head, D] of the distances highest, ..., lowest.

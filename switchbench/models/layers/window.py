@@ -39,24 +39,6 @@ def next_memory(window_inputs: Tensor, end: int, T: int, context_blocks: int) ->
     return window_inputs[:, window_inputs.shape[1] - keep :].detach() if keep else None
 
 
-def grouped_matmul(a: Tensor, b: Tensor) -> Tensor:
-    """a [B, H, t, X] @ b [B, Hk, X, Y] -> [B, H, t, Y], query head h against key head h // (H / Hk): GQA's groups
-    (one key head broadcasts, as MoA's), with no key or value head repeated for its group."""
-    B, H, t, X = a.shape
-    Hk = b.shape[1]
-    if Hk in (1, H):
-        return a @ b
-    return (a.reshape(B, Hk, H // Hk * t, X) @ b).view(B, H, t, -1)
-
-
-def attend(logits: Tensor, v: Tensor, mask: Tensor | None, return_maps: bool) -> tuple[Tensor, Tensor | None]:
-    """Softmax of logits [B, H, t, S] over the allowed keys, times v [B, Hk, S, d_head]; maps on request."""
-    if mask is not None:
-        logits = logits.masked_fill(~mask, float("-inf"))
-    att = logits.softmax(dim=-1)
-    return grouped_matmul(att, v), att.detach() if return_maps else None
-
-
 def with_memory(mem: Tensor | None, x: Tensor) -> Tensor:
     """The window's inputs [B, S, d]: cached layer inputs followed by the current ones."""
     return x if mem is None else torch.cat([mem, x], dim=1)

@@ -1,0 +1,131 @@
+"""Softmax attention of query heads over (possibly fewer) key heads, with an optional additive position bias, by
+three kernels that compute the same function:
+
+- ``explicit``: the logits, the mask, a softmax and the product with V, one operator each. The reference, and the
+  only kernel that has the attention maps.
+- ``sdpa``: PyTorch's scaled-dot-product attention. Without a bias (RoPE) a flash kernel takes the boolean mask;
+  with one (Transformer-XL's relative term) the memory-efficient kernel takes it as an additive float mask and
+  returns its gradient. Heads are zero-padded to a multiple of 8 channels, the fused kernels' condition.
+- ``flex``: FlexAttention, the bias added by a ``score_mod`` that reads it as a captured tensor, the causal window
+  as a block mask so that fully masked blocks are skipped. Compiled on CUDA (eager, it materialises the scores);
+  torch has no FlexAttention backward on the CPU.
+
+Grouped heads (GQA's groups, MoA's one shared key head) are read by their query heads, never repeated.
+"""
+
+import functools
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from switchbench.ops.attention.choice import resolve
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None = None,
+    scale: float | None = None,
+    return_maps: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """q [B, H, t, D] over k, v [B, Hk, S, D] (Hk divides H) -> ([B, H, t, D], maps [B, H, t, S] or None).
+
+    ``mask`` [t, S]: True where query i may read key j (None: every key). ``bias`` [B, H, t, S] is added to the
+    logits after ``scale`` (default 1/sqrt(D)) multiplies q k^T. The kernel is the choice in force
+    (:mod:`~switchbench.ops.attention.choice`), resolved for this call.
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    backend = resolve(q.device.type, bias is not None, return_maps)
+    if backend == "explicit":
+        return explicit(q, k, v, mask, bias, scale, return_maps)
+    kernel = sdpa if backend == "sdpa" else flex
+    return kernel(q, k, v, mask, bias, scale), None
+
+
+def grouped_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """a [B, H, t, X] @ b [B, Hk, X, Y] -> [B, H, t, Y], query head h against key head h // (H / Hk): GQA's groups
+    (one key head broadcasts, as MoA's), with no key or value head repeated for its group."""
+    B, H, t, X = a.shape
+    Hk = b.shape[1]
+    if Hk in (1, H):
+        return a @ b
+    return (a.reshape(B, Hk, H // Hk * t, X) @ b).view(B, H, t, -1)
+
+
+def explicit(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    bias: Tensor | None,
+    scale: float,
+    return_maps: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Logits, masked softmax and the product with V, each one operator (a scale of 1 costs none)."""
+    logits = grouped_matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:
+        logits = logits * scale
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = logits.masked_fill(~mask, float("-inf"))
+    att = logits.softmax(dim=-1)
+    return grouped_matmul(att, v), att.detach() if return_maps else None
+
+
+def sdpa_width(d_head: int) -> int:
+    """The head width scaled-dot-product attention runs at: d_head rounded up to a multiple of 8."""
+    return -(-d_head // 8) * 8
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
+    """Scaled-dot-product attention on heads zero-padded to a multiple of 8 channels: with a mask and any other
+    width the fused GPU kernels refuse them and SDPA falls back to its math kernel. Zero channels add nothing to
+    q k^T, the scale is the caller's, and the output's zero channels are dropped."""
+    d_head = q.shape[-1]
+    pad = sdpa_width(d_head) - d_head
+    if pad:
+        q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
+    if bias is not None:
+        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+    grouped = k.shape[1] != q.shape[1]  # a Python bool: SDPA takes no traced value for it
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped)
+    return out[..., :d_head] if pad else out
+
+
+def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
+    """FlexAttention: the bias through a ``score_mod``, the mask as a block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    score_mod = None if bias is None else (lambda score, b, h, i, j: score + bias[b, h, i, j])
+    block_mask = None
+    if mask is not None:
+        t, S = mask.shape
+        block_mask = create_block_mask(lambda b, h, i, j: mask[i, j], None, None, t, S, device=q.device)
+    grouped = k.shape[1] != q.shape[1]
+    return _flex_kernel(q.is_cuda)(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=grouped
+    )
+
+
+@functools.cache
+def _flex_kernel(cuda: bool):
+    """FlexAttention compiled on CUDA, where that makes it one fused kernel; eager elsewhere (forward only), its
+    warning that it materialises the scores silenced: that is what the CPU has."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if cuda:
+        return torch.compile(flex_attention, dynamic=False)
+
+    @functools.wraps(flex_attention)
+    def eager(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            return flex_attention(*args, **kwargs)
+
+    return eager
