@@ -6,7 +6,7 @@ import sys
 
 from switchbench import wheelhouse
 from switchbench.analysis import analyze, quality
-from switchbench.bench.command import expert_matmul_in_force
+from switchbench.bench.command import kernels_in_force
 from switchbench.bench.cost import params, scaling, tables
 from switchbench.bench.inference import decode
 from switchbench.bench.kernels import bench as kernels
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = _parser().parse_args(argv)
     try:
-        with expert_matmul_in_force(args):
+        with kernels_in_force(args):
             return args.run(args) or 0
     except ValueError as error:
         print(f"switchbench {args.command}: error: {error}", file=sys.stderr)

@@ -20,12 +20,12 @@ import torch
 from switchbench.analysis import plots
 from switchbench.analysis.intervals import difference_interval, mean_interval
 from switchbench.bench.command import (
-    add_expert_matmul,
     add_json,
-    describe_expert_matmul,
+    add_kernel_choices,
+    describe_kernels,
     device_from_args,
-    expert_matmul_metadata,
     format_table,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.cost.accounting import model_macs
@@ -328,7 +328,7 @@ def register(commands) -> None:
         "--threads", type=int, help="intra-op threads (default: 1 on the CPU, PyTorch's on a GPU machine)"
     )
     parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -374,7 +374,7 @@ def _run(args) -> None:
     metadata = (
         environment(device)
         | plan.describe()
-        | expert_matmul_metadata(args.expert_matmul, device)
+        | kernel_metadata(args.expert_matmul, device)
         | {
             "threads": used,
             "wall_seconds": time.perf_counter() - started,
@@ -395,7 +395,7 @@ def _run(args) -> None:
         return
     print(
         f"{metadata['device']}, {plan.seeds} seeds x {metadata['tokens_per_run']:,} tokens per run, "
-        f"{metadata['wall_seconds']:.0f} s in all; {describe_expert_matmul(metadata)}"
+        f"{metadata['wall_seconds']:.0f} s in all; {describe_kernels(metadata)}"
     )
     print(format_table([_printed(r) for r in summary]))
     print(

@@ -15,6 +15,7 @@ from tabulate import tabulate
 from switchbench.models import family as registry
 from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
 from switchbench.models.presets import from_name
+from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
@@ -77,9 +78,10 @@ def device_from_args(choice: str | None) -> str:
     return choice or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def add_expert_matmul(parser: argparse.ArgumentParser) -> None:
-    """``--expert-matmul auto|torch|triton|grouped_mm``: what every expert matmul of the command runs on. The
-    command line puts it in force around the command's run; record it with :func:`expert_matmul_metadata`."""
+def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
+    """``--expert-matmul auto|torch|triton|grouped_mm`` and ``--attention auto|explicit|sdpa|flex``: what every
+    expert matmul and every softmax attention of the command runs on. The command line puts both in force around
+    the command's run; record them with :func:`kernel_metadata`."""
     parser.add_argument(
         "--expert-matmul",
         choices=CHOICES,
@@ -87,17 +89,39 @@ def add_expert_matmul(parser: argparse.ArgumentParser) -> None:
         help=f"the expert-matmul implementation (default: ${ENV_IMPL} if set, else auto: the measured fastest for "
         f"this GPU and shape, else {FALLBACK_RULE})",
     )
+    parser.add_argument(
+        "--attention",
+        choices=attention_choice.CHOICES,
+        default=os.environ.get(attention_choice.ENV) or "auto",
+        help=f"the softmax attention kernel of every model (default: ${attention_choice.ENV} if set, else auto: "
+        f"{attention_choice.AUTO_RULE})",
+    )
 
 
 @contextlib.contextmanager
-def expert_matmul_in_force(args: argparse.Namespace) -> Iterator[None]:
-    """Run the block with the command's ``--expert-matmul`` in force (when it has the flag), after checking that
-    it and ``SWITCHBENCH_EXPERT_MATMUL`` name implementations this machine can run."""
+def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
+    """Run the block with the command's ``--expert-matmul`` and ``--attention`` in force (when it has the flags),
+    after checking that they and their environment variables name kernels this machine can run."""
     check_expert_matmul(os.environ.get(ENV_IMPL), ENV_IMPL)
     choice = getattr(args, "expert_matmul", None)
     check_expert_matmul(choice, "--expert-matmul")
-    with expert_matmul_choice.selected(choice):
+    attention = getattr(args, "attention", None)
+    check_attention(attention, getattr(args, "device", None))
+    with expert_matmul_choice.selected(choice), attention_choice.selected(attention):
         yield
+
+
+def check_attention(choice: str | None, device: str | None) -> None:
+    """``--attention`` (None: the command has no such flag) names a kernel the command's device can run; else a
+    ValueError. FlexAttention has no backward on the CPU, and every command that takes the flag may train."""
+    if choice is None:
+        return
+    attention_choice.check(os.environ.get(attention_choice.ENV) or "auto", attention_choice.ENV)
+    if choice == "flex" and device_from_args(device) != "cuda":
+        raise ValueError(
+            "--attention flex needs a CUDA device: torch has no FlexAttention backward on the CPU "
+            "(use sdpa or explicit there)"
+        )
 
 
 def check_expert_matmul(choice: str | None, where: str) -> None:
@@ -116,20 +140,25 @@ def check_expert_matmul(choice: str | None, where: str) -> None:
         raise ValueError(f"{where}=grouped_mm: {expert_matmul_grouped.unavailable()}")
 
 
-def expert_matmul_metadata(choice: str, device: str) -> dict:
-    """What a run records of its expert matmul: the choice, what each shape bucket resolved to so far under it
-    (its implementation and why: named, measured fastest, or auto's fallback), and the rule auto falls back on."""
+def kernel_metadata(expert_matmul: str, device: str) -> dict:
+    """What a run records of its kernels. The expert matmul: the choice, what each shape bucket resolved to so far
+    under it (its implementation and why: named, measured fastest, or auto's fallback), and the rule auto falls
+    back on. Attention: the choice in force, what each kind of call resolved to so far, and auto's rule."""
     resolved = expert_matmul_choice.resolutions()
     return {
-        "expert_matmul": choice,
+        "expert_matmul": expert_matmul,
         "expert_matmul_resolved": {key: dataclasses.asdict(r) for key, r in resolved.items()},
         "expert_matmul_auto_entries": expert_matmul_choice.measured_entries(torch.device(device)),
         "expert_matmul_fallback": FALLBACK_RULE,
+        "attention": attention_choice.choice(),
+        "attention_resolved": attention_choice.resolutions(),
+        "attention_auto_rule": attention_choice.AUTO_RULE,
     }
 
 
-def describe_expert_matmul(metadata: dict) -> str:
-    """One line for a run's heading: ``expert matmul auto -> torch (fallback: ...) for 2 shapes``."""
+def describe_kernels(metadata: dict) -> str:
+    """One line for a run's heading: ``expert matmul auto -> torch (fallback: ...) for 2 shapes; attention auto ->
+    explicit (cpu | position bias)``."""
     counts = collections.Counter(
         (r["impl"], r["reason"]) for r in metadata["expert_matmul_resolved"].values()
     )
@@ -139,7 +168,13 @@ def describe_expert_matmul(metadata: dict) -> str:
         "fallback": f"auto fell back, no measured entry: {FALLBACK_RULE}",
     }
     ran = "; ".join(f"{impl} ({why[r]}) for {n} shape(s)" for (impl, r), n in sorted(counts.items()))
-    return f"expert matmul {metadata['expert_matmul']}" + (f" -> {ran}" if ran else "")
+    line = f"expert matmul {metadata['expert_matmul']}" + (f" -> {ran}" if ran else "")
+    if "attention" not in metadata:  # a run recorded before the attention choice existed
+        return line
+    attention = ", ".join(
+        f"{backend} ({call})" for call, backend in sorted(metadata["attention_resolved"].items())
+    )
+    return f"{line}; attention {metadata['attention']}" + (f" -> {attention}" if attention else "")
 
 
 def format_table(rows: list[dict]) -> str:

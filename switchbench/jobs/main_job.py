@@ -18,10 +18,10 @@ import torch
 from switchbench.analysis.analyze import analyze
 from switchbench.bench.command import (
     DTYPES,
-    add_expert_matmul,
     add_json,
+    add_kernel_choices,
     device_from_args,
-    expert_matmul_metadata,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.cost import scaling, tables
@@ -88,7 +88,7 @@ def _speed(args, results: Path, runs: Path) -> str:
                 threads=torch.get_num_threads(),
                 clock=clock,
                 compile="eager",
-                **expert_matmul_metadata(args.expert_matmul, device),
+                **kernel_metadata(args.expert_matmul, device),
             )
             | args.provenance
         )
@@ -191,7 +191,7 @@ def register(commands) -> None:
     parser.add_argument(
         "--runs", help="where the analysis models train (default: results/runs, or runs-quick with --quick)"
     )
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 

@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from switchbench.bench.command import (
-    add_expert_matmul,
     add_json,
-    describe_expert_matmul,
+    add_kernel_choices,
+    describe_kernels,
     device_from_args,
     emit,
-    expert_matmul_metadata,
+    kernel_metadata,
 )
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.timing.timer import matmul_peak_tflops
@@ -320,7 +320,7 @@ def _reached(rows: list[dict], target: float | None) -> bool:
 
 def _expert_matmul(cfg: TrainConfig) -> dict:
     """What the run's expert matmuls ran on so far (the choice in force, and per shape what it resolved to)."""
-    return expert_matmul_metadata(expert_matmul_choice.choice(), cfg.device)
+    return kernel_metadata(expert_matmul_choice.choice(), cfg.device)
 
 
 def _diverged(step: int, what: str, out: Path, saved: int) -> str:
@@ -363,7 +363,7 @@ def register(commands) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint")
     parser.add_argument("--force", action="store_true", help="start afresh over an earlier run in the folder")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -391,12 +391,12 @@ def _run(args) -> None:
         result = train(cfg, out, resume=args.resume, progress=not args.json and world.main, world=world)
     if not world.main:
         return
-    experts = expert_matmul_metadata(args.expert_matmul, cfg.device)
+    experts = kernel_metadata(args.expert_matmul, cfg.device)
     if args.json:
         emit({"run": str(out), "preset": preset, **result, **experts}, True)
         return
     summary = ", ".join(f"{k} {v:.4g}" for k, v in result.items() if isinstance(v, float))
     print(
-        f"{preset}: {summary}; {describe_expert_matmul(experts)}\n"
+        f"{preset}: {summary}; {describe_kernels(experts)}\n"
         f"checkpoint {out / 'checkpoint.pt'}, log {out / 'log.csv'}"
     )

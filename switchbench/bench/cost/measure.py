@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from switchbench.bench.cost import accounting
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.window import make_window
+from switchbench.ops.attention import choice as attention_choice
 
 # Ops of the layers that fvcore has no handle for and that perform no multiply-accumulate (elementwise, routing,
 # sorting). Any other op without a handle is an error rather than a silent zero.
@@ -242,17 +243,22 @@ SDPA_BACKENDS = {
     "aten::_scaled_dot_product_fused_attention_overrideable": "fused (other)",
     "aten::_scaled_dot_product_attention_math": "math",
 }
+# The kernels that are not SDPA's, by the backend the call resolved to
+OTHER_KERNELS = {"explicit": "explicit softmax", "flex": "flex"}
 
 
 def attention_kernel(fn: Callable) -> str:
-    """The attention kernel ``fn()`` runs: an SDPA backend, "math" when SDPA fell back to its unfused path, or
-    "explicit softmax" when the model computes the logits itself (Transformer-XL, attention maps)."""
+    """The attention kernel ``fn()`` runs: an SDPA backend ("math" when SDPA fell back to its unfused path),
+    "flex", or "explicit softmax" when the model computes the logits itself (Transformer-XL on the CPU, maps)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with attention_choice.recording() as resolved, profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     found = {SDPA_BACKENDS[e.name] for e in prof.events() if e.name in SDPA_BACKENDS}
-    return " + ".join(sorted(found)) or "explicit softmax"
+    found |= {OTHER_KERNELS[backend] for backend in resolved.values() if backend in OTHER_KERNELS}
+    return (
+        " + ".join(sorted(found)) or "explicit softmax"
+    )  # a compiled call resolves nothing: only SDPA is seen
 
 
 @cache

@@ -23,10 +23,10 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
-    add_expert_matmul,
+    add_kernel_choices,
     device_from_args,
     emit,
-    expert_matmul_metadata,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, total_memory
@@ -363,7 +363,7 @@ def register(commands) -> None:
         " the others measured into its files (without one, a new run)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     parser.set_defaults(run=_run)
 
 
@@ -448,9 +448,7 @@ def measure(
             rows, measured["matmul_peak_tflops"], measured["memory_bandwidth_gbs"], grid.memory, width
         )
         done = len(_cells(rows))
-        metadata = (
-            measured | expert_matmul_metadata(expert_matmul, device) | {"cells_done": done, "cells": cells}
-        )
+        metadata = measured | kernel_metadata(expert_matmul, device) | {"cells_done": done, "cells": cells}
         return metadata, rows, save_run(folder, stem.name, metadata, rows, stem)
 
     return save(run(grid, device, dtype, save, earlier))

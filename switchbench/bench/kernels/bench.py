@@ -25,11 +25,11 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
-    add_expert_matmul,
     add_json,
+    add_kernel_choices,
     device_from_args,
     emit,
-    expert_matmul_metadata,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.cost.measure import free_memory, is_oom
@@ -430,7 +430,7 @@ def register(commands) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -455,7 +455,7 @@ def _run(args) -> int:
         "batch": batch,
         "sizes": args.sizes,
         "matmul_peak_tflops": peak,
-        **expert_matmul_metadata(args.expert_matmul, device),
+        **kernel_metadata(args.expert_matmul, device),
         "expert_matmul_by_case": by_case,
     }
     path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)

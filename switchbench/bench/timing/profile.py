@@ -31,11 +31,11 @@ from torch.autograd.profiler_util import FunctionEvent
 
 from switchbench.bench.command import (
     DTYPES,
-    add_expert_matmul,
     add_json,
-    describe_expert_matmul,
+    add_kernel_choices,
+    describe_kernels,
     device_from_args,
-    expert_matmul_metadata,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
@@ -392,7 +392,7 @@ def register(commands) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
     parser.add_argument("--out", default="results/profile", help="results go to OUT/<device>/")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -428,7 +428,7 @@ def _run(args) -> int:
             "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
             "mfu_convention": MFU_CONVENTION,
         }
-        | expert_matmul_metadata(args.expert_matmul, device)
+        | kernel_metadata(args.expert_matmul, device)
     )
     label = f"{dtype_name}-b{batch}-" + "-vs-".join(slug(p) for p in args.presets)
     path = save_run(Path(args.out) / slug(metadata["device"]), label, metadata, rows)
@@ -437,7 +437,7 @@ def _run(args) -> int:
         return 0
     print(
         f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
-        f"counted: {metadata['counted']}; {describe_expert_matmul(metadata)}"
+        f"counted: {metadata['counted']}; {describe_kernels(metadata)}"
     )
     print(side_by_side(rows).to_string())
     print(f"saved {path}")

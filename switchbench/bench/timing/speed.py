@@ -18,10 +18,10 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
-    add_expert_matmul,
-    describe_expert_matmul,
+    add_kernel_choices,
+    describe_kernels,
     device_from_args,
-    expert_matmul_metadata,
+    kernel_metadata,
     slug,
 )
 from switchbench.bench.cost.accounting import exact_cost
@@ -339,7 +339,7 @@ def register(commands) -> None:
     )
     parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    add_expert_matmul(parser)
+    add_kernel_choices(parser)
     parser.set_defaults(run=_run)
 
 
@@ -407,7 +407,7 @@ def _measure(args, device: str, world: distributed.World) -> int:
             allocator=allocator,
             compile=args.compile or "eager",
             groups={g: list(p) for g, p in groups.items()},
-            **expert_matmul_metadata(args.expert_matmul, device),
+            **kernel_metadata(args.expert_matmul, device),
         )
     folder = Path(args.out) / slug(metadata["device"])
     label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
@@ -424,7 +424,7 @@ def _measure(args, device: str, world: distributed.World) -> int:
         f"{metadata['device']}, {metadata['precision']}, batch {metadata['batches']}, {world.size} process(es), "
         f"{timed_with}; "
         f"ratios are medians of paired ratios over {rounds} interleaved rounds; "
-        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured); {describe_expert_matmul(metadata)}"
+        f"matmul peak {metadata['matmul_peak_tflops']:.3g} TFLOP/s (measured); {describe_kernels(metadata)}"
     )
     print(pd.DataFrame([_printed(r) for r in rows if r["scope"] != "count"]).to_string(index=False))
     print(f"MFU: {MFU_CONVENTION}")

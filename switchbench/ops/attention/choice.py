@@ -21,31 +21,38 @@ AUTO_RULE = (
     "explicit for maps; SDPA on CUDA; on the CPU SDPA without a position bias (RoPE), explicit with one (XL)"
 )
 
-_selected: list[str] = []  # the choices in force, innermost last
+_selected: list[tuple[str, dict]] = []  # the choices in force, innermost last, each with its resolutions
 _logs: list[dict] = []  # open recordings
 
 
 @contextlib.contextmanager
 def selected(choice: str | None) -> Iterator[None]:
-    """Run the block with ``choice`` in force (None: leave the choice as it is)."""
+    """Run the block with ``choice`` in force, its resolutions recorded for :func:`resolutions` (None: leave the
+    choice as it is)."""
     if choice is None:
         yield
         return
     check(choice, "attention choice")
-    _selected.append(choice)
-    try:
-        yield
-    finally:
-        _selected.pop()
+    with recording() as log:
+        _selected.append((choice, log))
+        try:
+            yield
+        finally:
+            _selected.pop()
 
 
 def choice() -> str:
     """The choice in force: the innermost :func:`selected`, else SWITCHBENCH_ATTENTION, else auto."""
     if _selected:
-        return _selected[-1]
+        return _selected[-1][0]
     named = os.environ.get(ENV) or "auto"
     check(named, ENV)
     return named
+
+
+def resolutions() -> dict[str, str]:
+    """What the calls made under the innermost :func:`selected` ran on, so far: {"device | bias": backend}."""
+    return dict(_selected[-1][1]) if _selected else {}
 
 
 @contextlib.contextmanager

@@ -1,0 +1,247 @@
+"""The attention kernels compute one function: each backend against a naive loop in float64 (outputs and the
+gradients of q, k, v and the bias), and every family's model under each backend against the explicit one (logits
+and every parameter's gradient, XL with memory and RoPE, decoding too). FlexAttention has no backward on the CPU:
+its gradients are checked where CUDA is."""
+
+import math
+
+import pytest
+import torch
+from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
+
+from switchbench.models import family as registry
+from switchbench.models.lm import SequenceClassifier
+from switchbench.ops.attention import choice
+from switchbench.ops.attention.kernels import attention
+
+FAMILIES = registry.names()
+CUDA = torch.cuda.is_available()
+# Backends whose backward runs here
+TRAINABLE = ("explicit", "sdpa", "flex") if CUDA else ("explicit", "sdpa")
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def naive(q, k, v, mask, bias, scale):
+    """One query, one head at a time: softmax over the keys it may read, weights times values."""
+    B, H, t, _ = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for i in range(t):
+                logits = k[b, h // group] @ q[b, h, i] * scale
+                if bias is not None:
+                    logits = logits + bias[b, h, i]
+                if mask is not None:
+                    logits = logits.masked_fill(~mask[i], -math.inf)
+                out[b, h, i] = logits.softmax(-1) @ v[b, h // group]
+    return out
+
+
+def inputs(H, Hk, d_head, biased, masked, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    B, t, S = 2, 5, 9
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
+
+    q, k, v = draw(B, H, t, d_head), draw(B, Hk, S, d_head), draw(B, Hk, S, d_head)
+    bias = draw(B, H, t, S) if biased else None
+    k_pos, q_pos = torch.arange(S), torch.arange(S - t, S)
+    # causal over a window with memory, and a chunk boundary: query i reads keys j <= i from chunk 1 back at most
+    mask = (
+        ((k_pos <= q_pos[:, None]) & (k_pos // 4 >= q_pos[:, None] // 4 - 1)).to(DEVICE) if masked else None
+    )
+    return q, k, v, mask, bias
+
+
+@pytest.mark.parametrize("backend", choice.BACKENDS)
+@pytest.mark.parametrize(("H", "Hk"), [(4, 4), (4, 2), (4, 1)])
+@pytest.mark.parametrize("d_head", [8, 5])  # 5: SDPA pads to 8 channels
+@pytest.mark.parametrize(("biased", "masked"), [(True, True), (False, True), (True, False)])
+def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, masked):
+    q, k, v, mask, bias = inputs(H, Hk, d_head, biased, masked)
+    leaves = [x for x in (q, k, v, bias) if x is not None]
+    scale = 0.7
+    reference = naive(q, k, v, mask, bias, scale)
+    with choice.selected(backend):
+        if backend in TRAINABLE:
+            out, maps = attention(q, k, v, mask, bias, scale)
+        else:  # forward only: torch refuses FlexAttention on inputs that require grad off CUDA
+            with torch.no_grad():
+                out, maps = attention(*(x if x is None else x.detach() for x in (q, k, v, mask, bias)), scale)
+    assert maps is None
+    torch.testing.assert_close(out, reference, **TIGHT)
+    if backend not in TRAINABLE:
+        return
+    cotangent = torch.randn_like(reference)
+    expected = torch.autograd.grad(reference, leaves, cotangent)
+    got = torch.autograd.grad(out, leaves, cotangent)
+    for name, g, e in zip(("q", "k", "v", "bias"), got, expected, strict=False):
+        torch.testing.assert_close(g, e, **TIGHT, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+@pytest.mark.parametrize("backend", choice.BACKENDS)
+def test_maps_come_from_the_explicit_kernel_whatever_is_chosen(backend):
+    q, k, v, mask, bias = (x if x is None else x.detach() for x in inputs(4, 2, 8, True, True))
+    with choice.selected(backend), choice.recording() as resolved:
+        out, maps = attention(q, k, v, mask, bias, return_maps=True)
+    assert set(resolved.values()) == {"explicit"}
+    torch.testing.assert_close(out, naive(q, k, v, mask, bias, 1 / math.sqrt(8)), **TIGHT)
+    torch.testing.assert_close(maps.sum(-1), torch.ones_like(maps[..., 0]), **TIGHT)
+    assert not maps.masked_select(~mask).any()
+
+
+def test_auto_is_fused_on_cuda_and_keeps_xl_explicit_on_the_cpu():
+    """auto's rule, call by call: the maps need the explicit kernel; otherwise SDPA, except XL's biased logits on
+    the CPU (the path the exact memory counts and the CPU gate's baseline describe)."""
+    assert choice.lookup("cpu", biased=True, maps=False, named="auto") == "explicit"
+    assert choice.lookup("cpu", biased=False, maps=False, named="auto") == "sdpa"
+    assert choice.lookup("cuda", biased=True, maps=False, named="auto") == "sdpa"
+    assert choice.lookup("cuda", biased=False, maps=True, named="auto") == "explicit"
+    assert choice.lookup("cpu", biased=True, maps=False, named="flex") == "flex"
+
+
+def test_the_environment_chooses_and_a_bad_name_is_refused(monkeypatch):
+    monkeypatch.setenv(choice.ENV, "sdpa")
+    assert choice.choice() == "sdpa"
+    with choice.selected("explicit"):
+        assert choice.choice() == "explicit"
+    monkeypatch.setenv(choice.ENV, "fused")
+    with pytest.raises(ValueError, match="SWITCHBENCH_ATTENTION: the attention kernel must be one of"):
+        choice.choice()
+
+
+def parameter_gradients(lm, tokens) -> dict[str, torch.Tensor]:
+    lm.zero_grad(set_to_none=True)
+    lm(tokens).loss(tokens).backward()
+    return {name: p.grad for name, p in lm.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("backend", [b for b in choice.BACKENDS if b != "explicit"])
+@pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
+@pytest.mark.parametrize("model", FAMILIES)
+def test_every_family_under_each_backend_is_the_explicit_model(model, pos, context_blocks, backend):
+    """Logits of a sequence fed in two pieces (the second attends to the first's memory) and, where the backend
+    trains here, every parameter's gradient: equal to the explicit kernel's in float64."""
+    cfg = small_cfg(model, pos, context_blocks=context_blocks)
+    lm = make_lm(cfg).to(DEVICE).train()  # dropout is 0: train mode only lets the routers' training paths run
+    tokens = random_tokens(cfg, SEQ).to(DEVICE)
+
+    def pieces():
+        first = lm(tokens[:, :T])
+        return torch.cat([first.logits, lm(tokens[:, T:], first.state).logits], dim=1)
+
+    with choice.selected("explicit"):
+        expected_logits = pieces()
+        expected = parameter_gradients(lm, tokens)
+    with choice.selected(backend), choice.recording() as resolved:
+        if backend in TRAINABLE:
+            logits = pieces()
+            got = parameter_gradients(lm, tokens)
+        else:
+            with torch.no_grad():
+                logits, got = pieces(), expected
+    assert set(resolved.values()) == {backend}
+    torch.testing.assert_close(logits, expected_logits.detach(), **TIGHT)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("backend", choice.BACKENDS)
+@pytest.mark.parametrize("model", FAMILIES)
+def test_a_bidirectional_classifier_under_each_backend(model, backend):
+    """No mask at all, and XL's negative distances: ListOps' configuration."""
+    cfg = small_cfg(model, "xl", causal=False, context_blocks=0)
+    torch.manual_seed(0)
+    clf = SequenceClassifier(cfg, 3).double().to(DEVICE).eval()
+    tokens = random_tokens(cfg, SEQ).to(DEVICE)
+    with torch.no_grad():
+        with choice.selected("explicit"):
+            expected = clf(tokens)[0]
+        with choice.selected(backend):
+            got = clf(tokens)[0]
+    torch.testing.assert_close(got, expected, **TIGHT)
+
+
+@pytest.mark.parametrize("backend", choice.BACKENDS)
+@pytest.mark.parametrize("pos", ["xl", "rope"])
+@pytest.mark.parametrize("model", FAMILIES)
+def test_decoding_under_each_backend_is_the_explicit_forward(model, pos, backend):
+    """Prefill, then token by token (XL's position table sliced at each step), equal to one explicit forward."""
+    cfg = small_cfg(model, pos)
+    lm = make_lm(cfg).to(DEVICE)
+    tokens = random_tokens(cfg, SEQ).to(DEVICE)
+    with torch.no_grad():
+        with choice.selected("explicit"):
+            expected = lm(tokens).logits
+        with choice.selected(backend):
+            cache = lm.new_cache(tokens.shape[0], SEQ)
+            steps = [lm.decode(tokens[:, :5], cache)] + [
+                lm.decode(tokens[:, i : i + 1], cache) for i in range(5, SEQ)
+            ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), expected, **TIGHT)
+
+
+# --- the command line -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["speed", "profile", "decode", "train", "quality", "all"])
+def test_every_command_that_runs_a_model_takes_the_flag(command, monkeypatch, capsys):
+    from switchbench.cli import _parser
+
+    monkeypatch.delenv(choice.ENV, raising=False)
+    argv = [command, *(["tiny-switchhead"] if command == "profile" else [])]
+    assert _parser().parse_args(argv).attention == "auto"
+    assert _parser().parse_args([*argv, "--attention", "sdpa"]).attention == "sdpa"
+    monkeypatch.setenv(choice.ENV, "explicit")
+    assert _parser().parse_args(argv).attention == "explicit"
+    with pytest.raises(SystemExit):
+        _parser().parse_args([*argv, "--attention", "flash"])
+    assert "invalid choice: 'flash'" in capsys.readouterr().err
+
+
+def test_flex_on_the_cpu_is_refused_in_one_line(tmp_path, capsys):
+    from switchbench.cli import main
+
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--attention",
+        "flex",
+    ]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--attention flex needs a CUDA device" in err
+    assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_train_runs_on_the_chosen_kernel_and_records_it(tmp_path, capsys):
+    import json
+
+    from switchbench.cli import main
+
+    argv = [
+        "train",
+        "--task",
+        "lm",
+        "--model",
+        "switchhead",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--eval-every",
+        "2",
+    ]
+    argv += ["--device", "cpu", "--attention", "sdpa", "--out", str(tmp_path / "run"), "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["attention"] == "sdpa"
+    assert printed["attention_resolved"] == {"cpu | position bias": "sdpa"}  # the default model is XL
+    assert choice.resolutions() == {}  # out of force after the command
