@@ -282,7 +282,7 @@ def _simulated(step: evidence.Step, clock: _FakeClock, slower: float) -> evidenc
     return replace(step, run=run)
 
 
-@pytest.mark.parametrize(("slower", "calls"), [(1.0, 9), (1.25, 14)])
+@pytest.mark.parametrize(("slower", "calls"), [(1.0, 10), (1.25, 14)])
 def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
     slower, calls, tmp_path, monkeypatch
 ):

@@ -94,6 +94,8 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--batch", "0"], "batch must be"),
         (["speed", "--threads", "0"], "threads must be >= 1"),
         (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
+        (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
+        (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),
     ],
 )
 def test_cli_bad_input(capsys, argv, message):
@@ -123,6 +125,22 @@ def test_gpu_path(tmp_path, capsys):
     assert all(r["status"] == "ok" for r in timed)
     assert all(r["memory_bytes"] > 0 for r in timed if r["what"] in ("train step", "forward+backward"))
     assert out["metadata"]["cuda"] and out["metadata"]["dtype"] == "bf16"
+    assert all(0 < r["gpu_busy"] <= 1.05 for r in timed)  # kernel time over step time, from one profiled call
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+def test_a_practitioners_step_replays_from_one_cuda_graph(tmp_path, capsys, attention):
+    """Fused attention and the whole training step captured in a CUDA graph, every tiny family: the capture fails
+    on any host sync, so a row that is ok is a host-free step; the run records both settings."""
+    argv = ["speed", "--device", "cuda", "--groups", "tiny", "tiny-rope", "--batch", "4", "--rounds", "3"]
+    argv += ["--scopes", "model", "--cuda-graphs", "--attention", attention, "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    timed = [r for r in out["rows"] if r["scope"] == "model"]
+    assert timed and all(r["status"] == "ok" for r in timed)
+    assert out["metadata"]["cuda_graphs"] is True and out["metadata"]["attention"] == attention
+    assert set(out["metadata"]["attention_resolved"].values()) == {attention}
 
 
 # Every family in both scopes, as a training run computes in bf16: fp32 parameters and inputs under autocast.

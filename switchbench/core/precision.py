@@ -5,8 +5,10 @@ a single layer follow it alike, so their numbers compare."""
 import torch
 
 
-def autocast(device: str, dtype: torch.dtype) -> torch.autocast:
-    return torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32)
+def autocast(device: str, dtype: torch.dtype, cache: bool = True) -> torch.autocast:
+    """Autocast to ``dtype`` (off for fp32); ``cache`` False for a region captured in a CUDA graph, where the
+    cast weights it would cache are freed with the graph's pool."""
+    return torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=cache)
 
 
 def describe(dtype_name: str) -> str:

@@ -221,22 +221,32 @@ def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
                 f"--nproc-per-node={gpus}",
             ]
             ctx.command([*launch, "-m", "switchbench", *argv, "--out", str(ctx.results / "speed")])
-        cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
         # the rehearsal compiles with the 'eager' backend: Dynamo's capture without Inductor's minutes
         flags = (["--compile"] if ctx.gpu else ["--compile", "eager"]) if compiled else []
-        ctx.switchbench(
-            "speed",
-            "--device",
-            ctx.device,
-            "--out",
-            str(ctx.results / "speed"),
-            "--groups",
-            group if ctx.gpu else REHEARSAL_GROUP[group],
-            *([] if ctx.gpu else cpu),
-            *flags,
-        )
+        _speed_group(ctx, group, *flags)
 
     return run
+
+
+def _speed_practitioner(group: str) -> Callable[[Context], object]:
+    """The group's training steps as a practitioner runs them: fused attention (SDPA) and each step replayed from
+    one CUDA graph, at the paper's whole batch of 64 on one GPU (halved until the group fits); beside the eager,
+    explicit-attention step of ``speed-<group>``, the paper-like setting."""
+
+    def run(ctx: Context):
+        flags = ["--attention", "sdpa"]
+        if ctx.gpu:  # the rehearsal has no CUDA graphs
+            flags += ["--cuda-graphs", "--scopes", "model", "--fit-from", "64"]
+        _speed_group(ctx, group, *flags)
+
+    return run
+
+
+def _speed_group(ctx: Context, group: str, *flags: str) -> None:
+    cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
+    where = ["--groups", group if ctx.gpu else REHEARSAL_GROUP[group]]
+    out = ["--out", str(ctx.results / "speed")]
+    ctx.switchbench("speed", "--device", ctx.device, *out, *where, *([] if ctx.gpu else cpu), *flags)
 
 
 def _decode(group: str) -> Callable[[Context], object]:
@@ -397,6 +407,15 @@ STEPS = (
     # backward that looks like the host's: where the time goes (profile) and whether compiling removes it come
     # before tuning kernels
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
+    *(
+        Step(
+            f"speed-practitioner-{group}",
+            f"the {group} group as a practitioner trains it: SDPA, CUDA graphs, batch 64 where it fits",
+            seconds,
+            _speed_practitioner(group),
+        )
+        for group, seconds in (("262m", 150), ("47m", 90))
+    ),
     Step("speed-compiled-262m", "the 262m group under torch.compile", 150, _speed("262m", compiled=True)),
     *(
         Step(

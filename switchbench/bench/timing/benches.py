@@ -54,19 +54,22 @@ def model_benches(
     dtype: torch.dtype,
     world: distributed.World = distributed.ONE,
     compile: str | None = None,
+    cuda_graphs: bool = False,
 ) -> list[Bench]:
     """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
-    under ``torch.compile`` with the ``compile`` backend when given."""
+    under ``torch.compile`` with the ``compile`` backend when given; with ``cuda_graphs``, the training step
+    captured whole in one CUDA graph and replayed (its peak memory is the eager step's)."""
     cfg = PRESETS[preset].replace(dropout=0.0)
     model = LanguageModel(cfg).to(device)
     trained = distributed.wrap(model, world)
     if compile:
         trained = torch.compile(trained, backend=compile)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0)
+    # capturable: AdamW keeps its step counts on the GPU, which a captured step needs (and no host reads them)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0, capturable=cuda_graphs)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mixed = autocast(device, dtype)
+    mixed = autocast(device, dtype, cache=not cuda_graphs)  # a captured region may not use autocast's cache
     with torch.no_grad(), mixed:
         state = model(inputs).state  # a full cache, as in training after the first chunk
 
@@ -95,7 +98,7 @@ def model_benches(
             preset,
             "model",
             "train step",
-            train_step,
+            captured(train_step) if cuda_graphs else train_step,
             6 * macs,
             memory,
             attention=attention,
@@ -189,6 +192,22 @@ def _kernels(forward: Callable) -> tuple[str, str | None]:
     with expert_matmul_choice.recording() as resolved:
         attention = attention_kernel(forward)
     return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
+
+
+def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
+    """``step`` captured whole in one CUDA graph, replayed by the call returned: warmed up first on a side stream
+    (lazy initialisation, autotuning and compilation happen outside the capture, as torch's documentation asks).
+    The capture fails on any host synchronisation in the step: a captured step is a host-free one."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:

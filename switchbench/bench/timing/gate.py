@@ -25,8 +25,24 @@ EXACT = ("ratio_memory", "ratio_macs", "op_calls")
 TOLERANCES = {TIME: 0.15, "ratio_memory": 0.0, "ratio_macs": 0.0, "op_calls": 0.0}
 CONFIDENCE = 0.95
 # Settings a time ratio depends on: a run and its baseline must agree on them to be compared.
-COMPARABLE = ("device", "dtype", "batch", "threads", "clock", "allocator", "compile")
+COMPARABLE = (
+    "device",
+    "dtype",
+    "batch",
+    "threads",
+    "clock",
+    "allocator",
+    "compile",
+    "attention",
+    "cuda_graphs",
+)
+# What a run recorded before a setting existed ran with
+SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False}
 ROW_FIELDS = ("preset", "scope", "what", "status")
+
+
+def _setting(metadata: dict, name: str):
+    return metadata.get(name, SETTING_DEFAULTS.get(name))
 
 
 def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -134,7 +150,7 @@ def _switchhead_vs_dense(key: str, entry: dict) -> bool:
 def baseline_from(runs: list[dict], tolerances: dict[str, float] = TOLERANCES) -> dict:
     """The gated quantities of one or more runs of one benchmark: ratios against another preset and every row's
     operator calls. A time ratio is the median of the runs' medians, so no one run's shift sets the limit."""
-    differ = [k for k in COMPARABLE if len({repr(run["metadata"].get(k)) for run in runs}) > 1]
+    differ = [k for k in COMPARABLE if len({repr(_setting(run["metadata"], k)) for run in runs}) > 1]
     if differ:
         raise ValueError(f"the runs were measured differently ({', '.join(differ)})")
     rows: dict[str, list[dict]] = {}
@@ -185,7 +201,9 @@ def check(run: dict, baseline: dict) -> list[dict]:
     """One verdict per gated quantity of the baseline: baseline, measured, interval, limit, verdict."""
     ran, expected = run["metadata"], baseline["metadata"]
     differ = [
-        f"{k} {ran.get(k)!r} vs {expected.get(k)!r}" for k in COMPARABLE if ran.get(k) != expected.get(k)
+        f"{k} {_setting(ran, k)!r} vs {_setting(expected, k)!r}"
+        for k in COMPARABLE
+        if _setting(ran, k) != _setting(expected, k)
     ]
     if differ:
         raise ValueError(f"run and baseline were measured differently ({'; '.join(differ)}): not comparable")

@@ -38,7 +38,7 @@ from switchbench.bench.timing.benches import (
     too_large,
 )
 from switchbench.bench.timing.heap import keep_freed_memory
-from switchbench.bench.timing.timer import Timer, intra_op_threads, iqr, matmul_peak_tflops
+from switchbench.bench.timing.timer import Timer, intra_op_threads, iqr, kernel_ms, matmul_peak_tflops
 from switchbench.core import distributed, precision
 from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
@@ -123,6 +123,9 @@ def time_group(
                 "expert_matmul": bench.expert_matmul(),
             }
             row |= {name: value for name, value in measured.items() if value is not None}
+            if timer.device == "cuda":  # one more call, profiled: how much of the step the GPU is busy
+                row["kernel_ms"] = kernel_ms(bench.run)
+                row["gpu_busy"] = row["kernel_ms"] / row["ms"]
             if base is not None and base not in failed:
                 paired = [a / b for a, b in zip(times[i], times[base], strict=True)]
                 floor = bench.flops / benches[base].flops  # the exact MAC ratio: what compute alone allows
@@ -237,6 +240,8 @@ def run(
     world: distributed.World = distributed.ONE,
     clock: str = "wall",
     compile: str | None = None,
+    cuda_graphs: bool = False,
+    fit_from: int | None = None,
 ) -> list[dict]:
     """Every group and scope timed interleaved at one batch per group (``batch``, or on a GPU the paper's batch
     per GPU halved until the group fits); a case too large for the free memory, or that runs out of it, is an
@@ -248,11 +253,12 @@ def run(
         total=len(groups) * len(scopes) * (rounds + warmup), desc="timing", unit="round", disable=None
     ) as bar:
         for group, presets in groups.items():
-            size = batch or fitted_batch(presets, PAPER_GPU_BATCH.get(group, 64), device, dtype)
+            start = fit_from or PAPER_GPU_BATCH.get(group, 64)
+            size = batch or fitted_batch(presets, start, device, dtype)
             for scope in scopes:
                 benches = []
                 for preset in presets:
-                    failed = _build(benches, preset, scope, size, device, dtype, world, compile)
+                    failed = _build(benches, preset, scope, size, device, dtype, world, compile, cuda_graphs)
                     if failed:
                         rows.append(
                             {
@@ -273,7 +279,7 @@ def run(
 
 
 def _build(
-    benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, compile
+    benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, compile, cuda_graphs=False
 ) -> str | None:
     """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
@@ -283,7 +289,7 @@ def _build(
         return reason
     try:
         if scope == "model":
-            benches += model_benches(preset, batch, device, dtype, world, compile)
+            benches += model_benches(preset, batch, device, dtype, world, compile, cuda_graphs)
         else:
             benches += layer_benches(preset, batch, device, dtype, compile)
     except (RuntimeError, MemoryError) as error:
@@ -304,6 +310,12 @@ def register(commands) -> None:
         type=int,
         help="sequences per step, over all processes (default on a GPU: the paper's batch per GPU, halved until "
         "each group fits; 2 on the CPU)",
+    )
+    parser.add_argument(
+        "--fit-from",
+        type=int,
+        help="on a GPU without --batch, fit each group's batch from this one down (default: the paper's batch per "
+        "GPU; 64: its whole batch on one GPU)",
     )
     parser.add_argument(
         "--groups", nargs="+", help="preset groups (default: 47M and 262M on a GPU, tiny on CPU)"
@@ -330,6 +342,11 @@ def register(commands) -> None:
         const="inductor",
         metavar="BACKEND",
         help="every member under torch.compile (default backend inductor), as a practitioner would train",
+    )
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="each member's whole training step (forward, backward, AdamW) captured in one CUDA graph and replayed",
     )
     parser.add_argument(
         "--quick",
@@ -370,6 +387,12 @@ def _measure(args, device: str, world: distributed.World) -> int:
         distributed.share(batch, world)  # a ValueError unless it splits evenly
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
+    if args.fit_from is not None and args.fit_from < 1:
+        raise ValueError(f"--fit-from must be >= 1; got {args.fit_from}")
+    if args.cuda_graphs and (device != "cuda" or world.distributed):
+        raise ValueError(
+            "--cuda-graphs needs one process on a CUDA device: CUDA graphs capture one GPU's work"
+        )
     groups, scopes = _groups(args, device)
     # on the CPU the clock then times the computation, not page faults (timing/heap.py)
     allocator = keep_freed_memory() if device == "cpu" else "as is"
@@ -386,6 +409,8 @@ def _measure(args, device: str, world: distributed.World) -> int:
             world,
             clock,
             args.compile,
+            args.cuda_graphs,
+            args.fit_from,
         )
         rank_devices = distributed.gathered(_device_of(device, world), world)
         if not world.main:
@@ -406,12 +431,14 @@ def _measure(args, device: str, world: distributed.World) -> int:
             clock=clock,
             allocator=allocator,
             compile=args.compile or "eager",
+            cuda_graphs=args.cuda_graphs,
             groups={g: list(p) for g, p in groups.items()},
             **kernel_metadata(args.expert_matmul, device),
         )
     folder = Path(args.out) / slug(metadata["device"])
     label = f"{dtype_name}-b{batch if batch is not None else 'fit'}" + ("-quick" if args.quick else "")
     label += f"-compiled-{args.compile}" if args.compile else ""
+    label += "-graphs" if args.cuda_graphs else ""
     label += f"-x{world.size}" if world.distributed else ""
     path = save_run(folder, label, metadata, rows)
     if args.json:
@@ -484,6 +511,7 @@ def _printed(r: dict) -> dict:
         "tokens/s/device": f"{r['tokens_per_s_per_device']:,.0f}" if "tokens_per_s_per_device" in r else "",
         "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
         "MFU": f"{100 * r['fraction_of_matmul_peak']:.1f}%" if "fraction_of_matmul_peak" in r else "",
+        "GPU busy": f"{r['gpu_busy']:.2f}" if "gpu_busy" in r else "",
     }
 
 

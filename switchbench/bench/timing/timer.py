@@ -48,6 +48,19 @@ def intra_op_threads(threads: int | None):
         torch.set_num_threads(before)
 
 
+def kernel_ms(fn: Callable) -> float:
+    """Milliseconds the GPU spends in kernels (and copies) during one call of ``fn``, from one profiled call: each
+    device event counted once, since an operator's own device time would count its kernels again. Over a call's
+    timed milliseconds it is the GPU-busy fraction: well below 1, the host sets the pace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    device_events = (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return sum(e.time_range.elapsed_us() for e in device_events) / 1e3
+
+
 def iqr(values: list[float]) -> float:
     """The interquartile range of timed calls (0 for fewer than two): the spread printed beside each median."""
     if len(values) < 2:
