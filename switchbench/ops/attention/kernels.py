@@ -85,17 +85,32 @@ def sdpa_width(d_head: int) -> int:
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
     """Scaled-dot-product attention on heads zero-padded to a multiple of 8 channels: with a mask and any other
-    width the fused GPU kernels refuse them and SDPA falls back to its math kernel. Zero channels add nothing to
-    q k^T, the scale is the caller's, and the output's zero channels are dropped."""
-    d_head = q.shape[-1]
-    pad = sdpa_width(d_head) - d_head
-    if pad:
-        q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
+    width the fused GPU kernels refuse them and SDPA falls back to its math kernel."""
     if bias is not None:
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
     grouped = k.shape[1] != q.shape[1]  # a Python bool: SDPA takes no traced value for it
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped)
-    return out[..., :d_head] if pad else out
+    return _padded(
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped
+        ),
+        sdpa_width(q.shape[-1]),
+        q,
+        k,
+        v,
+    )
+
+
+def _padded(kernel, width: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``kernel(q, k, v)`` on heads zero-padded to ``width`` channels. Zero channels add nothing to q k^T, the scale
+    is the caller's, and the output's zero channels are dropped."""
+    pad = width - q.shape[-1]
+    if not pad:
+        return kernel(q, k, v)
+    return kernel(*(F.pad(x, (0, pad)) for x in (q, k, v)))[..., :-pad]
+
+
+# Triton's matrix multiply takes no inner dimension below 16: narrower heads are zero-padded for compiled FlexAttention
+FLEX_MIN_WIDTH = 16
 
 
 def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
@@ -108,8 +123,15 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | No
         t, S = mask.shape
         block_mask = create_block_mask(lambda b, h, i, j: mask[i, j], None, None, t, S, device=q.device)
     grouped = k.shape[1] != q.shape[1]
-    return _flex_kernel(q.is_cuda)(
-        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=grouped
+    kernel = _flex_kernel(q.is_cuda)
+    return _padded(
+        lambda q, k, v: kernel(
+            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale, enable_gqa=grouped
+        ),
+        max(q.shape[-1], FLEX_MIN_WIDTH) if q.is_cuda else q.shape[-1],
+        q,
+        k,
+        v,
     )
 
 
