@@ -199,10 +199,10 @@ def describe(house: Wheelhouse, source: Path) -> str:
     lines += [f"  {w}" for w in house.wheels]
     lines += ["The node must already have (left out):"] + [f"  {r}" for r in house.node_must_have]
     lines += [
-        f"On the node (copy {house.folder} and the checkout there), in the checkout; --system-site-packages lets "
-        "the venv see the node's torch, triton and the packages above:",
-        "  python3 -m venv --system-site-packages .venv && . .venv/bin/activate",
-        f"  pip install --no-index --find-links {house.folder} -e {source}",
+        f"On the node (copy {house.folder} and the checkout there), in the checkout, into the environment of the "
+        "python3 that has the node's torch, triton and the packages above (a venv made from it with "
+        "--system-site-packages would not see them where that python3 is itself a venv or a conda environment):",
+        f"  python3 -m pip install --no-index --find-links {house.folder} -e {source}",
     ]
     return "\n".join(lines)
 

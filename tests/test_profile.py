@@ -145,6 +145,9 @@ def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsy
         (profile.Unit(1, "k", "aten::bmm", (profile.EXPERT_OP, "aten::bmm")), profile.EXPERT_FORWARD),
         (profile.Unit(1, "k", "aten::index", (profile.EXPERT_OP, "aten::index")), "routing"),
         (profile.Unit(1, "k", "aten::bmm", (profile.EXPERT_BACKWARD_OP, "aten::bmm")), profile.EXPERT_INPUT),
+        # the Triton weight-gradient kernel as an H100 profile saw it: in the backward op, outside the label
+        (profile.Unit(1, "_grouped_outer_kernel", "", (profile.EXPERT_BACKWARD_OP,)), profile.EXPERT_WEIGHT),
+        (profile.Unit(1, "_scatter_matmul_kernel", "", (profile.EXPERT_BACKWARD_OP,)), profile.EXPERT_INPUT),
         (
             profile.Unit(
                 1, "k", "aten::bmm", (profile.EXPERT_BACKWARD_OP, expert_matmul.WEIGHT_GRADIENT_LABEL)

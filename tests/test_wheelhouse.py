@@ -105,7 +105,10 @@ def test_a_wheelhouse_of_pure_wheels_names_what_the_node_must_have(tmp_path, mon
     ]
     must_have = out.split("The node must already have (left out):\n")[1].split("\nOn the node")[0]
     assert [line.split()[0] for line in must_have.splitlines()] == ["torch>=2.4", "numpy", "fvcore"]
-    assert out.splitlines()[-1] == f"  pip install --no-index --find-links {tmp_path / 'house'} -e {ROOT}"
+    assert (
+        out.splitlines()[-1]
+        == f"  python3 -m pip install --no-index --find-links {tmp_path / 'house'} -e {ROOT}"
+    )
 
 
 def test_a_target_gets_its_binary_wheels(tmp_path, monkeypatch, capsys):
@@ -186,9 +189,10 @@ def _registry_reachable(tmp_path: Path) -> bool:
 
 @pytest.mark.slow
 def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes_own_torch(tmp_path):
-    """The node is emulated by a fresh virtual environment that sees, through a .pth file, a folder of links to
-    this environment's torch with what torch requires, and the binary packages the helper says the node must
-    already have (numpy, pandas, matplotlib ...): as a venv made with --system-site-packages sees a node's own.
+    """The node's own python is emulated by a fresh virtual environment (an H100 node's python3 was one) that sees,
+    through a .pth file, a folder of links to this environment's torch with what torch requires, and the binary
+    packages the helper says the node must already have (numpy, pandas, matplotlib ...). The recipe installs into
+    that environment itself, with its own python.
     It lacks everything else, fvcore and its dependencies and switchbench included. pip reads no configuration
     (no index, no find-links of this machine) and is given --no-index: the wheelhouse alone must complete it."""
     if not _registry_reachable(tmp_path / "probe"):

@@ -18,18 +18,19 @@ nothing), and the steps that need CUDA are reported as missing.
 """
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
 import math
 import os
+import select
 import signal
 import subprocess
 import sys
 import tarfile
 import threading
 import time
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,8 +80,9 @@ class Context:
         out = self.command([sys.executable, "-m", "switchbench", *argv])
         return json.loads(out) if "--json" in argv else None
 
-    def command(self, argv: list[str]) -> str:
-        """Run ``argv`` to its end or to the deadline, its output streamed to the log (and stdout); -> stdout."""
+    def command(self, argv: list[str], ok: tuple[int, ...] = (0,)) -> str:
+        """Run ``argv`` to its end or to the deadline, its output streamed to the log (and stdout); -> stdout.
+        An exit status outside ``ok`` is a StepFailed."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise OutOfBudget(" ".join(argv[:4]))
@@ -88,28 +90,86 @@ class Context:
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
-            killed = threading.Event()
-            with subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True
-            ) as process:
-                timer = threading.Timer(remaining, _kill, [process, killed])
-                timer.start()
-                try:
-                    out = process.stdout.read()
-                    process.wait()
-                finally:
-                    timer.cancel()
+            process = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
+            )
+            out, killed = _output(process, remaining)
             log.write(out)
-        if killed.is_set():
+        if killed:
             raise OutOfBudget(" ".join(argv[:4]))
-        if process.returncode:
+        if process.returncode not in ok:
             raise StepFailed(f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})")
         return out
 
 
-def _kill(process: subprocess.Popen, killed: threading.Event) -> None:
-    killed.set()
-    os.killpg(process.pid, signal.SIGKILL)  # the whole session: pytest workers, compile workers
+# Seconds the output pipe may stay open after the step's process ended, or after it was killed
+STRAY_GRACE = 5.0
+
+
+def _output(process: subprocess.Popen, seconds: float) -> tuple[str, bool]:
+    """What ``process`` printed, and whether it had to be killed at the end of ``seconds``. The pipe is read on a
+    thread of its own: a descendant that outlives the process (or escaped the kill) may hold it open, and the call
+    must end anyway; it is given STRAY_GRACE seconds, then killed if it can be found, then the pipe is let go."""
+    chunks: list[bytes] = []
+    fd, stop = process.stdout.fileno(), threading.Event()
+
+    def drain():
+        while not stop.is_set():
+            if select.select([fd], [], [], 0.1)[0]:
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    return
+                chunks.append(data)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    killed = False
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        killed = True
+        _kill(process)
+        process.wait()
+    reader.join(STRAY_GRACE)
+    if reader.is_alive():  # a stray holds the pipe: stop it if it is still in the step's session or tree
+        _kill(process)
+        reader.join(STRAY_GRACE)
+    stop.set()
+    reader.join()
+    process.stdout.close()
+    return b"".join(chunks).decode(errors="replace"), killed
+
+
+def _kill(process: subprocess.Popen) -> None:
+    """SIGKILL the step's whole session (pytest and compile workers) and every descendant of its process: one that
+    left the session (setsid) is still found through its parent, so every target is found before any is killed.
+    SIGKILL, since a process may ignore SIGTERM."""
+    targets = _session_and_descendants(process.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    for pid in targets:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _session_and_descendants(root: int) -> set[int]:
+    """The processes in ``root``'s session (started with a session of its own, its id is ``root``) and every
+    descendant of ``root``, from /proc (empty where there is none)."""
+    parents, sessions = {}, {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # the fields after the command's name, which may hold spaces
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        pid = int(stat.parent.name)
+        parents[pid], sessions[pid] = int(fields[1]), int(fields[3])
+    found = {pid for pid, session in sessions.items() if session == root}
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    found.discard(os.getpid())
+    return found
 
 
 @dataclass(frozen=True)
@@ -129,17 +189,25 @@ class Step:
 
 
 def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Callable[[Context], object]:
-    """pytest on ``marker``'s tests; on a GPU the ``shard``-th of ``n`` equal shares of the test files (a share
-    fits one call), on the CPU ``cpu_file`` alone."""
+    """pytest on ``marker``'s tests; on a GPU the ``shard``-th of ``n`` equal shares of the test files, on the CPU
+    ``cpu_file`` alone. Each test's outcome is logged as it ends (pytest-reportlog), so a part stopped by the
+    budget keeps what it ran, and the next call of the same code runs only the tests not yet logged."""
 
     def run(ctx: Context):
+        if importlib.util.find_spec("pytest_reportlog") is None:
+            raise StepFailed(
+                "pytest-reportlog is not installed: build the wheelhouse again (docs/gpu-nodes.md)"
+            )
+        index, count = shard
+        part = f"{marker.replace(' ', '-')}-part{index + 1}of{count}-{fingerprint()}"
         folder = ctx.results / "tests" / ctx.tag
         folder.mkdir(parents=True, exist_ok=True)
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        junit = folder / f"{marker.replace(' ', '-')}-{stamp}.xml"
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+        earlier = sorted(folder.glob(f"{part}-*.jsonl"))
+        finished = test_outcomes(earlier)
+        log = folder / f"{part}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-log={log}"]
+        argv += [f"--deselect={node}" for node in finished]
         if ctx.gpu:
-            index, count = shard
             argv += ["-m", marker, *map(str, sorted((ROOT / "tests").glob("test_*.py"))[index::count])]
             if importlib.util.find_spec("xdist"):
                 argv += ["-n", "8"]  # one GPU shared by 8 workers: the suite's tests are small
@@ -150,31 +218,50 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
         else:
             argv.append(str(ROOT / "tests" / cpu_file))
         try:
-            ctx.command(argv)
+            ctx.command(argv, ok=(0, 1, NO_TESTS_LEFT))  # 1: some failed, named by the summary
         finally:
-            if junit.exists():
-                write_atomic(
-                    junit.with_suffix(".json"), json.dumps(_junit_summary(junit, ctx, marker), indent=2)
-                )
+            summary = _tests_summary([*earlier, log], ctx, marker)
+            write_atomic(folder / f"{part}.json", json.dumps(summary, indent=2))
+        if summary["failed"]:  # this call's failures and those an earlier call of the part logged
+            raise StepFailed(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
 
     return run
 
 
-def _junit_summary(junit: Path, ctx: Context, marker: str) -> dict:
-    suite = ElementTree.parse(junit).getroot()
-    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
-    failed = [
-        f"{case.get('classname')}::{case.get('name')}"
-        for case in suite.iter("testcase")
-        if case.find("failure") is not None or case.find("error") is not None
-    ]
+NO_TESTS_LEFT = 5  # pytest's exit status when nothing was collected: every test of the part ran before
+
+
+def test_outcomes(logs: list[Path]) -> dict[str, str]:
+    """{test id: passed | failed | skipped} of every test whose teardown a report log holds: a test fails if any
+    of its phases failed, is skipped if its setup or call was, and passed otherwise."""
+    phases: dict[str, dict[str, str]] = {}
+    for log in logs:
+        for line in log.read_text().splitlines() if log.exists() else []:
+            try:
+                report = json.loads(line)
+            except json.JSONDecodeError:  # the last line of a log whose writer was killed
+                continue
+            if report.get("$report_type") == "TestReport":
+                phases.setdefault(report["nodeid"], {})[report["when"]] = report["outcome"]
+    outcomes = {}
+    for node, seen in phases.items():
+        if "teardown" not in seen:
+            continue  # stopped midway: runs again
+        outcomes[node] = (
+            "failed" if "failed" in seen.values() else "skipped" if "skipped" in seen.values() else "passed"
+        )
+    return outcomes
+
+
+def _tests_summary(logs: list[Path], ctx: Context, marker: str) -> dict:
+    outcomes = test_outcomes(logs)
+    counts = {kind: sum(o == kind for o in outcomes.values()) for kind in ("passed", "failed", "skipped")}
     return {
         "metadata": environment(ctx.device) | {"selection": marker if ctx.gpu else "rehearsal"},
-        "counts": counts,
-        "passed": counts["tests"] - sum(v for k, v in counts.items() if k != "tests"),
-        "failed": failed,
-        "seconds": float(suite.get("time", 0)),
+        "counts": counts | {"tests": len(outcomes)},
+        "passed": counts["passed"],
+        "failed": sorted(node for node, outcome in outcomes.items() if outcome == "failed"),
+        "logs": [log.name for log in logs if log.exists()],
     }
 
 
@@ -396,25 +483,45 @@ def _report(ctx: Context):
 
 # Declared GPU seconds are estimates for an H100 (a step's last duration on the device replaces them); each
 # non-resumable step fits one call's budget less the report's reserve with room to spare (the planner's test).
+FAST_TEST_PARTS = 5  # the fast tests took about 570 s with 8 workers on an H100: parts of about 2 minutes
+
+
+def _speed_step(group: str, seconds: float) -> Step:
+    return Step(
+        f"speed-{group}",
+        f"training-step and layer times, memory and ratios of the {group} group (eager)",
+        seconds,
+        _speed(group),
+    )
+
+
+def _practitioner_step(group: str, seconds: float) -> Step:
+    return Step(
+        f"speed-practitioner-{group}",
+        f"the {group} group as a practitioner trains it: SDPA, CUDA graphs, batch 64 where it fits",
+        seconds,
+        _speed_practitioner(group),
+    )
+
+
 STEPS = (
-    Step(
-        "tests",
-        "the test suite passing on this device (fast tests)",
-        300,
-        _tests("not slow", "test_config.py"),
-    ),
-    # The first GPU figures put SwitchHead's 262M step at twice its MAC floor, with a fixed cost in every expert-matmul
-    # backward that looks like the host's: where the time goes (profile) and whether compiling removes it come
-    # before tuning kernels
+    # Figures first: a node's first call must bring back the headline (the 262M and 47M groups, paper-like and as a
+    # practitioner trains them, and where the 262M step's time goes) before anything long
     Step("profile", "the 262M dense and SwitchHead steps in named shares", 120, _profile),
+    _speed_step("262m", 110),
+    _practitioner_step("262m", 150),
+    _speed_step("47m", 80),
+    _practitioner_step("47m", 90),
+    # The fast tests in parts, each test's outcome kept as it ends: a part stopped by the budget goes on from there
     *(
         Step(
-            f"speed-practitioner-{group}",
-            f"the {group} group as a practitioner trains it: SDPA, CUDA graphs, batch 64 where it fits",
-            seconds,
-            _speed_practitioner(group),
+            f"tests-{i + 1}",
+            f"the fast tests on this device, part {i + 1} of {FAST_TEST_PARTS}",
+            120,
+            _tests("not slow", "test_config.py", (i, FAST_TEST_PARTS)),
+            resumable=True,
         )
-        for group, seconds in (("262m", 150), ("47m", 90))
+        for i in range(FAST_TEST_PARTS)
     ),
     Step("speed-compiled-262m", "the 262m group under torch.compile", 150, _speed("262m", compiled=True)),
     *(
@@ -428,19 +535,18 @@ STEPS = (
         for size, seconds in (("47m", 110), ("262m", 150))
     ),
     Step("kernel-bench", "expert-matmul throughput at 47M and 262M against dense", 150, _kernel_bench),
+    _speed_step("45m-rope", 80),
+    _speed_step("244m-rope", 110),
     *(
+        # Resumable: each cell is saved as it ends and --resume continues the grid, though each start re-checks and
+        # rebuilds its six models before its next cell (a start in a short leftover may do little more)
         Step(
-            f"speed-{group}",
-            f"training-step and layer times, memory and ratios of the {group} group (eager)",
+            f"decode-{group}",
+            f"KV cache, prefill and decode of the {group} group",
             seconds,
-            _speed(group),
+            _decode(group),
+            resumable=True,
         )
-        for group, seconds in (("47m", 80), ("262m", 110), ("45m-rope", 80), ("244m-rope", 110))
-    ),
-    *(
-        # not a resumable step (a filler of short leftovers): a run re-checks and rebuilds its six models before its
-        # next cell, so it is given a call's room, and --resume keeps the cells of a run that was stopped anyway
-        Step(f"decode-{group}", f"KV cache, prefill and decode of the {group} group", seconds, _decode(group))
         for group, seconds in (("262m", 300), ("47m", 150))
     ),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
@@ -456,6 +562,7 @@ STEPS = (
             f"the slow tests on this device, part {i + 1} of 2",
             240,
             _tests("slow", "test_scaling.py", (i, 2)),
+            resumable=True,
         )
         for i in range(2)
     ),
@@ -473,7 +580,8 @@ STEPS = (
         "listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops, resumable=True
     ),
     Step("analysis", "routing analysis of the ListOps models", 120, _analysis),
-    Step(REPORT, "the report over all results", 60, _report),
+    # 5 s over every committed result on 2 CPU cores
+    Step(REPORT, "the report over all results", 20, _report),
 )
 
 
@@ -554,6 +662,14 @@ def expected_seconds(step: Step, state: dict, device: str) -> float:
 
 
 MIN_PROGRESS = 60.0  # seconds left for which a resumable step is still started: what it does is kept
+EXIT_RESERVE = 15.0  # seconds, at most a twentieth of the budget
+
+
+def exit_reserve(budget: float) -> float:
+    """Seconds kept at the end of every call, after the report: stopping a step's processes, the archive, the exit.
+    Without it a call with no report ran its last step to the budget itself, and the node's own time limit fell
+    before the archive was written."""
+    return min(EXIT_RESERVE, budget / 20)
 
 
 def fits(step: Step, need: float, left: float, first: bool) -> bool:
@@ -569,7 +685,7 @@ def schedule(
     """The calls of ``budget`` s that ``steps`` take if each lasts what ``need`` says (the report's ``reserve``
     kept at each call's end): ``run_chain``'s decisions played out on the estimates. A resumable step is continued
     by the next call; a step that cannot end within one call is left out (it would be stopped every time)."""
-    room = budget - reserve
+    room = budget - reserve - exit_reserve(budget)
     left_over = {s.name: need(s) for s in steps}
     pending = [s for s in steps if s.resumable or left_over[s.name] <= room]
     calls = []
@@ -604,7 +720,8 @@ def run_chain(
         say(f"  skip   {note}")
     for step in todo:
         say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
-    end = time.monotonic() + budget
+    started = time.monotonic()
+    end = started + budget - exit_reserve(budget)
     report = next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
     reserve = expected_seconds(report, state, ctx.device) if report else 0.0
     ctx.deadline = end - reserve
@@ -612,10 +729,13 @@ def run_chain(
     for step in [s for s in todo if s.name != REPORT]:
         left = ctx.deadline - time.monotonic()
         need = expected_seconds(step, state, ctx.device)
+        if _outgrew_a_call(step, state, end - reserve - started):
+            say(f"  never  {step.name}: stopped with a whole call to itself; raise --budget or split it")
+            continue
         if left <= 0 or not fits(step, need, left, not ran):
             say(f"  later  {step.name}: needs about {need:.0f} s, {max(left, 0):.0f} s of this call left")
             continue
-        ran.append(_run_step(step, ctx, state, state_path, say))
+        ran.append(_run_step(step, ctx, state, state_path, say, whole_call=not ran))
     if report and (ran or report in todo):
         ctx.deadline = end
         _run_step(report, ctx, state, state_path, say)
@@ -626,7 +746,19 @@ def run_chain(
     return state
 
 
-def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> str:
+ROOM_TO_RETRY = 1.25  # a step stopped with a whole call is tried again in a call this much longer than it had
+
+
+def _outgrew_a_call(step: Step, state: dict, room: float) -> bool:
+    """Whether ``step`` was stopped by the budget though it had a whole call to itself, about as long as a call's
+    ``room`` now, and cannot go on from where it stopped: trying again would take every call and bring nothing."""
+    record = state["steps"].get(step.name, {})
+    stopped = record.get("status") == "interrupted" and record.get("whole_call", False)
+    return stopped and not step.resumable and room < ROOM_TO_RETRY * record["seconds"]
+
+
+def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whole_call: bool = False) -> str:
+    """Run ``step`` and record how it ended; ``whole_call``: it is the call's first step, the whole call its own."""
     say(f"== {step.name}: {step.owes}")
     roots = [ctx.results, ctx.runs, TUNED_TABLE]
     before, started = _snapshot(roots), time.monotonic()
@@ -640,6 +772,7 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say) -> s
         status, detail = "failed", str(error)
     seconds = time.monotonic() - started
     record |= {
+        "whole_call": whole_call,
         "status": status,
         "detail": detail,
         "seconds": round(seconds, 1),

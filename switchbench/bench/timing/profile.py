@@ -45,7 +45,7 @@ from switchbench.core import precision
 from switchbench.core.environment import environment
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models.presets import PRESETS
-from switchbench.ops.expert_matmul.op import WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_KERNELS, WEIGHT_GRADIENT_LABEL
 
 EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
     "expert matmul: forward",
@@ -260,7 +260,7 @@ def share(unit: Unit) -> str:
     if EXPERT_BACKWARD_OP in context or EXPERT_OP in context:
         if op in GATHER_OPS:
             return "routing"  # the expert matmul's own gather and scatter (the PyTorch path)
-        if WEIGHT_GRADIENT_LABEL in context:
+        if WEIGHT_GRADIENT_LABEL in context or unit.name.startswith(WEIGHT_GRADIENT_KERNELS):
             return EXPERT_WEIGHT
         return EXPERT_INPUT if EXPERT_BACKWARD_OP in context else EXPERT_FORWARD
     if role == "routing" or op in ROUTING_OPS:
