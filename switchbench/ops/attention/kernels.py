@@ -88,7 +88,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | No
     width the fused GPU kernels refuse them and SDPA falls back to its math kernel."""
     if bias is not None:
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    grouped = k.shape[1] != q.shape[1]  # a Python bool: SDPA takes no traced value for it
+    grouped = _grouped(q, k)
     return _padded(
         lambda q, k, v: F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped
@@ -98,6 +98,12 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | No
         k,
         v,
     )
+
+
+def _grouped(q: Tensor, k: Tensor) -> bool:
+    """Whether fewer key heads than query heads: a Python bool, which SDPA and FlexAttention require, also where a
+    torch.jit trace (fvcore's counter) makes the sizes tensors."""
+    return bool(k.shape[1] != q.shape[1])
 
 
 def _padded(kernel, width: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -122,7 +128,7 @@ def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | No
     if mask is not None:
         t, S = mask.shape
         block_mask = create_block_mask(lambda b, h, i, j: mask[i, j], None, None, t, S, device=q.device)
-    grouped = k.shape[1] != q.shape[1]
+    grouped = _grouped(q, k)
     kernel = _flex_kernel(q.is_cuda)
     return _padded(
         lambda q, k, v: kernel(
