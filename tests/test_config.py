@@ -47,6 +47,30 @@ def test_unknown_preset_suggests_close_names():
         from_name("c4-47m-switchhead-h3")
 
 
+def test_a_preset_with_changed_fields_is_the_preset_replaced():
+    """``NAME:field=value,...``, each value read as its field's type: how a context sweep names its members."""
+    base = PRESETS["wikitext103-244m-transformer-h16"]
+    changed = from_name("wikitext103-244m-transformer-h16:T=4096,dropout=0.0,causal=True,pos=rope")
+    assert changed == base.replace(T=4096, dropout=0.0)
+    assert from_name("c4-47m-switchhead-h2") is PRESETS["c4-47m-switchhead-h2"]
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("c4-47m-switchhead-h2:T", "'T' is no FIELD=VALUE"),
+        ("c4-47m-switchhead-h2:colour=1", "'colour=1' is no FIELD=VALUE"),
+        ("c4-47m-switchhead-h2:T=long", "T must be int; got 'long'"),
+        ("c4-47m-switchhead-h2:causal=yes", "causal must be True or False"),
+        ("c4-47m-switchhead-h2:k=9", "k must be in"),
+        ("c4-47m-switchhead-h3:T=8", "did you mean c4-47m-switchhead-h2"),
+    ],
+)
+def test_a_bad_change_is_named(name, message):
+    with pytest.raises(ValueError, match=message):
+        from_name(name)
+
+
 def test_config_round_trips_through_a_dict():
     cfg = PRESETS["c4-262m-switchall-h4"]
     assert ModelConfig.from_dict(cfg.to_dict()) == cfg

@@ -96,6 +96,7 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
         (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
         (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),
+        (["speed", "--presets", "tiny-transformer:T=0"], "T must be in"),
     ],
 )
 def test_cli_bad_input(capsys, argv, message):
@@ -449,3 +450,19 @@ def test_the_gates_dense_layer_runs_without_page_faults_in_a_kept_heap():
     done = subprocess.run([sys.executable, "-c", FAULTS], capture_output=True, text=True, check=True)
     faults, said = done.stdout.split(" ", 1)
     assert said.startswith("glibc heap kept") and float(faults) < 100, done.stdout
+
+
+def test_a_context_sweep_member_is_timed_at_its_context_beside_its_floor_there(tmp_path, capsys):
+    """Presets named with a changed chunk length are timed at it, and the row's MAC floor is the exact count's
+    ratio at that length (MoE attention pays off more as the context grows)."""
+    from switchbench.bench.cost.accounting import exact_cost
+    from switchbench.models.presets import PRESETS
+
+    pair = [f"{name}:T=64" for name in ("tiny-transformer-rope", "tiny-switchhead-rope")]
+    argv = ["speed", "--presets", *pair, "--device", "cpu", "--scopes", "layer", "--batch", "1"]
+    assert main([*argv, "--rounds", "2", "--warmup", "0", "--out", str(tmp_path), "--json"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["preset"] == pair[1]]
+    at_64 = [exact_cost(PRESETS[name.split(":")[0]].replace(T=64)) for name in pair]
+    assert rows and all(r["ratio_macs"] == pytest.approx(at_64[1].macs / at_64[0].macs) for r in rows)
+    default = [exact_cost(PRESETS[name.split(":")[0]]) for name in pair]
+    assert default[1].macs / default[0].macs != pytest.approx(at_64[1].macs / at_64[0].macs)

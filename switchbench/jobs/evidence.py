@@ -329,6 +329,37 @@ def _speed_practitioner(group: str) -> Callable[[Context], object]:
     return run
 
 
+CONTEXT_PAIR = ("wikitext103-244m-transformer-h16", "wikitext103-243m-switchhead-h4")
+# Chunk lengths at a fixed number of tokens a step; the rehearsal's tiny pair at two short ones
+CONTEXTS, CONTEXT_TOKENS = (512, 1024, 2048, 4096, 8192), 16384
+REHEARSAL_PAIR = ("tiny-transformer-rope", "tiny-switchhead-rope")
+
+
+def _speed_contexts(ctx: Context):
+    """The 244M RoPE pair's training steps from 512 to 8192 tokens of context at 16,384 tokens a step, SDPA attention
+    (a flash kernel: RoPE has no bias on its logits, where XL's relative term is an [L, L] tensor a head at any
+    length), each row beside the exact MAC ratio at its length: where MoE attention pays off."""
+    pair, contexts, tokens = (
+        (CONTEXT_PAIR, CONTEXTS, CONTEXT_TOKENS) if ctx.gpu else (REHEARSAL_PAIR, (16, 32), 64)
+    )
+    for T in contexts:
+        flags = ["--scopes", "model"] if ctx.gpu else ["--scopes", "layer", "--rounds", "2", "--warmup", "1"]
+        ctx.switchbench(
+            "speed",
+            "--device",
+            ctx.device,
+            "--out",
+            str(ctx.results / "speed-context"),
+            "--presets",
+            *(f"{name}:T={T}" for name in pair),
+            "--batch",
+            str(tokens // T),
+            "--attention",
+            "sdpa",
+            *flags,
+        )
+
+
 def _speed_group(ctx: Context, group: str, *flags: str) -> None:
     cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
     where = ["--groups", group if ctx.gpu else REHEARSAL_GROUP[group]]
@@ -537,6 +568,12 @@ STEPS = (
     Step("kernel-bench", "expert-matmul throughput at 47M and 262M against dense", 150, _kernel_bench),
     _speed_step("45m-rope", 80),
     _speed_step("244m-rope", 110),
+    Step(
+        "speed-context",
+        "the 244M RoPE pair's step-time ratio from 512 to 8192 tokens of context, beside its MAC floor at each",
+        200,
+        _speed_contexts,
+    ),
     *(
         # Resumable: each cell is saved as it ends and --resume continues the grid, though each start re-checks and
         # rebuilds its six models before its next cell (a start in a short leftover may do little more)

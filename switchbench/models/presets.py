@@ -3,6 +3,7 @@
 presets each registered family declares (families the paper does not have: parameter-matched to its dense rows)."""
 
 import difflib
+from dataclasses import fields
 from types import MappingProxyType
 
 from switchbench.models import family as registry
@@ -134,10 +135,34 @@ PRESETS: dict[str, ModelConfig] = _with_families(
 )
 
 
+OVERRIDES = ":"  # NAME:T=2048,context_blocks=0 is the preset NAME with those fields changed
+
+
 def from_name(name: str) -> ModelConfig:
-    """The preset called ``name``; ValueError naming the closest ones if there is none."""
-    if name in PRESETS:
-        return PRESETS[name]
-    close = difflib.get_close_matches(name, PRESETS, n=3, cutoff=0.5)
-    hint = f"; did you mean {', '.join(close)}?" if close else "; `switchbench presets` lists them"
-    raise ValueError(f"unknown preset {name!r}{hint}")
+    """The preset called ``name``, or ``NAME:field=value,...``: the preset with those fields changed (a context
+    sweep's ``wikitext103-244m-transformer-h16:T=4096``); ValueError naming the closest presets if there is none,
+    or what is wrong with a change."""
+    base, _, changes = name.partition(OVERRIDES)
+    if base not in PRESETS:
+        close = difflib.get_close_matches(base, PRESETS, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else "; `switchbench presets` lists them"
+        raise ValueError(f"unknown preset {base!r}{hint}")
+    return PRESETS[base].replace(**_changes(name, changes)) if changes else PRESETS[base]
+
+
+def _changes(name: str, text: str) -> dict:
+    """``field=value,...`` -> {field: value}, each value read as its field's type."""
+    types = {f.name: f.type for f in fields(ModelConfig) if f.name != "options"}
+    changes = {}
+    for item in text.split(","):
+        field, equals, value = item.partition("=")
+        if not equals or field not in types:
+            raise ValueError(f"{name}: {item!r} is no FIELD=VALUE of a ModelConfig field")
+        kind = types[field] if isinstance(types[field], str) else types[field].__name__
+        if kind == "bool" and value not in ("True", "False"):
+            raise ValueError(f"{name}: {field} must be True or False; got {value!r}")
+        try:
+            changes[field] = {"int": int, "float": float, "bool": lambda v: v == "True"}.get(kind, str)(value)
+        except ValueError:
+            raise ValueError(f"{name}: {field} must be {kind}; got {value!r}") from None
+    return changes

@@ -42,7 +42,7 @@ from switchbench.bench.timing.timer import (
 )
 from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
 from switchbench.models.lm import LanguageModel
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import from_name
 
 GPU_GROUPS, CPU_GROUPS = ("262m",), ("tiny", "tiny-rope")
 GRIDS = {"cuda": ((1, 16, 64), (512, 2048, 8192)), "cpu": ((1, 4), (64, 256))}
@@ -54,7 +54,8 @@ def decoding_check(preset: str, device: str) -> float:
     """Max |logits| difference between decoding (a 24-token prefill in chunks of 10, then token by token) and one
     forward pass over 40 tokens, float32, the preset's family and positions with chunks of 16 (so XL's window
     is crossed)."""
-    cfg = PRESETS[preset].replace(T=16, context_blocks=min(PRESETS[preset].context_blocks, 1), dropout=0.0)
+    base = from_name(preset)
+    cfg = base.replace(T=16, context_blocks=min(base.context_blocks, 1), dropout=0.0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         lm = LanguageModel(cfg).to(device).eval()
@@ -70,7 +71,7 @@ def decoding_check(preset: str, device: str) -> float:
 def served(preset: str, capacity: int, device: str, dtype: torch.dtype) -> LanguageModel:
     """``preset`` as served: its weights in ``dtype``, built on the device, attending to the whole sequence of up
     to ``capacity`` tokens (one chunk of T = capacity, no window)."""
-    cfg = PRESETS[preset].replace(T=capacity, context_blocks=0, dropout=0.0)
+    cfg = from_name(preset).replace(T=capacity, context_blocks=0, dropout=0.0)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(0)
         return LanguageModel(cfg).to(dtype).eval()
@@ -106,7 +107,7 @@ def time_cell(models: dict, batch: int, context: int, device, dtype, grid: "Grid
     rows, members = [], []
     for preset, lm in models.items():
         release_memory()  # what earlier members left in the allocator's cache counts as free
-        cfg = PRESETS[preset]  # its weights are resident already
+        cfg = from_name(preset)  # its weights are resident already
         need = sizing.peak_bytes(cfg, batch, context + 1, min(context, PREFILL_CHUNK), width)
         need -= sizing.weight_bytes(cfg, width)
         if need > free_memory(device):
@@ -210,7 +211,7 @@ def with_floors(rows: list[dict], peak_tflops: float, bandwidth_gbs: float, memo
     for row in rows:
         if row.get("status") != "ok":
             continue
-        cfg = PRESETS[row["preset"]]
+        cfg = from_name(row["preset"])
         row["prefill_floor_ms"] = row["prefill_macs"] * 2 / (peak_tflops * 1e9)
         compute = row["decode_macs"] * 2 / (peak_tflops * 1e9)
         row["decode_floor_ms"] = max(compute, row["decode_bytes_read"] / (bandwidth_gbs * 1e6))
@@ -232,7 +233,7 @@ def preset_rows(presets, device: str, width: int) -> tuple[list[str], list[dict]
     why it is not timed)."""
     ready, rows = [], []
     for preset in presets:
-        cfg = PRESETS[preset]
+        cfg = from_name(preset)
         row = {
             "preset": preset,
             "family": cfg.family.label,
@@ -291,9 +292,9 @@ def count_rows(groups: dict, contexts, memory: int, width: int) -> list[dict]:
     ``memory``, with ratios to the group's first preset."""
     rows = []
     for group, presets in groups.items():
-        base = sizing.kv_bytes_per_token(PRESETS[presets[0]], width)
+        base = sizing.kv_bytes_per_token(from_name(presets[0]), width)
         for preset in presets:
-            cfg = PRESETS[preset]
+            cfg = from_name(preset)
             per_token = sizing.kv_bytes_per_token(cfg, width)
             row = {
                 "group": group,

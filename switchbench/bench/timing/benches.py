@@ -21,7 +21,7 @@ from switchbench.core import distributed
 from switchbench.core.precision import autocast
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import from_name
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 
@@ -59,7 +59,7 @@ def model_benches(
     """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
     under ``torch.compile`` with the ``compile`` backend when given; with ``cuda_graphs``, the training step
     captured whole in one CUDA graph and replayed (its peak memory is the eager step's)."""
-    cfg = PRESETS[preset].replace(dropout=0.0)
+    cfg = from_name(preset).replace(dropout=0.0)
     model = LanguageModel(cfg).to(device)
     trained = distributed.wrap(model, world)
     if compile:
@@ -126,7 +126,7 @@ def layer_benches(
 ) -> list[Bench]:
     """Forward and forward+backward of one attention layer, T tokens after a cached chunk (XL), under the same
     precision policy as a training step: fp32 parameters and inputs, autocast to ``dtype``."""
-    cfg = PRESETS[preset]
+    cfg = from_name(preset)
     with torch.random.fork_rng(devices=[]):  # the same weights, so the same routing, in every run
         torch.manual_seed(0)
         module = cfg.family.attention(cfg).to(device)
@@ -214,7 +214,7 @@ def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> 
     """A lower bound of what one step of ``preset`` holds: activations (from the exact count of floats kept for
     backward, at the compute dtype's width) and, for a training step, fp32 weights, gradients and AdamW's
     two moments, and the logits. Used to refuse a case before it starts, never to size one."""
-    cfg = PRESETS[preset]
+    cfg = from_name(preset)
     width = torch.empty((), dtype=dtype).element_size()
     # Half the exact count: it counts per sequence what the batch shares (the projected positions).
     activations = batch * exact_cost(cfg).mem * width // 2

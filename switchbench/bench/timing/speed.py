@@ -43,7 +43,7 @@ from switchbench.core import distributed, precision
 from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import OVERRIDES, PRESETS, from_name
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
 GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
@@ -482,9 +482,11 @@ def preset_groups(presets: list[str] | None, groups: tuple[str, ...]) -> dict[st
     """The groups a command compares: ``presets`` as one custom group (the first its baseline) when given, else the
     named ``groups``; a ValueError names any unknown one."""
     if presets:
-        unknown = [p for p in presets if p not in PRESETS]
+        unknown = [p for p in presets if p.partition(OVERRIDES)[0] not in PRESETS]
         if unknown:
             raise ValueError(f"unknown presets: {', '.join(unknown)}")
+        for preset in presets:
+            from_name(preset)  # a ValueError says what is wrong with a change
         return {"custom": tuple(presets)}
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
