@@ -466,3 +466,23 @@ def test_a_context_sweep_member_is_timed_at_its_context_beside_its_floor_there(t
     assert rows and all(r["ratio_macs"] == pytest.approx(at_64[1].macs / at_64[0].macs) for r in rows)
     default = [exact_cost(PRESETS[name.split(":")[0]]) for name in pair]
     assert default[1].macs / default[0].macs != pytest.approx(at_64[1].macs / at_64[0].macs)
+
+
+def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
+    """Two micro-batches of the same sequences, each loss halved: the gradients, and AdamW's step, are one pass's;
+    the step's FLOPs and tokens are twice a pass's, the forward's its own."""
+    from switchbench.bench.timing.benches import StepMode, model_benches
+
+    torch.manual_seed(0)
+    one = model_benches("tiny-switchhead", 2, "cpu", torch.float32)
+    torch.manual_seed(0)
+    two = model_benches("tiny-switchhead", 2, "cpu", torch.float32, mode=StepMode(accumulation=2))
+    assert two[0].flops == 2 * one[0].flops and two[0].tokens == 2 * one[0].tokens
+    assert two[1].flops == one[1].flops
+    before = [p.detach().clone() for p in one[0].module.parameters()]
+    one[0].run()
+    two[0].run()
+    for p, q in zip(one[0].module.parameters(), two[0].module.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)  # Adam's step would hide a factor
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(p, b) for p, b in zip(one[0].module.parameters(), before, strict=True))

@@ -47,37 +47,55 @@ class Bench:
     tokens: int = 0  # tokens one run() computes (per process)
 
 
+@dataclass(frozen=True)
+class StepMode:
+    """How a training step runs, as one setting for every member of a group: under ``torch.compile`` with the
+    ``compile`` backend (None: eager); captured whole in one CUDA graph and replayed (``cuda_graphs``); as
+    ``accumulation`` micro-batches whose gradients add up before one optimizer step."""
+
+    compile: str | None = None
+    cuda_graphs: bool = False
+    accumulation: int = 1
+
+
+EAGER = StepMode()
+
+
 def model_benches(
     preset: str,
     batch: int,
     device: str,
     dtype: torch.dtype,
     world: distributed.World = distributed.ONE,
-    compile: str | None = None,
-    cuda_graphs: bool = False,
+    mode: StepMode = EAGER,
 ) -> list[Bench]:
-    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried;
-    under ``torch.compile`` with the ``compile`` backend when given; with ``cuda_graphs``, the training step
-    captured whole in one CUDA graph and replayed (its peak memory is the eager step's)."""
+    """A training step (forward, backward, AdamW step) and a forward pass of the whole model, XL memory carried, in
+    ``mode``; ``batch`` sequences a pass (a micro-batch where the step accumulates). A step captured in a CUDA graph
+    keeps the eager step's peak memory."""
     cfg = from_name(preset).replace(dropout=0.0)
     model = LanguageModel(cfg).to(device)
     trained = distributed.wrap(model, world)
-    if compile:
-        trained = torch.compile(trained, backend=compile)
+    if mode.compile:
+        trained = torch.compile(trained, backend=mode.compile)
     # capturable: AdamW keeps its step counts on the GPU, which a captured step needs (and no host reads them)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=2.5e-4, weight_decay=0.0, capturable=cuda_graphs)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=2.5e-4, weight_decay=0.0, capturable=mode.cuda_graphs
+    )
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mixed = autocast(device, dtype, cache=not cuda_graphs)  # a captured region may not use autocast's cache
+    mixed = autocast(
+        device, dtype, cache=not mode.cuda_graphs
+    )  # a captured region may not use autocast's cache
     with torch.no_grad(), mixed:
         state = model(inputs).state  # a full cache, as in training after the first chunk
 
     def train_step():
         optimizer.zero_grad(set_to_none=True)
-        with mixed:
-            loss = trained(inputs, state).loss(targets)
-        loss.backward()
+        for _ in range(mode.accumulation):  # the same micro-batch each time: its cost, not its data, is timed
+            with mixed:
+                loss = trained(inputs, state).loss(targets) / mode.accumulation
+            loss.backward()
         optimizer.step()
 
     def forward():
@@ -98,13 +116,13 @@ def model_benches(
             preset,
             "model",
             "train step",
-            captured(train_step) if cuda_graphs else train_step,
-            6 * macs,
+            captured(train_step) if mode.cuda_graphs else train_step,
+            6 * macs * mode.accumulation,
             memory,
             attention=attention,
             expert_matmul=experts,
             module=model,
-            tokens=batch * cfg.T,
+            tokens=batch * cfg.T * mode.accumulation,
         ),
         Bench(
             preset,

@@ -11,6 +11,7 @@ times one intra-op thread by its CPU time, which other processes on the machine 
 import json
 import platform
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -30,7 +31,9 @@ from switchbench.bench.cost.measure import (
 )
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.timing.benches import (
+    EAGER,
     Bench,
+    StepMode,
     fitted_batch,
     layer_benches,
     model_benches,
@@ -239,8 +242,7 @@ def run(
     warmup: int,
     world: distributed.World = distributed.ONE,
     clock: str = "wall",
-    compile: str | None = None,
-    cuda_graphs: bool = False,
+    mode: StepMode = EAGER,
     fit_from: int | None = None,
 ) -> list[dict]:
     """Every group and scope timed interleaved at one batch per group (``batch``, or on a GPU the paper's batch
@@ -255,10 +257,12 @@ def run(
         for group, presets in groups.items():
             start = fit_from or PAPER_GPU_BATCH.get(group, 64)
             size = batch or fitted_batch(presets, start, device, dtype)
+            # From --fit-from, a batch that had to be halved is made up by accumulating its halves' gradients
+            steps = replace(mode, accumulation=start // size) if fit_from and not batch and size else mode
             for scope in scopes:
                 benches = []
                 for preset in presets:
-                    failed = _build(benches, preset, scope, size, device, dtype, world, compile, cuda_graphs)
+                    failed = _build(benches, preset, scope, size, device, dtype, world, steps)
                     if failed:
                         rows.append(
                             {
@@ -272,14 +276,15 @@ def run(
                             }
                         )
                 timed = time_group(benches, timer, rounds, warmup, bar, world)
-                rows += [r | {"group": group, "batch": size} for r in timed]
+                made_up = {"accumulation": steps.accumulation} if steps.accumulation > 1 else {}
+                rows += [r | {"group": group, "batch": size} | made_up for r in timed]
                 del benches
                 release_memory()
     return rows + [r | {"group": "count"} for r in count_ratios()]
 
 
 def _build(
-    benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, compile, cuda_graphs=False
+    benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, mode: StepMode
 ) -> str | None:
     """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
@@ -289,9 +294,9 @@ def _build(
         return reason
     try:
         if scope == "model":
-            benches += model_benches(preset, batch, device, dtype, world, compile, cuda_graphs)
+            benches += model_benches(preset, batch, device, dtype, world, mode)
         else:
-            benches += layer_benches(preset, batch, device, dtype, compile)
+            benches += layer_benches(preset, batch, device, dtype, mode.compile)
     except (RuntimeError, MemoryError) as error:
         if not is_oom(error):
             raise
@@ -314,8 +319,9 @@ def register(commands) -> None:
     parser.add_argument(
         "--fit-from",
         type=int,
-        help="on a GPU without --batch, fit each group's batch from this one down (default: the paper's batch per "
-        "GPU; 64: its whole batch on one GPU)",
+        help="on a GPU without --batch, fit each group's batch from this one down, and make a halved batch up by "
+        "accumulating gradients (default: the paper's batch per GPU, halved without accumulating; 64: its whole "
+        "batch on one GPU)",
     )
     parser.add_argument(
         "--groups", nargs="+", help="preset groups (default: 47M and 262M on a GPU, tiny on CPU)"
@@ -408,8 +414,7 @@ def _measure(args, device: str, world: distributed.World) -> int:
             args.warmup,
             world,
             clock,
-            args.compile,
-            args.cuda_graphs,
+            StepMode(args.compile, args.cuda_graphs),
             args.fit_from,
         )
         rank_devices = distributed.gathered(_device_of(device, world), world)
