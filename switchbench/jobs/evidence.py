@@ -317,8 +317,8 @@ def _speed(group: str, compiled: bool = False) -> Callable[[Context], object]:
 
 def _speed_practitioner(group: str) -> Callable[[Context], object]:
     """The group's training steps as a practitioner runs them: fused attention (SDPA) and each step replayed from
-    one CUDA graph, at the paper's whole batch of 64 on one GPU (halved until the group fits); beside the eager,
-    explicit-attention step of ``speed-<group>``, the paper-like setting."""
+    one CUDA graph, at the paper's whole batch of 64 on one GPU (halved until the group fits, the halves' gradients
+    accumulated); beside the eager, explicit-attention step of ``speed-<group>``, the paper-like setting."""
 
     def run(ctx: Context):
         flags = ["--attention", "sdpa"]

@@ -215,17 +215,28 @@ def _kernels(forward: Callable) -> tuple[str, str | None]:
 def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     """``step`` captured whole in one CUDA graph, replayed by the call returned: warmed up first on a side stream
     (lazy initialisation, autotuning and compilation happen outside the capture, as torch's documentation asks).
-    The capture fails on any host synchronisation in the step: a captured step is a host-free one."""
+    The capture fails on any host synchronisation in the step: a captured step is a host-free one.
+
+    Every graph of the process allocates from one shared pool: a group's members are all captured before they are
+    timed, and each graph's own pool would hold a whole step's activations for the run. Sharing is safe because
+    graphs are replayed one at a time and none reads another's temporaries (what outlives a step, its gradients,
+    stays allocated)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for _ in range(warmup):
             step()
     torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.empty_cache()  # the warm-up's cached blocks, for the capture's pool to take
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, pool=_graph_pool()):
         step()
     return graph.replay
+
+
+@functools.cache
+def _graph_pool():
+    return torch.cuda.graph_pool_handle()
 
 
 def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:
