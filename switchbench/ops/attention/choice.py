@@ -6,11 +6,9 @@ bias to the logits (Transformer-XL) and whether the caller wants the attention m
 has. Every resolution is recorded in the logs opened by :func:`recording`, so a run can say what it ran on.
 """
 
-import contextlib
-import os
-from collections.abc import Iterator
-
 import torch
+
+from switchbench.core.choice import Choice
 
 BACKENDS = ("explicit", "sdpa", "flex")
 CHOICES = ("auto", *BACKENDS)
@@ -21,49 +19,12 @@ AUTO_RULE = (
     "explicit for maps; SDPA on CUDA; on the CPU SDPA without a position bias (RoPE), explicit with one (XL)"
 )
 
-_selected: list[tuple[str, dict]] = []  # the choices in force, innermost last, each with its resolutions
-_logs: list[dict] = []  # open recordings
-
-
-@contextlib.contextmanager
-def selected(choice: str | None) -> Iterator[None]:
-    """Run the block with ``choice`` in force, its resolutions recorded for :func:`resolutions` (None: leave the
-    choice as it is)."""
-    if choice is None:
-        yield
-        return
-    check(choice, "attention choice")
-    with recording() as log:
-        _selected.append((choice, log))
-        try:
-            yield
-        finally:
-            _selected.pop()
-
-
-def choice() -> str:
-    """The choice in force: the innermost :func:`selected`, else SWITCHBENCH_ATTENTION, else auto."""
-    if _selected:
-        return _selected[-1][0]
-    named = os.environ.get(ENV) or "auto"
-    check(named, ENV)
-    return named
-
-
-def resolutions() -> dict[str, str]:
-    """What the calls made under the innermost :func:`selected` ran on, so far: {"device | bias": backend}."""
-    return dict(_selected[-1][1]) if _selected else {}
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[dict[str, str]]:
-    """Collect every resolution made in the block: {"device | bias | maps": backend}."""
-    log: dict[str, str] = {}
-    _logs.append(log)
-    try:
-        yield log
-    finally:
-        _logs[:] = [other for other in _logs if other is not log]  # by identity: equal logs are not the same
+_CHOICE = Choice("attention kernel", ENV, CHOICES)
+selected = _CHOICE.selected
+choice = _CHOICE.choice
+resolutions = _CHOICE.resolutions  # {"device | bias[ | maps]": backend}
+recording = _CHOICE.recording
+check = _CHOICE.check
 
 
 def lookup(device_type: str, biased: bool, maps: bool, named: str | None = None) -> str:
@@ -81,11 +42,5 @@ def resolve(device_type: str, biased: bool, maps: bool) -> str:
     """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced."""
     backend = lookup(device_type, biased, maps)
     key = f"{device_type} | {'position bias' if biased else 'no bias'}{' | maps' if maps else ''}"
-    for log in _logs:
-        log[key] = backend
+    _CHOICE.record(key, backend)
     return backend
-
-
-def check(named: str, where: str) -> None:
-    if named not in CHOICES:
-        raise ValueError(f"{where}: the attention kernel must be one of {', '.join(CHOICES)}; got {named!r}")

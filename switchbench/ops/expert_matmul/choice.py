@@ -10,16 +10,15 @@ Every resolution is recorded in the logs opened by :func:`recording`, so a run c
 here touches a tensor's data: choosing costs no operator call and no sync.
 """
 
-import contextlib
 import functools
 import importlib.resources
 import json
-import os
 import platform
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+from switchbench.core.choice import Choice
 
 IMPLS = ("torch", "triton", "grouped_mm")
 CHOICES = ("auto", *IMPLS)
@@ -44,49 +43,11 @@ class Resolution:
         return f"{self.impl} ({'auto: measured fastest' if self.reason == 'measured' else 'named'})"
 
 
-_selected: list[tuple[str, dict]] = []  # the choices in force, innermost last, each with its resolutions
-_logs: list[dict] = []  # open recordings
-
-
-@contextlib.contextmanager
-def selected(choice: str | None) -> Iterator[None]:
-    """Run the block with ``choice`` in force, its resolutions recorded for :func:`resolutions` (None: leave the
-    choice as it is)."""
-    if choice is None:
-        yield
-        return
-    _check(choice, "expert matmul choice")
-    with recording() as log:
-        _selected.append((choice, log))
-        try:
-            yield
-        finally:
-            _selected.pop()
-
-
-def choice() -> str:
-    """The choice in force: the innermost :func:`selected`, else SWITCHBENCH_EXPERT_MATMUL, else auto."""
-    if _selected:
-        return _selected[-1][0]
-    named = os.environ.get(ENV_IMPL) or "auto"
-    _check(named, ENV_IMPL)
-    return named
-
-
-def resolutions() -> dict[str, Resolution]:
-    """What the calls made under the innermost :func:`selected` ran on, so far: {"device | bucket": Resolution}."""
-    return dict(_selected[-1][1]) if _selected else {}
-
-
-@contextlib.contextmanager
-def recording() -> Iterator[dict[str, Resolution]]:
-    """Collect every resolution made in the block: {"device | bucket": Resolution}."""
-    log: dict[str, Resolution] = {}
-    _logs.append(log)
-    try:
-        yield log
-    finally:
-        _logs[:] = [other for other in _logs if other is not log]  # by identity: equal logs are not the same
+_CHOICE = Choice("expert matmul", ENV_IMPL, CHOICES)
+selected = _CHOICE.selected
+choice = _CHOICE.choice
+resolutions = _CHOICE.resolutions  # {"device | bucket": Resolution}
+recording = _CHOICE.recording
 
 
 def shape_bucket(slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: bool) -> str:
@@ -137,11 +98,5 @@ def resolve(device: torch.device, bucket: str, named: str | None = None) -> str:
     """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced,
     and its answer is part of the graph."""
     resolution = lookup(device, bucket, named)
-    for log in _logs:
-        log[f"{device_name(device)} | {bucket}"] = resolution
+    _CHOICE.record(f"{device_name(device)} | {bucket}", resolution)
     return resolution.impl
-
-
-def _check(named: str, where: str) -> None:
-    if named not in CHOICES:
-        raise ValueError(f"{where}: the expert matmul must be one of {', '.join(CHOICES)}; got {named!r}")
