@@ -113,15 +113,13 @@ def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
 
 def check_attention(choice: str | None, device: str | None) -> None:
     """``--attention`` (None: the command has no such flag) names a kernel the command's device can run; else a
-    ValueError. FlexAttention has no backward on the CPU, and every command that takes the flag may train."""
+    ValueError. Every command that takes the flag may train, so a kernel without a CPU backward needs CUDA."""
     if choice is None:
         return
     attention_choice.check(os.environ.get(attention_choice.ENV) or "auto", attention_choice.ENV)
-    if choice == "flex" and device_from_args(device) != "cuda":
-        raise ValueError(
-            "--attention flex needs a CUDA device: torch has no FlexAttention backward on the CPU "
-            "(use sdpa or explicit there)"
-        )
+    if choice in attention_choice.NEEDS_CUDA and device_from_args(device) != "cuda":
+        why = attention_choice.NEEDS_CUDA[choice]
+        raise ValueError(f"--attention {choice} needs a CUDA device: {why} (use sdpa or explicit there)")
 
 
 def check_expert_matmul(choice: str | None, where: str) -> None:

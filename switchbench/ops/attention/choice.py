@@ -13,6 +13,7 @@ from switchbench.core.choice import Choice
 BACKENDS = ("explicit", "sdpa", "flex")
 CHOICES = ("auto", *BACKENDS)
 ENV = "SWITCHBENCH_ATTENTION"
+NEEDS_CUDA = {"flex": "torch has no FlexAttention backward on the CPU"}  # a backend, and why it needs CUDA
 # auto on the CPU keeps Transformer-XL's logits explicit: SDPA with an additive bias takes the unfused math path
 # there, and the exact memory counts (cost.softmax_attention) and the CPU gate's baseline describe the explicit one
 AUTO_RULE = (
