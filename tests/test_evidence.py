@@ -462,7 +462,8 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     (summary_path,) = (tmp_path / "results" / "tests").rglob("*.json")
     summary = json.loads(summary_path.read_text())
     ran_first = summary["counts"]["tests"]
-    assert 0 < ran_first < 12 and summary["failed"] == [f"{tests.name}::test_slowly[1]"]
+    failed = summary["failed"]  # test ids, relative to where pytest found its root
+    assert 0 < ran_first < 12 and len(failed) == 1 and failed[0].endswith(f"{tests.name}::test_slowly[1]")
     second = _chain(tmp_path, budget=60)
     assert second["steps"]["tests-1"]["status"] == "failed"  # one test fails: the part is done, and red
     logs = sorted((tmp_path / "results" / "tests").rglob("*.jsonl"))
