@@ -255,9 +255,8 @@ def attention_kernel(fn: Callable) -> str:
     with attention_choice.recording() as resolved, profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     found = {SDPA_BACKENDS[e.name] for e in prof.events() if e.name in SDPA_BACKENDS}
-    if (
-        not found and not resolved
-    ):  # compiled, so resolved once as it was traced: the command's calls stand in
+    # A compiled call resolved its kernel once, as it was traced: the command's own resolutions stand in
+    if not found and not resolved:
         resolved = attention_choice.resolutions()
     found |= {OTHER_KERNELS[backend] for backend in resolved.values() if backend in OTHER_KERNELS}
     return " + ".join(sorted(found)) or "explicit softmax"

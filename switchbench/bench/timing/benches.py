@@ -84,9 +84,8 @@ def model_benches(
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    mixed = autocast(
-        device, dtype, cache=not mode.cuda_graphs
-    )  # a captured region may not use autocast's cache
+    # a region captured in a CUDA graph may not use autocast's cache
+    mixed = autocast(device, dtype, cache=not mode.cuda_graphs)
     with torch.no_grad(), mixed:
         state = model(inputs).state  # a full cache, as in training after the first chunk
 
