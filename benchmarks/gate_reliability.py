@@ -1,68 +1,82 @@
 """How often the CPU gate cries wolf, and how often it sleeps through a regression, measured.
 
-Runs ``switchbench speed --quick`` N times, alternately beside each count of busy processes given (each spins a
-core until the run ends), and checks every run with ``switchbench check`` three ways:
+Runs ``switchbench gate`` as tox does (this checkout against the baseline's commit, both timed here, interleaved)
+N times, alternately beside each count of busy processes given (each spins a core until the gate ends):
 
-- against the committed baseline: a failure is a false alarm (the code did not change);
-- against the baseline with its time ratios x 0.7 (the issue's 30% regression): a pass is a miss;
-- against the baseline with its time ratios / 1.3 (a SwitchHead layer 30% slower): a pass is a miss.
+- the checkout as it is: a failure is a false alarm (the code did not change);
+- a copy of the checkout whose SwitchHead attention forward is made slower in CPU time by each factor of ``--plants``
+  (a spin after the call, no extra tensor operation): a pass is a miss.
 
     python benchmarks/gate_reliability.py --runs 6 --busy 4 6 --out results/gate/reliability.json
 
-It prints one line per run and writes the runs, the verdicts and the counts as JSON with the environment and
-commit. Wall time: about 15 s a run on a quiet 2-core machine, about 4 times that beside 6 busy processes.
+It prints one line per gate and writes the gates' verdicts and the counts as JSON with the machine and the commit.
+The reference commit is materialised once and shared by every gate (``--reference`` as a folder). Wall time: about a
+minute a gate on a quiet 2-core machine, two to three times that beside busy processes.
 """
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from switchbench.bench.timing.gate import TIME
+from switchbench.bench.timing.gate import TIME, load_baseline
+from switchbench.bench.timing.same_machine import HERE, LAUNCH, materialise
 from switchbench.core.environment import commit, environment
 from switchbench.core.results import write_atomic
 
-CLI = [sys.executable, "-m", "switchbench"]
 BUSY = "while True:\n    pass\n"
-REGRESSIONS = {"time ratios x 0.7": 0.7, "SwitchHead 30% slower (time ratios / 1.3)": 1 / 1.3}
+# Appended to the copy's SwitchHead module: its attention forward, then a spin of (factor - 1) times the CPU time
+# the forward took, which the gate's clock (the thread's CPU time) counts.
+PLANT = """
+
+import time as _time
 
 
-def scaled(baseline: dict, factor: float) -> dict:
-    """``baseline`` with every time ratio multiplied by ``factor``: what a run of code that regressed looks like
-    against the true baseline."""
-    ratios = {
-        key: entry | ({TIME: entry[TIME] * factor} if TIME in entry else {})
-        for key, entry in baseline["ratios"].items()
-    }
-    return baseline | {"ratios": ratios}
+def _planted(forward, factor={factor}):
+    def slower(self, *args, **kwargs):
+        start = _time.thread_time()
+        out = forward(self, *args, **kwargs)
+        end = start + factor * (_time.thread_time() - start)
+        while _time.thread_time() < end:
+            pass
+        return out
+
+    return slower
 
 
-def timed_run(out: Path, busy: int) -> Path:
-    """One quick speed run beside ``busy`` spinning processes; the run's JSON."""
+SwitchHeadAttention.forward = _planted(SwitchHeadAttention.forward)
+"""
+
+
+def planted(dest: Path, factor: float) -> Path:
+    """A copy of the checkout's package under ``dest`` whose SwitchHead attention forward is ``factor`` times
+    slower; the folder to run it from."""
+    shutil.copytree(HERE / "switchbench", dest / "switchbench", ignore=shutil.ignore_patterns("__pycache__"))
+    module = dest / "switchbench" / "models" / "families" / "switchhead.py"
+    module.write_text(module.read_text() + PLANT.format(factor=factor))
+    return dest
+
+
+def gated(source: Path, reference: Path, busy: int, rounds: int, pairs: int) -> dict:
+    """``switchbench gate`` of the package in ``source`` beside ``busy`` spinning processes: its exit code and its
+    time verdicts."""
+    settings = ["--reference", str(reference), "--rounds", str(rounds), "--pairs", str(pairs), "--json"]
     spinners = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(busy)]
     try:
         done = subprocess.run(
-            [*CLI, "speed", "--quick", "--out", str(out), "--json"],
+            [sys.executable, "-c", LAUNCH, str(source), "gate", *settings],
             capture_output=True,
             text=True,
-            check=True,
         )
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
-    return Path(json.loads(done.stdout)["saved"])
-
-
-def check(run: Path, baseline: Path) -> dict:
-    """``switchbench check``'s exit code and its time verdicts (medians, intervals, limits)."""
-    done = subprocess.run(
-        [*CLI, "check", str(run), "--baseline", str(baseline), "--json"], capture_output=True, text=True
-    )
     if done.returncode not in (0, 1):
-        raise RuntimeError(f"switchbench check exited {done.returncode}: {done.stderr.strip()}")
+        raise RuntimeError(f"switchbench gate exited {done.returncode}: {done.stderr.strip()}")
     checks = [c for c in json.loads(done.stdout)["checks"] if c["quantity"] == TIME]
     return {"exit": done.returncode, "time": checks}
 
@@ -75,41 +89,51 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--busy", type=int, nargs="+", default=[4, 6], help="busy processes, in turn (default 4 6)"
     )
-    parser.add_argument("--baseline", type=Path, default=Path("results/baselines/cpu.json"))
+    parser.add_argument(
+        "--plants", type=float, nargs="+", default=[1.5, 1.3], help="slow-downs planted (default 1.5 1.3)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=15, help="timed rounds per speed run (the gate's default)"
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=2, help="runs of each side per gate (the gate's default)"
+    )
+    parser.add_argument("--baseline", type=Path, default=HERE / "results" / "baselines" / "cpu.json")
     parser.add_argument("--out", type=Path, default=Path("results/gate/reliability.json"))
     args = parser.parse_args(argv)
-    baseline = json.loads(args.baseline.read_text())
     code = commit()  # read before anything is written
+    reference_commit = load_baseline(args.baseline)["metadata"]["commit"]
     rows = []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        baselines = {"committed": args.baseline}
-        for i, (name, factor) in enumerate(REGRESSIONS.items()):
-            baselines[name] = work / f"regressed-{i}.json"
-            baselines[name].write_text(json.dumps(scaled(baseline, factor)))
+        reference = materialise(reference_commit, work / "reference")
+        heads = {"as committed": HERE} | {
+            f"forward x {factor}": planted(work / f"plant-{factor}", factor) for factor in args.plants
+        }
         for i in range(args.runs):
             busy = args.busy[i % len(args.busy)]
-            run = timed_run(work / f"run-{i}", busy)
-            verdicts = {name: check(run, path) for name, path in baselines.items()}
-            row = {
-                "run": i + 1,
-                "busy": busy,
-                "false_alarm": verdicts["committed"]["exit"] == 1,
-                "missed": [name for name in REGRESSIONS if verdicts[name]["exit"] == 0],
-                "time": verdicts["committed"]["time"],
-            }
-            rows.append(row)
-            medians = ", ".join(f"{c['measured']:.4f} [{c['low']:.4f}, {c['high']:.4f}]" for c in row["time"])
-            print(
-                f"run {i + 1}, {busy} busy: {medians}; false alarm: {row['false_alarm']}; missed: {row['missed']}"
-            )
+            for name, source in heads.items():
+                verdict = gated(source, reference, busy, args.rounds, args.pairs)
+                regressed = verdict["exit"] == 1
+                rows.append({"run": i + 1, "busy": busy, "code": name, "regressed": regressed} | verdict)
+                measured = ", ".join(
+                    f"{c['measured']:.4f} [{c['low']:.4f}, {c['high']:.4f}] vs {c['baseline']:.4f}"
+                    for c in verdict["time"]
+                )
+                print(f"run {i + 1}, {busy} busy, {name}: {measured}; regression: {regressed}", flush=True)
+    clean = [r for r in rows if r["code"] == "as committed"]
     summary = {
-        "runs": len(rows),
-        "false_alarms": sum(r["false_alarm"] for r in rows),
-        "missed": {name: sum(name in r["missed"] for r in rows) for name in REGRESSIONS},
+        "runs": args.runs,
+        "false_alarms": sum(r["regressed"] for r in clean),
+        "missed": {
+            name: sum(not r["regressed"] for r in rows if r["code"] == name)
+            for name in heads
+            if name != "as committed"
+        },
     }
     metadata = environment("cpu") | {
         "commit": code,
+        "reference": reference_commit,
         "command": "python benchmarks/gate_reliability.py "
         + " ".join(argv if argv is not None else sys.argv[1:]),
         "baseline": str(args.baseline),

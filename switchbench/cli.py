@@ -12,7 +12,7 @@ from switchbench.bench.inference import decode
 from switchbench.bench.kernels import bench as kernels
 from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import tune as kernel_tune
-from switchbench.bench.timing import gate, profile, speed
+from switchbench.bench.timing import gate, profile, same_machine, speed
 from switchbench.jobs import evidence, main_job
 from switchbench.models import family as registry
 from switchbench.reports import report
@@ -25,6 +25,7 @@ COMMANDS = (
     scaling,
     speed,
     gate,
+    same_machine,
     decode,
     kernels,
     kernel_tune,

@@ -22,7 +22,43 @@ def environment(device: str) -> dict:
     if device == "cuda":
         info["cuda"] = torch.version.cuda
         info["driver"] = _nvidia_driver()
+    else:
+        info["machine"] = cpu_fingerprint()
     return info
+
+
+def cpu_fingerprint() -> dict:
+    """What a CPU time ratio depends on besides the code: the processor model, its caches, the vector instructions
+    PyTorch's kernels dispatch to, and the logical cores. Equal fingerprints do not prove one machine (a VM may show
+    a generic model name); unequal ones prove two."""
+    return {
+        "model": _cpuinfo("model name") or platform.processor() or platform.machine(),
+        "caches": _caches(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "cores": os.cpu_count(),
+    }
+
+
+def _cpuinfo(field: str) -> str | None:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next(
+        (line.split(":", 1)[1].strip() for line in lines if line.split(":")[0].strip() == field), None
+    )
+
+
+def _caches() -> str | None:
+    """Level, kind and size of each of CPU 0's caches (Linux), e.g. 'L1d 48K, L1i 32K, L2 2048K, L3 307200K'."""
+    caches = []
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            level, kind, size = ((index / name).read_text().strip() for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        caches.append(f"L{level}{dict(Data='d', Instruction='i').get(kind, '')} {size}")
+    return ", ".join(caches) or None
 
 
 def device_name(device: str) -> str:

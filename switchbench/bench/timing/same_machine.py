@@ -1,0 +1,189 @@
+"""The gate measured against a reference timed on this machine, in this run: ``switchbench gate``.
+
+A CPU time ratio of two layers belongs to the processor as much as to the code: SwitchHead/dense at the gate's
+shapes moved by about a quarter between two 2-core Xeon VMs (0.556 and 0.687 forward+backward), more than the
+gate's tolerance. So, as asv's ``continuous`` does, the gate times both versions here: the commit that recorded
+the baseline is materialised from git into a temporary folder, and ``switchbench speed --quick`` runs from it and
+from the code under test in turn, each in a process of its own, in the order ABBA... so that a drift of the machine
+falls on both. Time ratios are then gated against the reference's, measured minutes ago on the same processor;
+exact counts against the committed ones, which no machine changes.
+
+Where the commit is not in this checkout's history (a shallow clone, a copy without ``.git``), the gate says so and
+falls back to the committed ratios, with the tolerance ``gate.time_tolerance`` gives them on this machine.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import switchbench
+from switchbench.bench.timing import gate
+from switchbench.core.environment import cpu_fingerprint
+from switchbench.core.results import writable_folder
+
+# The folder holding the package that is running: the code under test (a checkout, or a worktree run with -m)
+HERE = Path(switchbench.__file__).resolve().parents[1]
+# Runs `switchbench` from the folder given as the first argument, and proves that is where it was imported from:
+# an editable install or a stray folder on the path must not stand in for the version asked for.
+LAUNCH = """\
+import runpy, sys
+source = sys.argv.pop(1)
+sys.path.insert(0, source)
+import switchbench
+if not switchbench.__file__.startswith(source):
+    sys.exit(f"switchbench came from {switchbench.__file__}, not from {source}")
+runpy.run_module("switchbench", run_name="__main__", alter_sys=True)
+"""
+PAIRS = 2
+ROUNDS = 15  # per run: two pairs pool 30 a side, the interval the committed baseline's runs had
+
+
+class NoReference(Exception):
+    """The reference commit cannot be materialised here; the message says why."""
+
+
+def materialise(commit: str, dest: Path, checkout: Path = HERE) -> Path:
+    """The package as it was at ``commit``, extracted under ``dest``; the folder to run it from."""
+    commit = commit.removesuffix("-dirty")
+    try:
+        found = subprocess.run(
+            ["git", "-C", str(checkout), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+        )
+    except OSError:
+        raise NoReference("git is not installed") from None
+    if found.returncode:
+        raise NoReference(f"commit {commit[:12]} is not in {checkout}'s history (a shallow clone or a copy?)")
+    with tempfile.TemporaryFile() as archive:
+        subprocess.run(
+            ["git", "-C", str(checkout), "archive", "--format=tar", commit, "switchbench"],
+            stdout=archive,
+            check=True,
+        )
+        archive.seek(0)
+        with tarfile.open(fileobj=archive) as tar:
+            tar.extractall(dest, filter="data")
+    return dest
+
+
+def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -> dict:
+    """One ``switchbench speed --quick`` of the package in ``source``, in a process of its own; the run."""
+    env = os.environ | ({"SWITCHBENCH_COMMIT": commit} if commit else {})
+    speed = ["speed", "--quick", "--rounds", str(rounds), "--out", str(out), "--json"]
+    done = subprocess.run(
+        [sys.executable, "-c", LAUNCH, str(source), *speed],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if done.returncode:
+        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        raise RuntimeError(f"the speed run of {source} failed: {last[0]}")
+    return gate.load_run(Path(json.loads(done.stdout)["saved"]))[1]
+
+
+def interleaved(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
+    """Runs of the code under test and of the reference in the order ABBA...; their runs, each side pooled."""
+    runs = {"head": [], "reference": []}
+    for p in range(pairs):
+        order = ("head", "reference") if p % 2 == 0 else ("reference", "head")
+        for side in order:
+            source = head if side == "head" else reference
+            folder = out / f"{side}-{len(runs[side]) + 1}"
+            runs[side].append(timed_run(source, folder, rounds, commit if side == "reference" else None))
+    return pooled(runs["head"]), pooled(runs["reference"])
+
+
+def pooled(runs: list[dict]) -> dict:
+    """Several runs of one benchmark as one: each time ratio's rounds together, its median over all of them."""
+    rows = []
+    for same in zip(*(run["rows"] for run in runs), strict=True):
+        row = dict(same[0])
+        if gate.TIME in row:
+            row["ratio_time_rounds"] = [r for each in same for r in each["ratio_time_rounds"]]
+            row[gate.TIME] = statistics.median(row["ratio_time_rounds"])
+        rows.append(row)
+    metadata = runs[0]["metadata"] | {"runs": len(runs), "rounds": [r["metadata"]["rounds"] for r in runs]}
+    return {"metadata": metadata, "rows": rows}
+
+
+def register(commands) -> None:
+    """The ``gate`` command."""
+    parser = commands.add_parser(
+        "gate",
+        help="time this code and the baseline's commit here, interleaved, and gate the speedups: exit 0 pass, "
+        "1 regression, 2 unusable input",
+    )
+    parser.add_argument("--baseline", default="results/baselines/cpu.json", help="default: %(default)s")
+    parser.add_argument(
+        "--reference",
+        help="the code to compare against: a commit, or a folder holding a switchbench package (default: the "
+        "baseline's commit)",
+    )
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="runs of each side (default %(default)s)")
+    parser.add_argument(
+        "--rounds", type=int, default=ROUNDS, help="timed rounds per run (default %(default)s)"
+    )
+    parser.add_argument("--out", help="keep every run under this folder (default: a temporary one)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    baseline = gate.load_baseline(args.baseline)
+    if args.pairs < 1 or args.rounds < 6:
+        raise ValueError("--pairs must be >= 1 and --rounds >= 6 (fewer rounds give no 95% interval)")
+    if args.out:
+        writable_folder(Path(args.out), "--out")
+    with tempfile.TemporaryDirectory(prefix="switchbench-gate-") as work:
+        out = Path(args.out) if args.out else Path(work)
+        reference, commit, why = _reference(args.reference, baseline, Path(work) / "reference")
+        if reference is None:
+            head = timed_run(HERE, out / "head-1", args.rounds * args.pairs)
+            verdicts, against = gate.check(head, baseline), _fallback(why, baseline)
+        else:
+            head, measured = interleaved(HERE, reference, commit, out, args.pairs, args.rounds)
+            verdicts = gate.check(head, baseline, reference=measured)
+            against = (
+                f"reference: {commit or reference}, timed here interleaved with {HERE} ({args.pairs} runs of "
+                f"{args.rounds} rounds each); the committed time ratios, recorded on "
+                f"{_machine(baseline['metadata'])}, are not used"
+            )
+    about = {"baseline": args.baseline, "machine": cpu_fingerprint(), "tolerances": baseline["tolerances"]}
+    return gate.print_verdicts(verdicts, against, about, args.json)
+
+
+def _reference(named: str | None, baseline: dict, dest: Path) -> tuple[Path | None, str | None, str | None]:
+    """The folder to run the reference from and its commit, or (None, None, why there is none)."""
+    if named and Path(named).is_dir():
+        if not (Path(named) / "switchbench" / "__init__.py").is_file():
+            raise ValueError(f"--reference {named}: no switchbench package in this folder")
+        return Path(named).resolve(), None, None
+    commit = named or baseline["metadata"].get("commit")
+    if not commit:
+        return None, None, "the baseline names no commit"
+    try:
+        return materialise(commit, dest), commit, None
+    except NoReference as error:
+        if named:
+            raise ValueError(f"--reference {named}: {error}") from None
+        return None, None, str(error)
+
+
+def _fallback(why: str, baseline: dict) -> str:
+    tolerance, machine = gate.time_tolerance(baseline, cpu_fingerprint())
+    return (
+        f"reference: the committed time ratios ({why}), recorded on {_machine(baseline['metadata'])}; {machine}, "
+        f"so time ratios are gated with a tolerance of {tolerance:.0%}"
+    )
+
+
+def _machine(metadata: dict) -> str:
+    fingerprint = metadata.get("machine")
+    if not fingerprint:
+        return "a machine the baseline does not name"
+    return f"{fingerprint['model']} ({fingerprint['cores']} cores, {fingerprint['capability']}, {fingerprint['caches']})"
