@@ -7,13 +7,18 @@ of attention and gates are drawn with imshow, which an SVG embeds as one PNG per
 
 import numpy as np
 import pandas as pd
-import seaborn as sns
 from matplotlib.figure import Figure
 
 LAST = 128  # positions shown of long inputs
 TICK_LIMIT = 64  # more token labels than this are unreadable
 # Inches per map of a grid: six layers and the row labels fit the report's width (about 12 inches).
 PANEL = 2.0
+
+
+def _seaborn():
+    import seaborn  # here, not at the top: 0.7 s to import, which only the commands that draw should pay
+
+    return seaborn
 
 
 def _ticks(labels) -> list | bool:
@@ -104,7 +109,9 @@ def usage_bars(panels: list[tuple[str, np.ndarray]], title: str) -> Figure:
         ax.axis("off")
     for ax, (name, counts) in zip(axes.flat, panels, strict=False):
         order = [str(e) for e in np.argsort(counts, kind="stable")[::-1]]
-        sns.barplot(x=[str(e) for e in range(len(counts))], y=counts, order=order, color="tab:blue", ax=ax)
+        _seaborn().barplot(
+            x=[str(e) for e in range(len(counts))], y=counts, order=order, color="tab:blue", ax=ax
+        )
         ax.tick_params(labelsize=6)
         ax.set(title=name, xlabel="expert (sorted by use)", ylabel="selections")
     fig.suptitle(title)
@@ -119,7 +126,7 @@ def cooccurrence_grid(maps: dict[tuple[int, int], np.ndarray], title: str) -> Fi
     axes = fig.subplots(len(layers), len(heads), squeeze=False)
     for (layer, head), counts in maps.items():
         ax = axes[layers.index(layer)][heads.index(head)]
-        sns.heatmap(
+        _seaborn().heatmap(
             counts,
             ax=ax,
             cmap="Blues",
@@ -138,10 +145,12 @@ def training_curves(logs: pd.DataFrame, metric: str, title: str) -> Figure:
     """``metric`` against step, one line per ``model`` of the concatenated training logs."""
     fig = Figure(figsize=(8, 3.5), layout="constrained")
     ax = fig.subplots()
-    sns.lineplot(data=logs.dropna(subset=[metric]), x="step", y=metric, hue="model", marker="o", ax=ax)
+    _seaborn().lineplot(data=logs.dropna(subset=[metric]), x="step", y=metric, hue="model", marker="o", ax=ax)
     ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=title)
     ax.grid(alpha=0.3)
-    sns.move_legend(ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)  # outside the data
+    _seaborn().move_legend(
+        ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False
+    )  # outside the data
     return fig
 
 
@@ -155,7 +164,7 @@ def similarity(rows: list[dict], title: str) -> Figure:
     for ax, (measure, label) in zip(
         axes, (("pearson", "Pearson r (1: alike)"), ("js_distance", "JS distance (0: alike)")), strict=True
     ):
-        sns.lineplot(
+        _seaborn().lineplot(
             data=table,
             x="layer",
             y=measure,
@@ -178,7 +187,7 @@ def similarity(rows: list[dict], title: str) -> Figure:
 def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
     """Held-out bits per byte against training MACs and against wall-clock: one point per run (its marker the
     seed), and each family's mean with its interval as an open diamond with error bars, drawn under the runs."""
-    palette = dict(zip(summary["family"], sns.color_palette(n_colors=len(summary)), strict=True))
+    palette = dict(zip(summary["family"], _seaborn().color_palette(n_colors=len(summary)), strict=True))
     runs = runs.assign(seed=runs["seed"].astype(str))
     fig = Figure(figsize=(11, 4))
     axes = fig.subplots(1, 2, sharey=True)
@@ -203,7 +212,7 @@ def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
                 elinewidth=1,
                 zorder=2,
             )
-        sns.scatterplot(
+        _seaborn().scatterplot(
             data=runs,
             x=x,
             y="val_bits_per_byte",

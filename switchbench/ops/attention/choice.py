@@ -6,9 +6,7 @@ bias to the logits (Transformer-XL) and whether the caller wants the attention m
 has. Every resolution is recorded in the logs opened by :func:`recording`, so a run can say what it ran on.
 """
 
-import torch
-
-from switchbench.core.choice import Choice
+from switchbench.core.choice import Choice, traced_once
 
 BACKENDS = ("explicit", "sdpa", "flex")
 CHOICES = ("auto", *BACKENDS)
@@ -39,7 +37,7 @@ def lookup(device_type: str, biased: bool, maps: bool, named: str | None = None)
     return "explicit" if biased and device_type != "cuda" else "sdpa"
 
 
-@torch.compiler.assume_constant_result
+@traced_once
 def resolve(device_type: str, biased: bool, maps: bool) -> str:
     """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced."""
     backend = lookup(device_type, biased, maps)

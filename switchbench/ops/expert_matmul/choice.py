@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from switchbench.core.choice import Choice
+from switchbench.core.choice import Choice, traced_once
 
 IMPLS = ("torch", "triton", "grouped_mm")
 CHOICES = ("auto", *IMPLS)
@@ -93,7 +93,7 @@ def lookup(device: torch.device, bucket: str, named: str | None = None) -> Resol
     return Resolution("triton" if device.type == "cuda" else "torch", "fallback")
 
 
-@torch.compiler.assume_constant_result
+@traced_once
 def resolve(device: torch.device, bucket: str, named: str | None = None) -> str:
     """:func:`lookup`, recorded in every open recording. Under torch.compile it runs once, as the graph is traced,
     and its answer is part of the graph."""
