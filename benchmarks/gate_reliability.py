@@ -10,7 +10,8 @@ N times, alternately beside each count of busy processes given (each spins a cor
     python benchmarks/gate_reliability.py --runs 6 --busy 4 6 --out results/gate/reliability.json
 
 It prints one line per gate and writes the gates' verdicts and the counts as JSON with the machine and the commit.
-The reference commit is materialised once and shared by every gate (``--reference`` as a folder). Wall time: about a
+The reference commit is materialised once and shared by every gate (``--reference`` as a folder); without git
+history, a copy of the checkout stands in for it. Wall time: about a
 minute a gate on a quiet 2-core machine, two to three times that beside busy processes.
 """
 
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from switchbench.bench.timing.gate import TIME, load_baseline
-from switchbench.bench.timing.same_machine import HERE, LAUNCH, materialise
+from switchbench.bench.timing.same_machine import HERE, LAUNCH, NoReference, materialise
 from switchbench.core.environment import commit, environment
 from switchbench.core.results import write_atomic
 
@@ -51,12 +52,13 @@ SwitchHeadAttention.forward = _planted(SwitchHeadAttention.forward)
 """
 
 
-def planted(dest: Path, factor: float) -> Path:
-    """A copy of the checkout's package under ``dest`` whose SwitchHead attention forward is ``factor`` times
-    slower; the folder to run it from."""
+def copied(dest: Path, plant: float | None = None) -> Path:
+    """A copy of the checkout's package under ``dest``, its SwitchHead attention forward ``plant`` times slower if
+    given; the folder to run it from."""
     shutil.copytree(HERE / "switchbench", dest / "switchbench", ignore=shutil.ignore_patterns("__pycache__"))
-    module = dest / "switchbench" / "models" / "families" / "switchhead.py"
-    module.write_text(module.read_text() + PLANT.format(factor=factor))
+    if plant is not None:
+        module = dest / "switchbench" / "models" / "families" / "switchhead.py"
+        module.write_text(module.read_text() + PLANT.format(factor=plant))
     return dest
 
 
@@ -106,9 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as work:
         work = Path(work)
-        reference = materialise(reference_commit, work / "reference")
+        try:
+            reference = materialise(reference_commit, work / "reference")
+        except (
+            NoReference
+        ) as error:  # the gate would fall back to the committed ratios; this asks the same question
+            print(f"{error}: the reference is a copy of this checkout", flush=True)
+            reference, reference_commit = copied(work / "reference"), f"a copy of {code}"
         heads = {"as committed": HERE} | {
-            f"forward x {factor}": planted(work / f"plant-{factor}", factor) for factor in args.plants
+            f"forward x {factor}": copied(work / f"plant-{factor}", factor) for factor in args.plants
         }
         for i in range(args.runs):
             busy = args.busy[i % len(args.busy)]

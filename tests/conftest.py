@@ -20,5 +20,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first, so that the longest start early and the short ones fill the workers' gaps after."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """Under pytest-xdist's worksteal, which hands each of N workers a contiguous Nth of this order, every share
+    starts with an equal deal of the slow tests: the longest start at once on every worker, the short ones fill the
+    gaps after (with the slow tests first in one block, one worker ran them all while the other ran out of work)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    fast = [item for item in items if not item.get_closest_marker("slow")]
+    items[:] = [item for w in range(workers) for item in slow[w::workers] + fast[w::workers]]

@@ -4,9 +4,11 @@ fallback, and the record of what each call resolved to."""
 import pytest
 import torch
 
+from switchbench.core.choice import traced_once
 from switchbench.models.config import ModelConfig
 from switchbench.models.families.switchhead import SwitchHeadAttention
 from switchbench.models.layers.window import make_window
+from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
@@ -87,3 +89,16 @@ def test_a_layer_runs_on_the_choice_in_force():
 def test_the_shipped_table_names_known_implementations():
     for t in choice.auto_tables():
         assert set(t["choices"].values()) <= set(choice.IMPLS), t["device"]
+
+
+def test_a_resolution_is_marked_as_torch_compilers_assume_constant_result_marks_it():
+    """traced_once marks without importing Dynamo; the marking must stay the one torch.compile reads."""
+
+    def one():
+        return "torch"
+
+    def other():
+        return "torch"
+
+    assert vars(traced_once(one)) == vars(torch.compiler.assume_constant_result(other)) != {}
+    assert vars(choice.resolve) == vars(attention_choice.resolve) == vars(one)
