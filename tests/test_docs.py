@@ -51,6 +51,8 @@ STAND_INS = {
     "V": "3.12",
     "TAG": "manylinux2014_x86_64",
     "BACKEND": "inductor",
+    "REV": "HEAD~1",
+    "FOLDER": "out",
 }
 # Placeholders nothing can stand in for: a line that shows one is skipped (and listed) rather than parsed.
 SKIPPED = {"COMMAND": "a message format (docs/errors.md), not a command"}
