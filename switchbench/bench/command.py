@@ -19,6 +19,7 @@ from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
+from switchbench.ops.expert_matmul.op import routing_choice
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _CHOICES = {"pos": POSITIONS, "moa_gating": MOA_GATINGS}
@@ -151,6 +152,7 @@ def kernel_metadata(expert_matmul: str, device: str) -> dict:
         "attention": attention_choice.choice(),
         "attention_resolved": attention_choice.resolutions(),
         "attention_auto_rule": attention_choice.AUTO_RULE,
+        "routing": routing_choice(),  # SWITCHBENCH_ROUTING: how slots were grouped by expert (auto: sorted)
     }
 
 

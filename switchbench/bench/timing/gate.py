@@ -40,9 +40,10 @@ COMPARABLE = (
     "compile",
     "attention",
     "cuda_graphs",
+    "routing",
 )
 # What a run recorded before a setting existed ran with
-SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False}
+SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False, "routing": "auto"}
 ROW_FIELDS = ("preset", "scope", "what", "status")
 
 

@@ -10,8 +10,8 @@ input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
 The gate of a slot is read from the router's scores [N, E] inside the op, so the op saves the scores the router
 keeps anyway rather than k gates per token.
 
-The slots are sorted by expert once per router (:func:`route`) and the sort is reused by every projection
-that router drives. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
+The slots are grouped by expert once per router (:func:`route`) and the grouping is reused by every
+projection that router drives. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
 implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
 the scores, so activation memory does not grow with the number of active experts.
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from switchbench.core.choice import Choice, traced_once
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
@@ -50,13 +51,51 @@ class Routing:
         return self.order.numel() // self.slots
 
 
-def route(indices: Tensor, n_experts: int) -> Routing:
-    """Sort the slots of ``indices`` [N, S] (expert ids in [0, n_experts)) by expert."""
+ROUTINGS = ("sort", "count")
+ENV_ROUTING = "SWITCHBENCH_ROUTING"
+# auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
+# 11x at 4,096 x 8 over 32), and on a GPU it has not been measured yet
+_ROUTING = Choice("routing", ENV_ROUTING, ("auto", *ROUTINGS))
+routing_selected = _ROUTING.selected
+routing_choice = _ROUTING.choice
+
+
+@traced_once
+def routing_method(device_type: str) -> str:
+    """How :func:`route` groups slots here: the choice in force (``SWITCHBENCH_ROUTING``), auto being the sort."""
+    named = _ROUTING.choice()
+    method = "sort" if named == "auto" else named
+    _ROUTING.record(device_type, method)
+    return method
+
+
+def route(indices: Tensor, n_experts: int, by: str | None = None) -> Routing:
+    """Group the slots of ``indices`` [N, S] (expert ids in [0, n_experts)) by expert, each expert's slots in their
+    flat order (a stable sort's order).
+
+    ``count`` finds each slot's place from a running count of the slots per expert: a comparison with every expert
+    id, a cumulative sum down the slots and a scatter, a few kernels of O(N S E) elementwise work with static
+    shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 8), where that is less work than a
+    general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100. ``sort`` is the
+    stable sort, kept as the reference the tests hold ``count`` to. Default: :func:`routing_method`.
+    """
     flat = indices.reshape(-1)
-    experts, order = flat.sort(stable=True)
-    counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat)
-    )
+    by = by or routing_method(flat.device.type)
+    if by == "sort":
+        experts, order = flat.sort(stable=True)
+        counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat)
+        )
+    elif by == "count":
+        ids = torch.arange(n_experts, device=flat.device)
+        seen = (flat[:, None] == ids).to(torch.int32).cumsum(0, dtype=torch.int32)  # [M, E] slots so far
+        counts = seen[-1].long() if flat.numel() else ids.new_zeros(n_experts)
+        starts = counts.cumsum(0) - counts
+        place = starts[flat] + seen.gather(1, flat[:, None]).squeeze(1) - 1  # where each slot goes
+        order = torch.empty_like(flat).scatter_(0, place, torch.arange(flat.numel(), device=flat.device))
+        experts = flat[order]
+    else:
+        raise ValueError(f"route by one of {', '.join(ROUTINGS)}, not {by!r}")
     offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
     return Routing(indices, order, experts, offsets, indices.shape[1])
 

@@ -1,0 +1,75 @@
+"""Grouping token slots by expert: the sort-free count against the stable sort it replaces, op by op and through
+every routed family (outputs and every gradient), and the choice of method."""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from small import make_lm, random_tokens, small_cfg
+
+from switchbench.ops.expert_matmul.op import ENV_ROUTING, route, routing_method, routing_selected
+
+ROUTED = ["switchhead", "switchall", "moa"]
+
+
+def _grouped_by_loop(indices: torch.Tensor, n_experts: int) -> tuple[list[int], list[int]]:
+    """Slot ids expert by expert, each expert's in flat order, and each expert's start: by hand."""
+    flat = indices.reshape(-1).tolist()
+    order = [slot for e in range(n_experts) for slot, expert in enumerate(flat) if expert == e]
+    counts = [flat.count(e) for e in range(n_experts)]
+    return order, [sum(counts[:e]) for e in range(n_experts + 1)]
+
+
+@given(
+    tokens=st.integers(0, 40),
+    slots=st.integers(1, 6),
+    experts=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+)
+def test_both_methods_group_slots_as_a_loop_does(tokens, slots, experts, seed):
+    indices = torch.randint(experts, (tokens, slots), generator=torch.Generator().manual_seed(seed))
+    order, offsets = _grouped_by_loop(indices, experts)
+    for by in ("sort", "count"):
+        routing = route(indices, experts, by=by)
+        assert routing.order.tolist() == order and routing.offsets.tolist() == offsets, by
+        assert routing.experts.tolist() == sorted(indices.reshape(-1).tolist()), by
+        assert routing.order.dtype == routing.offsets.dtype == torch.long
+
+
+def test_the_count_takes_a_strided_view_and_one_expert_for_everything():
+    indices = torch.randint(6, (9, 8))[:, ::2]  # not contiguous
+    assert torch.equal(route(indices, 6, by="count").order, route(indices, 6, by="sort").order)
+    same = torch.full((5, 3), 2)
+    assert route(same, 4, by="count").offsets.tolist() == [0, 0, 0, 15, 15]
+
+
+@pytest.mark.parametrize("model", ROUTED)
+def test_every_routed_family_computes_the_same_with_either_method(model):
+    """Float64 logits and every parameter's gradient, bit for bit: the methods give one order, so every op after
+    them sees the same tensors."""
+    cfg = small_cfg(model)
+    tokens = random_tokens(cfg, 2 * cfg.T)
+    results = {}
+    for by in ("sort", "count"):
+        lm = make_lm(cfg).train()
+        with routing_selected(by):
+            out = lm(tokens)
+            out.loss(tokens.roll(-1, 1)).backward()
+        results[by] = [out.logits.detach()] + [p.grad for p in lm.parameters() if p.grad is not None]
+    assert len(results["sort"]) > 1
+    for a, b in zip(results["sort"], results["count"], strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_method_is_chosen_named_then_from_the_environment_and_auto_sorts(monkeypatch):
+    monkeypatch.delenv(ENV_ROUTING, raising=False)
+    assert routing_method("cpu") == "sort"
+    monkeypatch.setenv(ENV_ROUTING, "count")
+    assert routing_method("cpu") == "count"
+    with routing_selected("sort"):
+        assert routing_method("cuda") == "sort"
+    monkeypatch.setenv(ENV_ROUTING, "radix")
+    with pytest.raises(ValueError, match="SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count"):
+        routing_method("cpu")
+    with pytest.raises(ValueError, match="route by one of sort, count"):
+        route(torch.zeros(2, 1, dtype=torch.long), 1, by="radix")
