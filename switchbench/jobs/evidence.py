@@ -428,8 +428,9 @@ def _profile(ctx: Context):
 
 
 def _gate_baseline(ctx: Context):
-    """Two quick runs of the gate's layers on this device, pooled into its own baseline."""
-    rounds = [] if ctx.gpu else ["--rounds", "3"]
+    """Two quick runs of the gate's layers on this device, pooled into its own baseline; the rehearsal's of the
+    tiny pair."""
+    rounds = [] if ctx.gpu else ["--rounds", "3", "--presets", "tiny-transformer", "tiny-switchhead"]
     out = str(ctx.results / "speed-gate")
     runs = [
         ctx.switchbench("speed", "--quick", "--device", ctx.device, "--out", out, "--json", *rounds)["saved"]
