@@ -19,12 +19,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker more than the cores. The slow tests wait on pip, git and their subprocesses' starts:
-    with one worker per core, tox's run kept 2 cores 82% busy (1,273 s of CPU in 777 s)."""
-    return (os.cpu_count() or 1) + 1
-
-
 def pytest_collection_modifyitems(items):
     """Under pytest-xdist's worksteal, which hands each of N workers a contiguous Nth of this order, every share
     starts with an equal deal of the slow tests: the longest start at once on every worker, the short ones fill the
