@@ -238,7 +238,7 @@ def _comparable(run: dict, other: dict, name: str) -> None:
 def time_tolerance(baseline: dict, machine: dict | None) -> tuple[float, str]:
     """The tolerance of a committed time ratio checked on ``machine`` (a CPU fingerprint), and why."""
     recorded = baseline["metadata"].get("machine")
-    if recorded and recorded == machine:
+    if recorded == machine:  # both None: GPU runs, whose device name COMPARABLE has matched already
         return baseline["tolerances"][TIME], "this is the machine that recorded them"
     widened = max(baseline["tolerances"][TIME], CROSS_MACHINE_TOLERANCE)
     return widened, "this is another machine" if recorded else "the baseline names no machine"
