@@ -144,7 +144,7 @@ def _run(args) -> int:
         reference, commit, why = _reference(args.reference, baseline, Path(work) / "reference")
         if reference is None:
             head = timed_run(HERE, out / "head-1", args.rounds * args.pairs)
-            verdicts, against = gate.check(head, baseline), _fallback(why, baseline)
+            verdicts, against = gate.check(head, baseline), _fallback(why, baseline, head)
         else:
             head, measured = interleaved(HERE, reference, commit, out, args.pairs, args.rounds)
             verdicts = gate.check(head, baseline, reference=measured)
@@ -174,8 +174,9 @@ def _reference(named: str | None, baseline: dict, dest: Path) -> tuple[Path | No
         return None, None, str(error)
 
 
-def _fallback(why: str, baseline: dict) -> str:
-    tolerance, machine = gate.time_tolerance(baseline, cpu_fingerprint())
+def _fallback(why: str, baseline: dict, head: dict) -> str:
+    """What the gate compared against without a reference run: the tolerance ``gate.check`` applied to ``head``."""
+    tolerance, machine = gate.time_tolerance(baseline, head["metadata"].get("machine"))
     return (
         f"reference: the committed time ratios ({why}), recorded on {_machine(baseline['metadata'])}; {machine}, "
         f"so time ratios are gated with a tolerance of {tolerance:.0%}"
