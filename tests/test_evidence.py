@@ -219,9 +219,11 @@ def test_the_fingerprint_follows_the_code_not_the_results(tmp_path, monkeypatch)
 
 
 @pytest.mark.slow
-def test_the_rehearsal_runs_every_step_on_tiny_presets_across_two_calls(tmp_path, capsys):
-    """The real chain on the CPU: a first call stopped by its budget, a second that finishes; every step but
-    kernel-tune (CUDA only) done, each with the files it owes, and the archive of all of it."""
+def test_the_rehearsal_runs_every_step_on_tiny_presets_across_two_calls(tmp_path, capsys, monkeypatch):
+    """The real chain on the CPU, run from outside the checkout: a first call stopped by its budget, a second that
+    finishes; every step but kernel-tune (CUDA only) done, each with the files it owes, and the archive of all of
+    it."""
+    monkeypatch.chdir(tmp_path)
     common = [
         "evidence",
         "--device",

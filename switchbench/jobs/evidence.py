@@ -80,9 +80,9 @@ class Context:
         out = self.command([sys.executable, "-m", "switchbench", *argv])
         return json.loads(out) if "--json" in argv else None
 
-    def command(self, argv: list[str], ok: tuple[int, ...] = (0,)) -> str:
-        """Run ``argv`` to its end or to the deadline, its output streamed to the log (and stdout); -> stdout.
-        An exit status outside ``ok`` is a StepFailed."""
+    def command(self, argv: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = None) -> str:
+        """Run ``argv`` (in ``cwd``, default here) to its end or to the deadline, its output streamed to the log
+        (and stdout); -> stdout. An exit status outside ``ok`` is a StepFailed."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise OutOfBudget(" ".join(argv[:4]))
@@ -91,7 +91,7 @@ class Context:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
             process = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True
+                argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd, start_new_session=True
             )
             out, killed = _output(process, remaining)
             log.write(out)
@@ -218,7 +218,8 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
         else:
             argv.append(str(ROOT / "tests" / cpu_file))
         try:
-            ctx.command(argv, ok=(0, 1, NO_TESTS_LEFT))  # 1: some failed, named by the summary
+            # in the checkout, whatever the chain's folder: some tests read its git history
+            ctx.command(argv, ok=(0, 1, NO_TESTS_LEFT), cwd=ROOT)  # 1: some failed, named by the summary
         finally:
             summary = _tests_summary([*earlier, log], ctx, marker)
             write_atomic(folder / f"{part}.json", json.dumps(summary, indent=2))
