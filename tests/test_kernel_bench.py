@@ -88,6 +88,7 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     saved = json.loads(Path(first["saved"]).read_text())
     assert saved["metadata"]["torch"] == torch.__version__ and saved["metadata"]["batch"] == 1
     assert {r["impl"] for r in saved["rows"]} == {
+        "routing",
         "torch",
         "grouped_mm",
         "loop",
@@ -167,7 +168,7 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     assert main(argv) == 1
     captured = capsys.readouterr()
     rows = json.loads(Path(json.loads(captured.out)["saved"]).read_text())["rows"]
-    assert {(r["impl"], r["status"]) for r in rows} == {("loop", "wrong"), ("dense", "ok")}
+    assert {(r["impl"], r["status"]) for r in rows} == {("routing", "ok"), ("loop", "wrong"), ("dense", "ok")}
     assert captured.err.strip().startswith(
         "switchbench kernel-bench: loop on tiny is wrong: out relative error"
     )
@@ -274,6 +275,13 @@ def test_op_and_kernel_rows_with_their_fractions_and_the_choice(tmp_path, monkey
             assert r["status"] == "ok" and r["fraction_of_matmul_peak"] == pytest.approx(r["tflops"] / 1e-3)
             assert r["vs_dense"] > 0 and (impl == "dense" or r["max_rel_error"] < 3e-2)
     assert [impl for (impl, what), r in rows.items() if r["chosen"]] == ["torch", "torch"]  # auto falls back
+    # the MoE overhead: routing plus the chosen op, less dense, as timed in this run
+    for what in kernels.PASSES:
+        routing, chosen, dense = (rows[impl, what] for impl in ("routing", "torch", "dense"))
+        assert routing["view"] == "routing" and routing["method"] == "sort" and routing["vs_dense"] is None
+        assert chosen["routing_ms"] == routing["ms"] == rows["routing", "forward"]["ms"]
+        assert chosen["moe_overhead_ms"] == pytest.approx(routing["ms"] + chosen["ms"] - dense["ms"])
+        assert "moe_overhead_ms" not in rows["grouped_mm", what]
     metadata = out["metadata"]
     assert metadata["expert_matmul"] == "auto" and "fell back" in metadata["expert_matmul_by_case"]["tiny"]
     assert main([*_cli(tmp_path)[:-1], "--dtype", "bf16", "--expert-matmul", "grouped_mm"]) == 0
@@ -285,3 +293,26 @@ def test_the_choice_is_checked_where_it_is_given(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernels.expert_matmul_grouped, "unavailable", lambda: "torch 2.3 has no grouped_mm")
     assert main([*_cli(tmp_path), "--expert-matmul", "grouped_mm"]) == 2
     assert "--expert-matmul=grouped_mm: torch 2.3 has no grouped_mm" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("groups, experts, k", [(3, 4, 2), (1, 6, 3), (2, 5, 1)])
+def test_the_timed_routing_groups_each_tokens_top_k_of_each_group_by_expert(groups, experts, k):
+    """kernel-bench's routing against a loop: each token's k largest logits in each group, on the flat expert axis
+    (group g's experts after the g earlier groups'), its slots listed expert by expert in their flat order."""
+    case = dataclasses.replace(
+        TINY, tokens=7, in_groups=1, slots=groups * k, groups=groups, experts_per_group=experts
+    )
+    inputs = kernels.make_inputs(case, "cpu", torch.float32)
+    routing = kernels._routing(case, inputs)
+    logits = inputs["logits"]
+    for n in range(case.tokens):
+        for g in range(groups):
+            ranked = sorted(range(experts), key=lambda e: -float(logits[n, g, e]))[:k]
+            assert sorted(int(e) for e in routing.indices[n, g * k : (g + 1) * k]) == sorted(
+                g * experts + e for e in ranked
+            )
+    flat = routing.indices.flatten().tolist()
+    expected = sorted(range(len(flat)), key=lambda slot: (flat[slot], slot))
+    assert routing.order.tolist() == expected
+    counts = [flat.count(e) for e in range(groups * experts)]
+    assert routing.offsets.tolist() == [sum(counts[:e]) for e in range(groups * experts + 1)]

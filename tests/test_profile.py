@@ -191,8 +191,54 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     assert {(r["preset"], r["what"]) for r in printed["rows"]} == {
         (p, w) for p in ("tiny-transformer", "tiny-switchhead") for w in ("train step", "forward")
     }
+    overhead = {r["what"]: r for r in printed["rows"] if r["kind"] == "moe overhead"}
+    assert {r["preset"] for r in overhead.values()} == {"tiny-switchhead"} and set(overhead) == {
+        "train step",
+        "forward",
+    }
+    for what, r in overhead.items():  # its routing and expert-matmul shares, less the dense equivalent
+        shares = _shares([x for x in printed["rows"] if x["preset"] == "tiny-switchhead"], what)
+        assert r["moe_ms"] == pytest.approx(sum(shares[name] for name in profile.MOE_SHARES))
+        assert (
+            r["ms"] == pytest.approx(r["moe_ms"] - r["dense_equivalent_ms"]) and r["dense_equivalent_ms"] > 0
+        )
     page = render({"profile": load_profile(tmp_path)}, {})
     assert "Where a training step" in page and page.count("tiny-switchhead<br>") == 2
+    assert "MoE overhead: routing and expert matmul" in page
+    assert main([*args, "--out", str(out)]) == 0
+    assert "tiny-switchhead, train step: MoE overhead " in capsys.readouterr().out
+
+
+def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():
+    """The cases the overhead's dense equivalent is timed on: none for dense; SwitchHead's V and O at 262M; SwitchAll's
+    attention (SwitchHead's) and its sigma-MoE MLP; each at the batch asked for."""
+    assert profile.expert_cases("c4-262m-transformer-h16", 8) == ()
+    switchhead = profile.expert_cases("c4-262m-switchhead-h4", 8)
+    assert [c.name for c in switchhead] == ["switchhead-v", "switchhead-o"]
+    assert switchhead[1].tokens == 8 * PRESETS["c4-262m-switchhead-h4"].T
+    switchall = [c.name for c in profile.expert_cases("tiny-switchall", 2)]
+    assert switchall == ["switchhead-v", "switchhead-o", "sigma-moe-up", "sigma-moe-down"]
+
+
+def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monkeypatch):
+    monkeypatch.setattr(profile, "dense_equivalent_ms", lambda case, device, dtype: {"forward+backward": 0.5})
+    shares = [
+        {"kind": "share", "name": name, "ms": ms}
+        for name, ms in [
+            ("routing", 2.0),
+            (profile.EXPERT_FORWARD, 3.0),
+            (profile.EXPERT_INPUT, 4.0),
+            (profile.EXPERT_WEIGHT, 5.0),
+            ("attention", 100.0),
+        ]
+    ] + [{"kind": "kernel", "name": "routing", "ms": 50.0}]
+    row = profile.moe_overhead(shares, 40.0, "tiny-switchhead", "train step", 2, "cpu", torch.float32)
+    layers = PRESETS["tiny-switchhead"].n_layers
+    assert row["moe_ms"] == 14.0 and row["dense_equivalent_ms"] == layers * 2 * 0.5  # two cases, V and O
+    assert row["ms"] == 14.0 - layers and row["fraction"] == row["ms"] / 40.0
+    assert (
+        profile.moe_overhead(shares, 40.0, "tiny-transformer", "train step", 2, "cpu", torch.float32) is None
+    )
 
 
 @pytest.mark.parametrize(

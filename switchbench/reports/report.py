@@ -163,7 +163,14 @@ def _profile(path: Path) -> dict:
         column: [r for r in run["rows"] if r["kind"] == "kernel" and (r["preset"], r["what"]) == column]
         for column in columns
     }
-    return run | {"columns": columns, "table": table, "steps": steps, "kernels": kernels}
+    overhead = {(r["preset"], r["what"]): r for r in run["rows"] if r["kind"] == "moe overhead"}
+    return run | {
+        "columns": columns,
+        "table": table,
+        "steps": steps,
+        "kernels": kernels,
+        "overhead": [overhead.get(column) for column in columns] if overhead else None,
+    }
 
 
 def load_quality(results: Path) -> dict | None:

@@ -2,12 +2,16 @@
 torch's grouped GEMM) and a practitioner's loop of one matmul per expert, against one dense matmul doing the same
 useful MACs.
 
-Each implementation is timed twice. The whole op: the routing's sort left out (a router shares it between the
+Each implementation is timed twice. The whole op: the routing left out (a router shares it between the
 projections it drives), the gather, gate, scatter and group sums in. Its kernel alone: on rows already in expert
 order, with widths already padded to 16 elements, one slot per row and no gate, so what the kernel is worth stands
 apart from what its glue costs. Forward and forward+backward each, every one checked against a float64 loop of one
 matmul per expert on the same inputs before it is timed; throughput as TFLOP/s, as a fraction of the dense
 matmul's time and as a fraction of this device's matmul peak, measured in the same run.
+
+The routing is timed on its own (a router's sigmoid top-k and the grouping of the slots by expert), and each case's
+MoE overhead is what it costs beyond dense: routing plus the chosen implementation's whole op, less the dense
+matmul of the same useful MACs.
 
 Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA Q
 and O) and one expert-sized matmul as the paper measured its kernel.
@@ -37,11 +41,12 @@ from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
+from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
-from switchbench.ops.expert_matmul.op import expert_matmul, route
+from switchbench.ops.expert_matmul.op import expert_matmul, route, routing_method
 from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
@@ -91,6 +96,8 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     out["weight_aligned"] = aligned(out["weight"].detach(), ALIGN).clone().requires_grad_()
     out["ends"] = expert_matmul_grouped.expert_ends(routing.offsets)
     out["in_order"] = route(routing.experts[:, None], n_experts)  # sorted rows: the identity order
+    logits = torch.randn(case.tokens, case.groups, case.experts_per_group, generator=gen)
+    out["logits"] = logits.to(device, torch.promote_types(dtype, torch.float32))  # as routers keep them
     return out
 
 
@@ -159,6 +166,14 @@ def _grouped_mm_kernel(case: Case, inputs: dict):
 def _dense(case: Case, inputs: dict):
     """The same useful MACs as one dense matmul: [N * S, d_in] @ [d_in, d_out]."""
     return inputs["rows"] @ inputs["dense"]
+
+
+def _routing(case: Case, inputs: dict):
+    """What a router does before its projections: sigmoid top-k over each group's experts, the choices on the flat
+    expert axis, the slots grouped by expert (:func:`route`, by the method in force)."""
+    _, chosen = sigmoid_topk(inputs["logits"], case.slots // case.groups)
+    first = torch.arange(case.groups, device=chosen.device)[:, None] * case.experts_per_group
+    return route((chosen + first).reshape(case.tokens, case.slots), case.n_experts)
 
 
 # The float64 references: one matmul per expert, on the inputs of the kernel-only views.
@@ -344,6 +359,48 @@ def measure(
     return rows
 
 
+def routing_rows(case: Case, device: str, dtype: torch.dtype) -> list[dict]:
+    """The routing's time for ``case``, in a row for each pass: a router runs it once per step, and its backward
+    (the gates') is in the op's."""
+    inputs = make_inputs(case, device, dtype)
+    times = timer(device)(lambda: _routing(case, inputs))
+    t = statistics.median(times)
+    spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
+    method = {"method": routing_method(torch.device(device).type)}
+    return [
+        {"case": case.name, "impl": "routing", "view": "routing", "pass": p, "status": "ok", "ms": t}
+        | spread
+        | method
+        | _shape(case)
+        for p in PASSES
+    ]
+
+
+def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str, float]:
+    """Median ms, per pass, of the dense comparator alone: one matmul of ``case``'s useful MACs (what a dense
+    projection doing the same work costs; profile's MoE overhead subtracts it)."""
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(case.tokens * case.slots, case.d_in, generator=gen) / case.d_in**0.25
+    weight = torch.randn(case.d_in, case.d_out, generator=gen) / case.d_in**0.25
+    inputs = {name: t.to(device, dtype).requires_grad_() for name, t in (("rows", rows), ("dense", weight))}
+    grad = torch.randn(case.tokens * case.slots, case.d_out, generator=gen).to(device, dtype)
+    ms, leaves = timer(device), list(inputs.values())
+    forward = ms(lambda: _dense(case, inputs))
+    both = ms(lambda: _dense(case, inputs).backward(grad), grad_to_none=leaves)
+    return {p: statistics.median(times) for p, times in zip(PASSES, (forward, both), strict=True)}
+
+
+def moe_overhead(rows: list[dict]) -> None:
+    """On each chosen whole-op row of a routed case: ``routing_ms``, and ``moe_overhead_ms``, routing plus the op
+    less the dense matmul of the same useful MACs: what the case costs beyond dense, in ms (negative: it saves)."""
+    timed = {(r["case"], r["pass"], r["view"]): r["ms"] for r in rows if r["view"] != "op" and "ms" in r}
+    for r in rows:
+        routing = timed.get((r["case"], r["pass"], "routing"))
+        dense = timed.get((r["case"], r["pass"], "dense"))
+        if r.get("chosen") and "ms" in r and routing is not None and dense is not None:
+            r["routing_ms"], r["moe_overhead_ms"] = routing, routing + r["ms"] - dense
+
+
 def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
     return [
         {
@@ -390,7 +447,8 @@ def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: li
     dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
         key = (r["case"], r["pass"])
-        r["vs_dense"] = dense[key] / r["ms"] if key in dense and "ms" in r else None
+        timed = key in dense and "ms" in r and r["view"] != "routing"
+        r["vs_dense"] = dense[key] / r["ms"] if timed else None
     return rows
 
 
@@ -400,6 +458,8 @@ def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) ->
         reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         return [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
     rows, references = [], {}  # the float64 loop's results, shared by the implementations of the case
+    if case.n_experts > 1:
+        rows += routing_rows(case, device, dtype)
     for impl in impls:
         try:
             rows += measure(case, impl, device, dtype, references)
@@ -444,9 +504,10 @@ def _run(args) -> int:
     dtype = DTYPES[args.dtype]
     rows = run(args.sizes, batch, device, dtype, default_impls(device, args.expert_matmul))
     by_case = mark_choice(rows, device, args.expert_matmul)
+    moe_overhead(rows)
     peak = matmul_peak_tflops(device, dtype) if any("ms" in r for r in rows) else None
     for r in rows:
-        if peak and "ms" in r:
+        if peak and "tflops" in r:
             r["fraction_of_matmul_peak"] = r["tflops"] / peak
     precision = f"inputs in {args.dtype}, as autocast hands them to the op; fp32 accumulation"
     metadata = environment(device) | {
@@ -466,9 +527,10 @@ def _run(args) -> int:
             "impl": r["impl"] + (" *" if r["chosen"] else ""),
             "view": r["view"],
             "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
-            "TFLOP/s": f"{r['tflops']:.3g}" if "ms" in r else "",
+            "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
             "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
             "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
+            "MoE overhead": f"{r['moe_overhead_ms']:+.3f} ms" if "moe_overhead_ms" in r else "",
         }
         for r in rows
     ]
@@ -476,7 +538,7 @@ def _run(args) -> int:
         print(
             f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
             f"of peak: of the measured matmul peak ({_tflops(peak)}); * = what --expert-matmul "
-            f"{args.expert_matmul} runs for the case"
+            f"{args.expert_matmul} runs for the case; MoE overhead = routing + that op - dense"
         )
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]

@@ -38,13 +38,16 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
+from switchbench.bench.kernels.bench import dense_equivalent_ms
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
 from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core import precision
 from switchbench.core.environment import environment
 from switchbench.core.results import save_run, writable_folder
+from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
+from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_KERNELS, WEIGHT_GRADIENT_LABEL
 
 EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
@@ -312,6 +315,42 @@ def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[
     return shares, top_rows
 
 
+# What routing and the expert matmul cost beyond dense
+
+MOE_SHARES = ("routing", EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT)
+
+
+def expert_cases(preset: str, batch: int) -> tuple[Case, ...]:
+    """One layer's expert matmuls of ``preset`` at ``batch`` sequences: its attention's (SwitchAll's are
+    SwitchHead's) and its MLP's; none for a family without experts."""
+    family = registry.get(PRESETS[preset].model)
+    attention = next((f for f in registry.families() if f.name == family.attention_kind), family)
+    owners = [attention] if attention is family else [attention, family]
+    return tuple(c for f in owners if f.expert_matmuls for c in f.expert_matmuls(PRESETS[preset], batch))
+
+
+def moe_overhead(
+    shares: list[dict], step_ms: float, preset: str, what: str, batch: int, device: str, dtype: torch.dtype
+) -> dict | None:
+    """The step's MoE overhead in ms (and as a fraction of the profiled ``step_ms``, as a share is): its routing
+    and expert-matmul shares, less what dense matmuls of the same useful MACs take on this device (every layer's
+    expert matmuls, each timed alone as kernel-bench's dense comparator). None for a model without experts."""
+    cases = expert_cases(preset, batch)
+    if not cases:
+        return None
+    timed = "forward" if what == "forward" else "forward+backward"
+    dense = PRESETS[preset].n_layers * sum(dense_equivalent_ms(c, device, dtype)[timed] for c in cases)
+    machinery = sum(r["ms"] for r in shares if r["kind"] == "share" and r["name"] in MOE_SHARES)
+    return {
+        "kind": "moe overhead",
+        "name": "routing + expert matmul - dense matmuls of the same useful MACs",
+        "ms": machinery - dense,
+        "fraction": (machinery - dense) / step_ms,
+        "moe_ms": machinery,
+        "dense_equivalent_ms": dense,
+    }
+
+
 # Running a profile
 
 
@@ -365,6 +404,8 @@ def run(
             timing["mfu"] = (
                 benches[name].flops / (timing["ms_unprofiled"] / 1e3) / peak
             )  # of the unprofiled step
+            overhead = moe_overhead(profiled, timing["ms_profiled"], preset, name, batch, device, dtype)
+            profiled += [overhead] if overhead else []
             rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
         del benches
         if device == "cuda":
@@ -440,8 +481,30 @@ def _run(args) -> int:
         f"counted: {metadata['counted']}; {describe_kernels(metadata)}"
     )
     print(side_by_side(rows).to_string())
+    for line in overhead_lines(rows):
+        print(line)
     print(f"saved {path}")
     return 0
+
+
+def overhead_lines(rows: list[dict]) -> list[str]:
+    """A line per MoE overhead row, as a fraction of the dense model's step where the run profiled one."""
+    steps = {
+        (r["preset"], r["what"]): r["ms_unprofiled"]
+        for r in rows
+        if r["kind"] == "share" and registry.get(PRESETS[r["preset"]].model).key == "dense"
+    }
+    lines = []
+    for r in (r for r in rows if r["kind"] == "moe overhead"):
+        line = (
+            f"{r['preset']}, {r['what']}: MoE overhead {r['ms']:+.2f} ms (routing and expert matmul "
+            f"{r['moe_ms']:.2f} ms, dense matmuls of the same useful MACs {r['dense_equivalent_ms']:.2f} ms)"
+        )
+        dense = next(((p, ms) for (p, what), ms in steps.items() if what == r["what"]), None)
+        if dense:
+            line += f", {100 * r['ms'] / dense[1]:.1f}% of {dense[0]}'s {r['what']}"
+        lines.append(line)
+    return lines
 
 
 def side_by_side(rows: list[dict]) -> pd.DataFrame:
