@@ -202,7 +202,13 @@ def test_kernel_bench_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsy
             real_cpu_oom()
         return real(case, *args, **kwargs)
 
+    def logits(case, *args, real=kernels.router_logits, **kwargs):
+        if case.name == "47m switchhead-o":
+            real_cpu_oom()
+        return real(case, *args, **kwargs)
+
     monkeypatch.setattr(kernels, "make_inputs", inputs)
+    monkeypatch.setattr(kernels, "router_logits", logits)
     monkeypatch.setattr(kernels, "cases", lambda size, batch, real=kernels.cases: real(size, batch)[:3])
     argv = [
         "kernel-bench",
@@ -219,7 +225,7 @@ def test_kernel_bench_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsy
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     status = {(r["case"], r["impl"], r["pass"]): r["status"] for r in rows}
-    impls = kernels.default_impls("cpu")
+    impls = ["routing", *kernels.default_impls("cpu")]  # the three cases are routed: each times its routing
     assert len(status) == 3 * len(impls) * 2
     assert {k for k, v in status.items() if v == "OOM"} == {
         ("47m switchhead-o", impl, p) for impl in impls for p in kernels.PASSES
@@ -638,3 +644,22 @@ def test_a_folder_another_run_writes_in_meanwhile_is_left_to_it(tmp_path, monkey
     monkeypatch.setattr(results.tempfile, "mkstemp", beside_another_run)
     assert results.writable_folder(tmp_path / "runs" / "mine") == tmp_path / "runs" / "mine"
     assert (tmp_path / "runs" / "other").is_dir() and not (tmp_path / "runs" / "mine").exists()
+
+
+def test_a_parent_another_probe_removed_meanwhile_is_made_again(tmp_path, monkeypatch):
+    """The other side of that race: this probe found runs/ made by another, which removed it (its own check done)
+    before this one made runs/<name> inside: 'No such file or directory' stopped a training. It makes runs/ again,
+    and removes what it made."""
+    real, removed = results.Path.mkdir, []
+
+    def after_another_probe(self, *args, **kwargs):
+        if self == tmp_path / "runs" and not removed:
+            real(self)  # the other probe's runs/: this one finds it there ...
+        if self == tmp_path / "runs" / "mine" and not removed:
+            (tmp_path / "runs").rmdir()  # ... and the other removes it before this one goes down
+            removed.append(True)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(results.Path, "mkdir", after_another_probe)
+    assert results.writable_folder(tmp_path / "runs" / "mine") == tmp_path / "runs" / "mine"
+    assert removed and not (tmp_path / "runs").exists()

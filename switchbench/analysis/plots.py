@@ -5,9 +5,17 @@ of attention and gates are drawn with imshow, which an SVG embeds as one PNG per
 (seaborn's heatmap) made the attention maxima of three ListOps models a 6.3 MiB SVG.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
+
+from switchbench.core.results import new_figure
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LAST = 128  # positions shown of long inputs
 TICK_LIMIT = 64  # more token labels than this are unreadable
@@ -30,7 +38,9 @@ def attention_maxima(models: dict[str, list[np.ndarray]], title: str) -> Figure:
     post-softmax attention. Axes count positions: at the size that fits the report, token labels would be
     unreadable; the tokens are in the analysis' metadata and in each head's selection figure."""
     n_layers = max(len(maps) for maps in models.values())
-    fig = Figure(figsize=(PANEL * n_layers + 0.6, (PANEL + 0.45) * len(models) + 0.4), layout="constrained")
+    fig = new_figure(
+        figsize=(PANEL * n_layers + 0.6, (PANEL + 0.45) * len(models) + 0.4), layout="constrained"
+    )
     rows = fig.subfigures(len(models), 1, squeeze=False)[:, 0]
     for row, (name, maps) in zip(rows, models.items(), strict=True):
         row.suptitle(name, fontsize=10, fontweight="bold")
@@ -68,7 +78,7 @@ def expert_selection(
     att, dst_gates, src_gates = att[-LAST:, -LAST:], dst_gates[-LAST:], src_gates[-LAST:]
     dst_labels, src_labels = dst_labels[-LAST:], src_labels[-LAST:]
     n_e = dst_gates.shape[1] if dst_gates.size else src_gates.shape[1]
-    fig = Figure(figsize=(7, 7))
+    fig = new_figure(figsize=(7, 7))
     grid = fig.add_gridspec(
         2, 3, width_ratios=[n_e, 40, 1.5], height_ratios=[40, n_e], wspace=0.05, hspace=0.05
     )
@@ -103,7 +113,7 @@ def usage_bars(panels: list[tuple[str, np.ndarray]], title: str) -> Figure:
     """Sorted per-expert selection counts, one panel per (layer, head, side)."""
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
-    fig = Figure(figsize=(3 * cols, 2.4 * rows))
+    fig = new_figure(figsize=(3 * cols, 2.4 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels) :]:
         ax.axis("off")
@@ -122,7 +132,7 @@ def usage_bars(panels: list[tuple[str, np.ndarray]], title: str) -> Figure:
 def cooccurrence_grid(maps: dict[tuple[int, int], np.ndarray], title: str) -> Figure:
     """V-expert x O-expert counts, annotated, one panel per (layer, head): rows are layers, columns heads."""
     layers, heads = sorted({layer for layer, _ in maps}), sorted({head for _, head in maps})
-    fig = Figure(figsize=(3.2 * len(heads) + 1, 2.8 * len(layers)))
+    fig = new_figure(figsize=(3.2 * len(heads) + 1, 2.8 * len(layers)))
     axes = fig.subplots(len(layers), len(heads), squeeze=False)
     for (layer, head), counts in maps.items():
         ax = axes[layers.index(layer)][heads.index(head)]
@@ -143,7 +153,7 @@ def cooccurrence_grid(maps: dict[tuple[int, int], np.ndarray], title: str) -> Fi
 
 def training_curves(logs: pd.DataFrame, metric: str, title: str) -> Figure:
     """``metric`` against step, one line per ``model`` of the concatenated training logs."""
-    fig = Figure(figsize=(8, 3.5), layout="constrained")
+    fig = new_figure(figsize=(8, 3.5), layout="constrained")
     ax = fig.subplots()
     _seaborn().lineplot(data=logs.dropna(subset=[metric]), x="step", y=metric, hue="model", marker="o", ax=ax)
     ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=title)
@@ -159,7 +169,7 @@ def similarity(rows: list[dict], title: str) -> Figure:
     table = pd.DataFrame(rows)
     table["pair"] = table["model_a"] + " vs " + table["model_b"]
     table["compared"] = table["baseline"].map({True: "another seed", False: "another architecture"})
-    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    fig = new_figure(figsize=(10, 3.6), layout="constrained")
     axes = fig.subplots(1, 2)
     for ax, (measure, label) in zip(
         axes, (("pearson", "Pearson r (1: alike)"), ("js_distance", "JS distance (0: alike)")), strict=True
@@ -189,7 +199,7 @@ def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
     seed), and each family's mean with its interval as an open diamond with error bars, drawn under the runs."""
     palette = dict(zip(summary["family"], _seaborn().color_palette(n_colors=len(summary)), strict=True))
     runs = runs.assign(seed=runs["seed"].astype(str))
-    fig = Figure(figsize=(11, 4))
+    fig = new_figure(figsize=(11, 4))
     axes = fig.subplots(1, 2, sharey=True)
     for ax, (x, label) in zip(
         axes,

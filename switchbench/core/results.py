@@ -85,11 +85,7 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
     try:
         for step in reversed(missing):
             doing = f"cannot make {step}"
-            try:
-                step.mkdir()
-            except FileExistsError:  # made meanwhile, or a/.. on the way to a/../b
-                continue
-            made.append(step)
+            made += _make_folder(step, existing)
         doing = f"cannot create a file in {folder}"
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TEMP_SUFFIX)
         os.close(fd)
@@ -105,6 +101,21 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
                 if error.errno != errno.ENOTEMPTY:
                     raise
                 break
+
+
+def _make_folder(folder: Path, existing: Path) -> list[Path]:
+    """Make ``folder`` below ``existing``; -> the folders made, outermost first (none where it was there). A
+    parallel check (the evidence chain starts three trainings at once into one new runs folder) removes the
+    parent it made as this one goes down: that parent is made again."""
+    try:
+        folder.mkdir()
+        return [folder]
+    except FileExistsError:  # made meanwhile, or a/.. on the way to a/../b
+        return []
+    except FileNotFoundError:
+        if folder.parent == existing:
+            raise
+        return _make_folder(folder.parent, existing) + _make_folder(folder, existing)
 
 
 def _remove_stale_temps(path: Path) -> None:
@@ -134,6 +145,14 @@ def _tight_box(fig):
 
 def write_atomic(path: Path, text: str) -> Path:
     return replace_atomically(path, lambda tmp: tmp.write_text(text))
+
+
+def new_figure(**options):
+    """A matplotlib Figure, made without pyplot (no global figure state, no backend choice). matplotlib is
+    imported here, not at the top: 0.4 s at every command's start, which only the commands that draw should pay."""
+    from matplotlib.figure import Figure
+
+    return Figure(**options)
 
 
 def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:

@@ -6,19 +6,23 @@ T terms the projections and routers. The sweep
 evaluates it from 128 to 16384 tokens; the cross-over length b / a is where the quadratic terms are half.
 """
 
+from __future__ import annotations
+
 import json
 from pathlib import Path
-
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.cost.accounting import exact_cost
 from switchbench.core.environment import environment
-from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
+from switchbench.core.results import new_figure, save_figure, writable_folder, write_atomic, write_csv
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
 from switchbench.models.presets import PRESETS
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LENGTHS = tuple(2**i for i in range(7, 15))  # 128 .. 16384
 # Per size, every family's XL and RoPE presets of that size (a family running another's attention, as SwitchAll
@@ -84,7 +88,7 @@ def figure(rows: list[dict]) -> Figure:
     """MACs and memory against T, log-log, one panel per size and quantity; crossovers marked; one legend below
     the panels, outside the data (inside, the curves of the larger sizes ran under it)."""
     sizes = list(SERIES)
-    fig = Figure(figsize=(6 * len(sizes), 8.5), layout="constrained")
+    fig = new_figure(figsize=(6 * len(sizes), 8.5), layout="constrained")
     axes = fig.subplots(2, len(sizes), squeeze=False)
     for col, size in enumerate(sizes):
         for row, (key, name, unit) in enumerate(

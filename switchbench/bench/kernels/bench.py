@@ -96,8 +96,6 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     out["weight_aligned"] = aligned(out["weight"].detach(), ALIGN).clone().requires_grad_()
     out["ends"] = expert_matmul_grouped.expert_ends(routing.offsets)
     out["in_order"] = route(routing.experts[:, None], n_experts)  # sorted rows: the identity order
-    logits = torch.randn(case.tokens, case.groups, case.experts_per_group, generator=gen)
-    out["logits"] = logits.to(device, torch.promote_types(dtype, torch.float32))  # as routers keep them
     return out
 
 
@@ -168,10 +166,17 @@ def _dense(case: Case, inputs: dict):
     return inputs["rows"] @ inputs["dense"]
 
 
-def _routing(case: Case, inputs: dict):
+def router_logits(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Seeded router logits [N, groups, experts per group], in at least fp32 as routers keep them."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(case.tokens, case.groups, case.experts_per_group, generator=gen)
+    return logits.to(device, torch.promote_types(dtype, torch.float32))
+
+
+def _routing(case: Case, logits: torch.Tensor):
     """What a router does before its projections: sigmoid top-k over each group's experts, the choices on the flat
     expert axis, the slots grouped by expert (:func:`route`, by the method in force)."""
-    _, chosen = sigmoid_topk(inputs["logits"], case.slots // case.groups)
+    _, chosen = sigmoid_topk(logits, case.slots // case.groups)
     first = torch.arange(case.groups, device=chosen.device)[:, None] * case.experts_per_group
     return route((chosen + first).reshape(case.tokens, case.slots), case.n_experts)
 
@@ -362,8 +367,8 @@ def measure(
 def routing_rows(case: Case, device: str, dtype: torch.dtype) -> list[dict]:
     """The routing's time for ``case``, in a row for each pass: a router runs it once per step, and its backward
     (the gates') is in the op's."""
-    inputs = make_inputs(case, device, dtype)
-    times = timer(device)(lambda: _routing(case, inputs))
+    logits = router_logits(case, device, dtype)
+    times = timer(device)(lambda: _routing(case, logits))
     t = statistics.median(times)
     spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
     method = {"method": routing_method(torch.device(device).type)}
@@ -406,7 +411,7 @@ def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
         {
             "case": case.name,
             "impl": impl,
-            "view": PEERS[impl].view,
+            "view": PEERS[impl].view if impl in PEERS else impl,  # the routing's own view
             "pass": p,
             "status": status,
             **why,
@@ -457,12 +462,14 @@ def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) ->
     if need > free:
         reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         return [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
-    rows, references = [], {}  # the float64 loop's results, shared by the implementations of the case
+    references = {}  # the float64 loop's results, shared by the implementations of the case
+    timed = {impl: lambda impl=impl: measure(case, impl, device, dtype, references) for impl in impls}
     if case.n_experts > 1:
-        rows += routing_rows(case, device, dtype)
-    for impl in impls:
+        timed = {"routing": lambda: routing_rows(case, device, dtype)} | timed
+    rows = []
+    for impl, rows_of in timed.items():
         try:
-            rows += measure(case, impl, device, dtype, references)
+            rows += rows_of()
         except (RuntimeError, MemoryError) as error:
             if not is_oom(error):
                 raise
