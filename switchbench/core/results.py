@@ -134,15 +134,6 @@ def _nearest_existing(path: Path, flag: str) -> Path:
     return path
 
 
-def _tight_box(fig):
-    """The box ``bbox_inches="tight"`` would crop ``fig`` to, found once for both formats: each savefig with
-    "tight" lays the figure out and measures every text again (a fifth of a routing analysis' time)."""
-    import matplotlib
-
-    fig.draw_without_rendering()  # the layout engine places the axes first, as savefig does
-    return fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
-
-
 def write_atomic(path: Path, text: str) -> Path:
     return replace_atomically(path, lambda tmp: tmp.write_text(text))
 
@@ -170,6 +161,15 @@ def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
     ):  # a figure made with pyplot is closed (pyplot costs 0.7 s to import)
         sys.modules["matplotlib.pyplot"].close(fig)
     return written
+
+
+def _tight_box(fig):
+    """The box ``bbox_inches="tight"`` would crop ``fig`` to, found once for both formats: each savefig with
+    "tight" lays the figure out and measures every text again (a fifth of a routing analysis' time)."""
+    import matplotlib
+
+    fig.draw_without_rendering()  # the layout engine places the axes first, as savefig does
+    return fig.get_tightbbox().padded(matplotlib.rcParams["savefig.pad_inches"])
 
 
 def new_run_stem(folder: Path, label: str) -> Path:

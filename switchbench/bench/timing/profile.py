@@ -399,17 +399,20 @@ def run(
     for preset in presets:
         benches = {b.what: b for b in model_benches(preset, batch, device, dtype)}
         roles = module_roles(benches["train step"].module)
+        found = []
         for name in what:
             profiled, timing = profile_step(benches[name].run, device, steps, warmup, roles, top)
             timing["mfu"] = (
                 benches[name].flops / (timing["ms_unprofiled"] / 1e3) / peak
             )  # of the unprofiled step
+            found.append((name, profiled, timing))
+        del benches  # the dense equivalents are timed with the model's memory given back
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        for name, profiled, timing in found:
             overhead = moe_overhead(profiled, timing["ms_profiled"], preset, name, batch, device, dtype)
             profiled += [overhead] if overhead else []
             rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
-        del benches
-        if device == "cuda":
-            torch.cuda.empty_cache()
     return rows
 
 
