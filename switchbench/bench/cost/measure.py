@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from switchbench.bench.cost import accounting
+from switchbench.core.profiler import profiled
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.window import make_window
 from switchbench.ops.attention import choice as attention_choice
@@ -226,10 +227,10 @@ def count_op_calls(fn: Callable) -> int:
     The PyTorch profiler records each dispatcher call once, whatever the timing or the thread count, so the count
     is deterministic on the CPU; autograd's own events mirror these calls and are left out.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     fn()  # a first call may take one-off paths (lazy initialisation)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profiled([ProfilerActivity.CPU]) as prof:
         fn()
     return sum(event.name.split("::")[0] in ("aten", "switchbench") for event in prof.events())
 
@@ -250,9 +251,9 @@ OTHER_KERNELS = {"explicit": "explicit softmax", "flex": "flex"}
 def attention_kernel(fn: Callable) -> str:
     """The attention kernel ``fn()`` runs: an SDPA backend ("math" when SDPA fell back to its unfused path),
     "flex", or "explicit softmax" when the model computes the logits itself (Transformer-XL on the CPU, maps)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with attention_choice.recording() as resolved, profile(activities=[ProfilerActivity.CPU]) as prof:
+    with attention_choice.recording() as resolved, profiled([ProfilerActivity.CPU]) as prof:
         fn()
     found = {SDPA_BACKENDS[e.name] for e in prof.events() if e.name in SDPA_BACKENDS}
     # A compiled call resolved its kernel once, as it was traced: the command's own resolutions stand in

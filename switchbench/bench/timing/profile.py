@@ -44,6 +44,7 @@ from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BAT
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core import precision
 from switchbench.core.environment import environment
+from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
@@ -359,7 +360,7 @@ def profile_step(
 ) -> tuple[list[dict], dict]:
     """Shares and top kernels of ``step`` profiled ``steps`` times after ``warmup`` calls, and the step timed
     the same number of times without the profiler (its median in ms)."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     for _ in range(warmup):
         step()
@@ -367,7 +368,7 @@ def profile_step(
     unprofiled = statistics.median(timer(step) for _ in range(steps))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     wall = 0.0
-    with _Labels(roles), profile(activities=activities) as prof:
+    with _Labels(roles), profiled(activities) as prof:
         for _ in range(steps):
             start = time.perf_counter()
             with torch.profiler.record_function(STEP_LABEL):

@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from switchbench.core.profiler import profiled
+
 
 class Timer:
     """Milliseconds of one call: CUDA events after an L2 flush on a GPU; on the CPU, wall-clock, or with
@@ -52,9 +54,9 @@ def kernel_ms(fn: Callable) -> float:
     """Milliseconds the GPU spends in kernels (and copies) during one call of ``fn``, from one profiled call: each
     device event counted once, since an operator's own device time would count its kernels again. Over a call's
     timed milliseconds it is the GPU-busy fraction: well below 1, the host sets the pace."""
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profiled([ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     device_events = (e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
