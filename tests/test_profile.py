@@ -4,13 +4,14 @@ import json
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
-from switchbench.bench.timing import profile
+from switchbench.bench.timing import benches, profile
 from switchbench.bench.timing.benches import model_benches
 from switchbench.cli import main
 from switchbench.models.lm import LanguageModel
@@ -243,7 +244,12 @@ def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monk
 
 @pytest.mark.parametrize(
     ("extra", "message"),
-    [(["no-such-preset"], "unknown presets"), (["tiny-switchhead", "--steps", "0"], "must be >= 1")],
+    [
+        (["no-such-preset"], "unknown presets"),
+        (["tiny-switchhead", "--steps", "0"], "must be >= 1"),
+        (["tiny-switchhead", "--fit-from", "0"], "must be >= 1"),
+        (["tiny-switchhead", "--batch", "2", "--fit-from", "4"], "--batch and --fit-from: give one"),
+    ],
 )
 def test_bad_input_is_one_line_and_exit_2(extra, message, capsys, tmp_path):
     start = time.perf_counter()
@@ -357,3 +363,38 @@ def test_the_profiler_s_one_cycle_warning_is_no_error_here():
     )
     with pytest.raises(UserWarning):  # any other warning still fails
         warnings.warn("another warning", UserWarning, stacklevel=1)
+
+
+def test_fit_from_halves_the_batch_until_every_preset_s_step_fits(monkeypatch):
+    """--fit-from N: the largest of N, N/2, ... at which the estimate and a real step of every preset pass."""
+    tried = []
+
+    def estimate(preset, batch, scope, device, dtype):
+        tried.append((preset, batch))
+        return "too large" if batch > 16 else None
+
+    monkeypatch.setattr(benches, "too_large", estimate)
+    monkeypatch.setattr(benches, "model_benches", lambda *args: [SimpleNamespace(run=lambda: None)])
+    presets = ["tiny-transformer", "tiny-switchhead"]
+    assert profile.default_batch(presets, "cpu", torch.float32, fit_from=64) == 16
+    assert [b for _, b in tried] == [64, 32, 16, 16] and profile.default_batch(
+        presets, "cpu", torch.float32
+    ) == 2
+
+
+def test_a_fitted_batch_is_recorded_with_where_it_started(tmp_path, capsys):
+    argv = [
+        "profile",
+        "tiny-switchhead",
+        "--fit-from",
+        "4",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+    ]
+    assert main([*argv, "--out", str(tmp_path), "--json"]) == 0
+    metadata = json.loads(capsys.readouterr().out)["metadata"]
+    assert metadata["batch"] == 4 and metadata["fit_from"] == 4

@@ -417,12 +417,14 @@ def run(
     return rows
 
 
-def default_batch(presets: list[str], device: str, dtype: torch.dtype) -> int:
-    """2 on the CPU; on a GPU the paper's batch per GPU of the group holding the presets (8 for any other),
-    halved until every preset's training step fits."""
-    if device != "cuda":
+def default_batch(presets: list[str], device: str, dtype: torch.dtype, fit_from: int | None = None) -> int:
+    """From ``fit_from`` (the paper's whole batch of 64, say) or, on a GPU, the paper's batch per GPU of the group
+    holding the presets (8 for any other): halved until every preset's training step fits. 2 on the CPU."""
+    if fit_from is None and device != "cuda":
         return 2
-    start = next((PAPER_GPU_BATCH[g] for g in PAPER_GPU_BATCH if set(presets) <= set(GROUPS[g])), 8)
+    start = fit_from or next(
+        (PAPER_GPU_BATCH[g] for g in PAPER_GPU_BATCH if set(presets) <= set(GROUPS[g])), 8
+    )
     return fitted_batch(tuple(presets), start, device, dtype)
 
 
@@ -433,6 +435,12 @@ def register(commands) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=list(DTYPES), help="default: bf16 on a GPU, fp32 on the CPU")
     parser.add_argument("--batch", type=int, help="default: 2 on the CPU; on a GPU the paper's, fitted")
+    parser.add_argument(
+        "--fit-from",
+        type=int,
+        metavar="N",
+        help="the largest batch from N down, halving, at which every preset's training step runs",
+    )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, averaged (default 3)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
@@ -447,12 +455,19 @@ def _run(args) -> int:
     unknown = [p for p in args.presets if p not in PRESETS]
     if unknown:
         raise ValueError(f"unknown presets: {', '.join(unknown)} (see switchbench presets)")
-    if args.steps < 1 or args.warmup < 0 or args.top < 1 or (args.batch is not None and args.batch < 1):
-        raise ValueError("--steps, --top and --batch must be >= 1 and --warmup >= 0")
+    if (
+        args.steps < 1
+        or args.warmup < 0
+        or args.top < 1
+        or any(n is not None and n < 1 for n in (args.batch, args.fit_from))
+    ):
+        raise ValueError("--steps, --top, --batch and --fit-from must be >= 1 and --warmup >= 0")
+    if args.batch is not None and args.fit_from is not None:
+        raise ValueError("--batch and --fit-from: give one")
     writable_folder(Path(args.out))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     dtype = DTYPES[dtype_name]
-    batch = args.batch or default_batch(args.presets, device, dtype)
+    batch = args.batch or default_batch(args.presets, device, dtype, args.fit_from)
     for preset in args.presets:  # found before any work: a case that cannot fit is a usage error
         reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, "model", device, dtype)
         if reason:
@@ -465,6 +480,7 @@ def _run(args) -> int:
             "dtype": dtype_name,
             "precision": precision.describe(dtype_name),
             "batch": batch,
+            "fit_from": args.fit_from,
             "steps": args.steps,
             "warmup": args.warmup,
             "presets": args.presets,
