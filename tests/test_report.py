@@ -407,7 +407,15 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
             "expert_matmul": "auto",
         },
         "rows": [
-            row("grouped_mm", "op", 1.0, chosen=True),
+            {
+                "case": "262m switchhead-v",
+                "impl": "routing",
+                "view": "routing",
+                "pass": "forward",
+                "status": "ok",
+            }
+            | {"ms": 0.25, "chosen": False},
+            row("grouped_mm", "op", 1.0, chosen=True) | {"routing_ms": 0.25, "moe_overhead_ms": 0.25},
             row("grouped_mm-kernel", "kernel", 0.5),
             row("dense", "dense", 1.0),
         ],
@@ -417,6 +425,10 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert "<td>grouped_mm *</td><td>op</td>" in page and "<td>grouped_mm-kernel</td><td>kernel</td>" in page
     assert "<code>--expert-matmul auto</code>" in page and ">25.0%</td>" in page  # of peak: 0.125 / 0.5
+    assert (
+        "<td>routing</td><td>routing</td>" in page and page.count(" ms</td></tr>") == 1
+    )  # overhead: the * row
+    assert ">0.25 ms</td></tr>" in page
 
 
 def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path):
