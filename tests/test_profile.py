@@ -22,6 +22,11 @@ from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
 from switchbench.reports.report import load_profile, render
 
 
+def _one_tiny_step(*extra: str) -> list[str]:
+    """``switchbench profile`` of one tiny SwitchHead step on the CPU, without warm-up."""
+    return ["profile", "tiny-switchhead", "--device", "cpu", "--steps", "1", "--warmup", "0", *extra]
+
+
 def _shares(rows: list[dict], what: str = "train step") -> dict[str, float]:
     return {r["name"]: r["ms"] for r in rows if r["kind"] == "share" and r["what"] == what}
 
@@ -114,21 +119,7 @@ def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsy
         rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 1, 1, 50)
     grouped = {r["share"] for r in rows if r["kind"] == "kernel" and r["name"] == "aten::_grouped_mm"}
     assert grouped == set(profile.SHARES[:3])
-    argv = [
-        "profile",
-        "tiny-switchhead",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-        "--expert-matmul",
-        "grouped_mm",
-        "--out",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = _one_tiny_step("--expert-matmul", "grouped_mm", "--out", str(tmp_path), "--json")
     assert main(argv) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["expert_matmul"] == "grouped_mm"
@@ -383,18 +374,6 @@ def test_fit_from_halves_the_batch_until_every_preset_s_step_fits(monkeypatch):
 
 
 def test_a_fitted_batch_is_recorded_with_where_it_started(tmp_path, capsys):
-    argv = [
-        "profile",
-        "tiny-switchhead",
-        "--fit-from",
-        "4",
-        "--device",
-        "cpu",
-        "--steps",
-        "1",
-        "--warmup",
-        "0",
-    ]
-    assert main([*argv, "--out", str(tmp_path), "--json"]) == 0
+    assert main(_one_tiny_step("--fit-from", "4", "--out", str(tmp_path), "--json")) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["batch"] == 4 and metadata["fit_from"] == 4
