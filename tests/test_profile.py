@@ -213,7 +213,8 @@ def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():
 
 
 def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monkeypatch):
-    monkeypatch.setattr(profile, "dense_equivalent_ms", lambda case, device, dtype: {"forward+backward": 0.5})
+    passes = {"forward": 0.25, "forward+backward": 0.5}
+    monkeypatch.setattr(profile, "dense_equivalent_ms", lambda case, device, dtype: passes)
     shares = [
         {"kind": "share", "name": name, "ms": ms}
         for name, ms in [
@@ -224,13 +225,14 @@ def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monk
             ("attention", 100.0),
         ]
     ] + [{"kind": "kernel", "name": "routing", "ms": 50.0}]
-    row = profile.moe_overhead(shares, 40.0, "tiny-switchhead", "train step", 2, "cpu", torch.float32)
+    dense = profile.dense_equivalent("tiny-switchhead", 2, "cpu", torch.float32)
     layers = PRESETS["tiny-switchhead"].n_layers
-    assert row["moe_ms"] == 14.0 and row["dense_equivalent_ms"] == layers * 2 * 0.5  # two cases, V and O
+    assert dense == {p: layers * 2 * ms for p, ms in passes.items()}  # two cases, V and O
+    row = profile.moe_overhead(shares, 40.0, "train step", dense)
+    assert row["moe_ms"] == 14.0 and row["dense_equivalent_ms"] == layers * 2 * 0.5
     assert row["ms"] == 14.0 - layers and row["fraction"] == row["ms"] / 40.0
-    assert (
-        profile.moe_overhead(shares, 40.0, "tiny-transformer", "train step", 2, "cpu", torch.float32) is None
-    )
+    assert profile.moe_overhead(shares, 40.0, "forward", dense)["dense_equivalent_ms"] == layers * 2 * 0.25
+    assert profile.dense_equivalent("tiny-transformer", 2, "cpu", torch.float32) is None
 
 
 @pytest.mark.parametrize(

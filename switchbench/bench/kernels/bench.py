@@ -359,8 +359,7 @@ def measure(
             "ms": t,
             "tflops": 2 * macs / t / 1e9,
         }
-        spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
-        rows.append(row | spread | checked | _shape(case))
+        rows.append(row | _spread(times) | checked | _shape(case))
     return rows
 
 
@@ -369,16 +368,13 @@ def routing_rows(case: Case, device: str, dtype: torch.dtype) -> list[dict]:
     (the gates') is in the op's."""
     logits = router_logits(case, device, dtype)
     times = timer(device)(lambda: _routing(case, logits))
-    t = statistics.median(times)
-    spread = {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
+    row = {"impl": "routing", "view": "routing", "status": "ok", "ms": statistics.median(times)}
     method = {"method": routing_method(torch.device(device).type)}
-    return [
-        {"case": case.name, "impl": "routing", "view": "routing", "pass": p, "status": "ok", "ms": t}
-        | spread
-        | method
-        | _shape(case)
-        for p in PASSES
-    ]
+    return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
+
+
+def _spread(times: list[float]) -> dict:
+    return {"ms_min": min(times), "ms_max": max(times), "repeats": len(times)}
 
 
 def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str, float]:

@@ -330,25 +330,28 @@ def expert_cases(preset: str, batch: int) -> tuple[Case, ...]:
     return tuple(c for f in owners if f.expert_matmuls for c in f.expert_matmuls(PRESETS[preset], batch))
 
 
-def moe_overhead(
-    shares: list[dict], step_ms: float, preset: str, what: str, batch: int, device: str, dtype: torch.dtype
-) -> dict | None:
-    """The step's MoE overhead in ms (and as a fraction of the profiled ``step_ms``, as a share is): its routing
-    and expert-matmul shares, less what dense matmuls of the same useful MACs take on this device (every layer's
-    expert matmuls, each timed alone as kernel-bench's dense comparator). None for a model without experts."""
+def dense_equivalent(preset: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, float] | None:
+    """Per pass, what dense matmuls of the same useful MACs as ``preset``'s expert matmuls take on this device: every
+    layer's, each timed alone as kernel-bench's dense comparator. None for a model without experts."""
     cases = expert_cases(preset, batch)
     if not cases:
         return None
-    timed = "forward" if what == "forward" else "forward+backward"
-    dense = PRESETS[preset].n_layers * sum(dense_equivalent_ms(c, device, dtype)[timed] for c in cases)
+    timed = [dense_equivalent_ms(c, device, dtype) for c in cases]
+    return {p: PRESETS[preset].n_layers * sum(t[p] for t in timed) for p in timed[0]}
+
+
+def moe_overhead(shares: list[dict], step_ms: float, what: str, dense: dict[str, float]) -> dict:
+    """The step's MoE overhead in ms (and as a fraction of the profiled ``step_ms``, as a share is): its routing
+    and expert-matmul shares, less ``dense`` (:func:`dense_equivalent`) of the same pass."""
+    equivalent = dense["forward" if what == "forward" else "forward+backward"]
     machinery = sum(r["ms"] for r in shares if r["kind"] == "share" and r["name"] in MOE_SHARES)
     return {
         "kind": "moe overhead",
         "name": "routing + expert matmul - dense matmuls of the same useful MACs",
-        "ms": machinery - dense,
-        "fraction": (machinery - dense) / step_ms,
+        "ms": machinery - equivalent,
+        "fraction": (machinery - equivalent) / step_ms,
         "moe_ms": machinery,
-        "dense_equivalent_ms": dense,
+        "dense_equivalent_ms": equivalent,
     }
 
 
@@ -410,9 +413,10 @@ def run(
         del benches  # the dense equivalents are timed with the model's memory given back
         if device == "cuda":
             torch.cuda.empty_cache()
+        dense = dense_equivalent(preset, batch, device, dtype)  # once for both passes
         for name, profiled, timing in found:
-            overhead = moe_overhead(profiled, timing["ms_profiled"], preset, name, batch, device, dtype)
-            profiled += [overhead] if overhead else []
+            if dense:
+                profiled.append(moe_overhead(profiled, timing["ms_profiled"], name, dense))
             rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
     return rows
 
