@@ -3,8 +3,10 @@ forward and forward+backward, each a ``Bench`` with its useful FLOPs, its memory
 kernels it runs; and the memory bounds that refuse or fit a batch before any work."""
 
 import functools
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -23,6 +25,8 @@ from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import from_name
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -264,18 +268,37 @@ def fitted_batch(presets: tuple[str, ...], batch: int, device: str, dtype: torch
     """The largest batch, halving from ``batch``, at which one training step of every member of the group runs
     (the estimate first, then a real step: an OOM halves); 0 when not even one sequence fits."""
     while batch >= 1:
-        try:
-            if all(too_large(p, batch, "model", device, dtype) is None for p in presets):
-                for preset in presets:
-                    model_benches(preset, batch, device, dtype)[0].run()
-                    release_memory()
-                return batch
-        except (RuntimeError, MemoryError) as error:
-            if not is_oom(error):
-                raise
-            release_memory()
+        if all(too_large(p, batch, "model", device, dtype) is None for p in presets) and _steps_run(
+            presets, batch, device, dtype
+        ):
+            return batch
         batch //= 2
     return 0
+
+
+def _steps_run(presets: tuple[str, ...], batch: int, device: str, dtype: torch.dtype) -> bool:
+    """Whether one training step of each of ``presets`` runs at ``batch`` (False: out of memory)."""
+
+    def steps():
+        for preset in presets:
+            model_benches(preset, batch, device, dtype)[0].run()
+            release_memory()
+        return True
+
+    return unless_oom(steps) is not None
+
+
+def unless_oom(call: Callable[[], T]) -> T | None:
+    """``call()``, or None where it ran out of memory (a result, not a bug: anything else is raised). The memory
+    is released after the handler ends: until then the error's traceback holds the failed call's frames, and so
+    its tensors (seen on an H100: after one OOM, every smaller batch ran out of memory too)."""
+    try:
+        return call()
+    except (RuntimeError, MemoryError) as error:
+        if not is_oom(error):
+            raise
+    release_memory()
+    return None
 
 
 def _cuda_peak(step: Callable) -> float:
@@ -292,5 +315,7 @@ def _cuda_peak(step: Callable) -> float:
 
 
 def release_memory() -> None:
+    """Return what dead tensors hold to the device: objects in reference cycles collected first."""
+    gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

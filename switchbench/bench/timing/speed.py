@@ -26,9 +26,6 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.cost.accounting import exact_cost
-from switchbench.bench.cost.measure import (
-    is_oom,
-)
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.timing.benches import (
     EAGER,
@@ -39,6 +36,7 @@ from switchbench.bench.timing.benches import (
     model_benches,
     release_memory,
     too_large,
+    unless_oom,
 )
 from switchbench.bench.timing.heap import keep_freed_memory
 from switchbench.bench.timing.timer import Timer, intra_op_threads, iqr, kernel_ms, matmul_peak_tflops
@@ -157,13 +155,7 @@ def time_group(
 
 def _timed_call(timer: Timer, bench: Bench) -> float | None:
     """One timed call; None if it ran out of memory (a result), anything else is a bug and is raised."""
-    try:
-        return timer(bench.run)
-    except (RuntimeError, MemoryError) as error:
-        if not is_oom(error):
-            raise
-        release_memory()
-        return None
+    return unless_oom(lambda: timer(bench.run))
 
 
 def _slowest_rank(times: dict, failed: dict, world: distributed.World) -> tuple[dict, dict]:
@@ -185,13 +177,7 @@ def _flag_mixed_attention(rows: list[dict]) -> None:
 
 
 def _memory(bench: Bench) -> float | None:
-    try:
-        return bench.memory()
-    except (RuntimeError, MemoryError) as error:
-        if not is_oom(error):
-            raise
-        release_memory()
-        return None
+    return unless_oom(bench.memory)
 
 
 def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict:
@@ -292,16 +278,13 @@ def _build(
     reason = next((r for r in distributed.gathered(reason, world) if r), None)
     if reason:
         return reason
-    try:
-        if scope == "model":
-            benches += model_benches(preset, batch, device, dtype, world, mode)
-        else:
-            benches += layer_benches(preset, batch, device, dtype, mode.compile)
-    except (RuntimeError, MemoryError) as error:
-        if not is_oom(error):
-            raise
-        release_memory()
+    if scope == "model":
+        built = unless_oom(lambda: model_benches(preset, batch, device, dtype, world, mode))
+    else:
+        built = unless_oom(lambda: layer_benches(preset, batch, device, dtype, mode.compile))
+    if built is None:
         return "out of memory while building"
+    benches += built
     return None
 
 
