@@ -13,7 +13,7 @@ import traceback
 
 import torch
 
-from switchbench.bench.timing.benches import StepMode, model_benches
+from switchbench.bench.timing.benches import StepMode, model_benches, release_memory
 from switchbench.ops.attention import choice as attention_choice
 
 
@@ -40,7 +40,7 @@ def probe(preset: str, attention: str, cudnn: bool, batch: int) -> dict:
             "innermost": [f"{f.filename}:{f.lineno} {f.line}" for f in frames[-2:]],
         }
     finally:
-        torch.cuda.empty_cache()
+        release_memory()  # the case's graph and its pool let go
 
 
 def main() -> None:

@@ -30,6 +30,8 @@ except ModuleNotFoundError:  # Python 3.10: the command says so; the rest of the
 NODE_OWN = {"torch", "triton"}
 NODE_OWN_PREFIXES = ("nvidia-",)
 
+NODE_EXTRA = "node-test"  # the extra of what the evidence chain runs the tests with on a node
+
 
 @dataclass(frozen=True)
 class Resolved:
@@ -101,7 +103,7 @@ def read_requirements(source: Path) -> Requirements:
     if project.get("project", {}).get("name") != "switchbench":
         raise ValueError(f"--source {source}: {path} is not switchbench's")
     # the test suite's own needs too: evidence runs it on the node first
-    runtime = project["project"]["dependencies"] + project["project"]["optional-dependencies"]["node-test"]
+    runtime = project["project"]["dependencies"] + project["project"]["optional-dependencies"][NODE_EXTRA]
     own = [r for r in runtime if is_node_own(requirement_name(r))]
     return Requirements(own, [r for r in runtime if r not in own], project["build-system"]["requires"])
 
@@ -201,8 +203,9 @@ def describe(house: Wheelhouse, source: Path) -> str:
     lines += [
         f"On the node (copy {house.folder} and the checkout there), in the checkout, into the environment of the "
         "python3 that has the node's torch, triton and the packages above (a venv made from it with "
-        "--system-site-packages would not see them where that python3 is itself a venv or a conda environment):",
-        f"  python3 -m pip install --no-index --find-links {house.folder} -e {source}",
+        "--system-site-packages would not see them where that python3 is itself a venv or a conda environment); "
+        f"the {NODE_EXTRA} extra brings what the evidence chain's test steps need:",
+        f"  python3 -m pip install --no-index --find-links {house.folder} -e '{source}[{NODE_EXTRA}]'",
     ]
     return "\n".join(lines)
 

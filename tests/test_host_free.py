@@ -1,12 +1,15 @@
-"""A host-free training step: no family's step waits on the host. On the CPU the proof is the compiler's: every
-family's forward and loss trace into one graph (``fullgraph=True`` raises at any graph break, which a host sync
-such as ``.item()`` or a data-dependent size causes), AOTAutograd derives the backward from it, and AdamW's step
-traces as one graph; the compiled step gives eager's loss and gradients in float64. On CUDA a step runs under
+"""A host-free training step: no family's step waits on the host. On the CPU the proof has two parts. The
+compiler's: every family's forward and loss trace into one graph (``fullgraph=True`` raises at any graph break,
+which ``.item()`` causes), AOTAutograd derives the backward from it, and AdamW's step traces as one graph; the
+compiled step gives eager's loss and gradients in float64. And the operators': no operator of a whole step is one
+whose CUDA kernel reads a value back to the host. The compiler alone let MoA's ``bincount`` through, which sizes its
+output from its largest value, and an H100 refused to capture MoA's step in a CUDA graph. On CUDA a step runs under
 ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronisation."""
 
 import pytest
 import torch
 from small import SEQ, TIGHT, T, random_tokens, small_cfg
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
@@ -15,6 +18,33 @@ from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
 FAMILIES = registry.names()
 CASES = [(model, "xl") for model in FAMILIES] + [("transformer", "rope"), ("switchhead", "rope")]
+aten = torch.ops.aten
+# Operators whose CUDA kernels wait on the host: each reads a value back (item), or sizes its output by the data
+# (bincount by its largest value; nonzero, masked_select, unique by how many; repeat_interleave by the sum of its
+# repeats when no output size is given)
+SYNCING = {
+    aten._local_scalar_dense.default,
+    aten.bincount.default,
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.repeat_interleave.Tensor,
+}
+
+
+class SyncingOps(TorchDispatchMode):
+    """Records every operator of :data:`SYNCING` run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in SYNCING:
+            self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 def model_and_batch(model: str, pos: str, device: str = "cpu", dtype=torch.float64):
@@ -56,6 +86,25 @@ def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
     explanation = torch._dynamo.explain(optimizer.step)()
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
     assert any(not torch.equal(p, before[n]) for n, p in lm.named_parameters())
+
+
+@pytest.mark.parametrize(("model", "pos"), CASES)
+def test_no_operator_of_a_training_step_reads_back_to_the_host(model, pos):
+    # float32: grouped GEMMs take no float64. AdamW's step is torch's: host-free on CUDA with capturable=True, which
+    # the CPU refuses, and its CPU step reads its step count back
+    lm, tokens, state = model_and_batch(model, pos, dtype=torch.float32)
+    # the kernels the GPU runs: fused attention, the expert matmul of grouped GEMMs (the CPU's default, torch's
+    # padded one, reads its capacity back; the GPU's Triton kernels run only in the interpreter here)
+    with SyncingOps() as ops, attention_choice.selected("sdpa"), expert_matmul_choice.selected("grouped_mm"):
+        lm(tokens, state).loss(tokens).backward()
+    assert not ops.seen
+
+
+def test_the_probe_sees_a_read_back():
+    with SyncingOps() as ops:
+        torch.bincount(torch.tensor([0, 2, 2]))
+        torch.tensor([1.0]).item()
+    assert ops.seen == ["aten.bincount.default", "aten._local_scalar_dense.default"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

@@ -5,6 +5,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,23 @@ def test_the_batch_is_halved_until_the_whole_group_fits(monkeypatch):
     assert benches_module.fitted_batch(group, 64, "cpu", torch.float32) == 8
     monkeypatch.setattr(benches_module, "free_memory", lambda device: 0)
     assert benches_module.fitted_batch(group, 64, "cpu", torch.float32) == 0
+
+
+def test_an_oom_lets_go_of_the_failed_calls_tensors_before_the_memory_is_released(monkeypatch):
+    """On an H100, once a step ran out of memory every smaller batch did too: the memory was released inside the
+    handler, while the error's traceback still held the failed step's frames and tensors."""
+    held, freed = [], []
+
+    def step():
+        activations = torch.empty(1024)
+        held.append(weakref.ref(activations))
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(benches_module, "release_memory", lambda: freed.append(held[-1]() is None))
+    assert benches_module.unless_oom(step) is None
+    assert freed == [True]
+    with pytest.raises(ValueError):  # anything but an OOM is a bug, raised
+        benches_module.unless_oom(lambda: int("x"))
 
 
 def test_the_estimate_is_a_lower_bound_of_the_saved_activations():

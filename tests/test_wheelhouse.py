@@ -107,7 +107,7 @@ def test_a_wheelhouse_of_pure_wheels_names_what_the_node_must_have(tmp_path, mon
     assert [line.split()[0] for line in must_have.splitlines()] == ["torch>=2.4", "numpy", "fvcore"]
     assert (
         out.splitlines()[-1]
-        == f"  python3 -m pip install --no-index --find-links {tmp_path / 'house'} -e {ROOT}"
+        == f"  python3 -m pip install --no-index --find-links {tmp_path / 'house'} -e '{ROOT}[node-test]'"
     )
 
 
@@ -216,7 +216,17 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     node_site = _node_site(tmp_path / "node-site", node_own)
     Path(site, "node.pth").write_text(f"{node_site}\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PIP_CONFIG_FILE": os.devnull}
-    pip = [python, "-m", "pip", "install", "--no-index", "--find-links", str(house.folder), "switchbench"]
+    # with the node-test extra, as the recipe says: the chain's test steps need pytest-reportlog (an H100 lacked it)
+    pip = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(house.folder),
+        "switchbench[node-test]",
+    ]
     done = subprocess.run(pip, capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
 
@@ -229,7 +239,8 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     where = on_the_node(
         python,
         "-c",
-        "import fvcore, switchbench, torch as t; print(switchbench.__file__, fvcore.__file__, t.__file__)",
+        "import fvcore, pytest_reportlog, switchbench, torch as t;"
+        "print(switchbench.__file__, fvcore.__file__, t.__file__)",
     ).stdout.split()
     assert where[0].startswith(site) and where[1].startswith(site)  # from the wheelhouse
     assert where[2].startswith(str(node_site))  # the node's own

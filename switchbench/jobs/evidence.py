@@ -196,7 +196,8 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
     def run(ctx: Context):
         if importlib.util.find_spec("pytest_reportlog") is None:
             raise StepFailed(
-                "pytest-reportlog is not installed: build the wheelhouse again (docs/gpu-nodes.md)"
+                "pytest-reportlog is not installed: install the node-test extra, "
+                "pip install --no-index --find-links wheelhouse -e '.[node-test]' (docs/gpu-nodes.md)"
             )
         index, count = shard
         part = f"{marker.replace(' ', '-')}-part{index + 1}of{count}-{fingerprint()}"

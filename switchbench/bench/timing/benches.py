@@ -223,7 +223,9 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     Every graph of the process allocates from one shared pool: a group's members are all captured before they are
     timed, and each graph's own pool would hold a whole step's activations for the run. Sharing is safe because
     graphs are replayed one at a time and none reads another's temporaries (what outlives a step, its gradients,
-    stays allocated)."""
+    stays allocated). A pool lives only while a graph holds it: a capture into a pool whose graphs are all gone
+    fails an assertion in torch's allocator (seen on an H100), so :func:`release_memory` forgets the pool and the
+    next capture starts a new one."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -315,7 +317,9 @@ def _cuda_peak(step: Callable) -> float:
 
 
 def release_memory() -> None:
-    """Return what dead tensors hold to the device: objects in reference cycles collected first."""
+    """Return what dead tensors hold to the device: objects in reference cycles collected first. The next CUDA
+    graph gets a pool of its own (:func:`captured`)."""
     gc.collect()
+    _graph_pool.cache_clear()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

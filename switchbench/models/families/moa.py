@@ -88,7 +88,10 @@ def moa_losses(logits: Tensor, gates: Tensor, experts: Tensor) -> dict[str, Tens
     n_experts = logits.shape[1]
     importance = torch.zeros_like(logits).scatter_(1, experts, gates).sum(0)  # [E]
     cv = importance.var() / (importance.mean() ** 2 + 1e-10) if n_experts > 1 else importance.new_zeros(())
-    counts = torch.bincount(experts.reshape(-1), minlength=n_experts).to(logits.dtype)  # [E]
+    # counted by a scatter, not bincount: on CUDA bincount reads its largest value back to size its output
+    counts = (
+        torch.zeros_like(logits).scatter_(1, experts, 1.0).sum(0)
+    )  # [E]; a token's H experts are distinct
     switch = n_experts * (logits.softmax(-1).mean(0) * counts / experts.numel()).sum()
     z = torch.logsumexp(logits, dim=-1).pow(2).mean()
     return {"cv": cv, "switch": switch, "z": z}
