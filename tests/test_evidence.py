@@ -319,7 +319,7 @@ def _done(tmp_path) -> list[str]:
 BUDGET = 540.0  # the default --budget
 
 
-@pytest.mark.parametrize(("slower", "calls"), [(1.0, 10), (1.25, 14)])
+@pytest.mark.parametrize(("slower", "calls"), [(1.0, 11), (1.25, 15)])
 def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
     slower, calls, tmp_path, monkeypatch
 ):
@@ -335,10 +335,12 @@ def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
 
 def test_on_the_durations_the_h100_suggests_the_first_call_brings_back_figures(tmp_path, monkeypatch):
     """The H100's lesson: the fast tests ran twice their declared time, and a compiled step's duration is unknown
-    (assumed twice too). The first call still finishes figure steps, and every step is done within 14 calls."""
+    (assumed twice too, but for the 262M one, declared from its stop at 226 s on an H100). The first call still
+    finishes figure steps, and every step is done within 14 calls."""
 
     def slower(step: evidence.Step) -> float:
-        return 2.0 if step.name.startswith(("tests", "speed-compiled")) else 1.0
+        unknown = step.name.startswith(("tests", "speed-compiled")) and step.name != "speed-compiled-262m"
+        return 2.0 if unknown else 1.0
 
     lengths, finished, state = _calls(tmp_path, monkeypatch, slower, 14)
     assert evidence.missing_figures(state, "cuda") == [], f"after {len(lengths)} calls"
