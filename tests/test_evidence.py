@@ -421,6 +421,22 @@ else:
 """
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_rehearsal_runs_a_stand_in_once_across_steps_and_a_step_its_command_twice(tmp_path, device):
+    """The 262M and 47M groups both rehearse on the tiny group: the second step reuses the first's command. A step
+    that runs one command twice (two gate runs to pool) runs it twice, and a GPU runs every command."""
+    count = tmp_path / "count.txt"
+    argv = [sys.executable, "-c", f"open({str(count)!r}, 'a').write('x'); print('ran')"]
+    ctx = evidence.Context(device, tmp_path, tmp_path, time.monotonic() + 60, tmp_path / "log.txt")
+    ctx.step = "speed-262m"
+    assert ctx.command(argv) == ctx.command(argv) == "ran\n"
+    ctx.step = "speed-47m"
+    assert ctx.command(argv) == "ran\n"
+    assert len(count.read_text()) == (2 if device == "cpu" else 3)
+    if device == "cpu":
+        assert "(ran to its end in step speed-262m: not run again)" in (tmp_path / "log.txt").read_text()
+
+
 @pytest.mark.parametrize("parent_sleeps", [120, 0])
 def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp_path, parent_sleeps):
     """A step whose grandchild left the session, ignores SIGTERM and holds the output pipe: the call still ends
