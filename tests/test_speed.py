@@ -51,6 +51,30 @@ def test_other_errors_are_not_swallowed():
         )
 
 
+def test_a_step_that_cannot_be_captured_is_a_row_and_the_group_is_timed_without_it(monkeypatch):
+    """On an H100 one family's step read a value back during its CUDA graph capture, and the whole group's run
+    ended there with no figure."""
+    real, released = speed.model_benches, []
+
+    def benches(preset, *args):
+        if preset == "tiny-switchhead":
+            raise benches_module.CaptureFailed(
+                "not capturable in a CUDA graph: Cannot copy between CPU and CUDA"
+            )
+        return real(preset, *args)
+
+    monkeypatch.setattr(speed, "model_benches", benches)
+    monkeypatch.setattr(speed, "release_memory", lambda: released.append(True))
+    group = {"tiny": ("tiny-transformer", "tiny-switchhead", "tiny-moa")}
+    rows = speed.run(group, ("model",), "cpu", torch.float32, 1, rounds=2, warmup=0)
+    failed = [r for r in rows if r["preset"] == "tiny-switchhead" and r["group"] == "tiny"]
+    assert [(r["status"], r["reason"]) for r in failed] == [
+        ("not capturable", "not capturable in a CUDA graph: Cannot copy between CPU and CUDA")
+    ]
+    timed = {r["preset"] for r in rows if r.get("status") == "ok" and r.get("group") == "tiny"}
+    assert timed == {"tiny-transformer", "tiny-moa"} and released
+
+
 @pytest.mark.slow
 def test_cli_speed_json_and_files(tmp_path, capsys):
     argv = [

@@ -234,9 +234,19 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.empty_cache()  # the warm-up's cached blocks, for the capture's pool to take
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=_graph_pool()):
-        step()
+    try:
+        with torch.cuda.graph(graph, pool=_graph_pool()):
+            step()
+    except RuntimeError as error:
+        if is_oom(error):
+            raise
+        raise CaptureFailed(f"not capturable in a CUDA graph: {str(error).splitlines()[0]}") from error
     return graph.replay
+
+
+class CaptureFailed(RuntimeError):
+    """A step that cannot be captured in one CUDA graph, as a host synchronisation inside it makes it: a finding
+    about the step (its row says why), not a failure of the run."""
 
 
 @functools.cache

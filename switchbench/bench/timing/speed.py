@@ -30,6 +30,7 @@ from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.timing.benches import (
     EAGER,
     Bench,
+    CaptureFailed,
     StepMode,
     fitted_batch,
     layer_benches,
@@ -250,13 +251,14 @@ def run(
                 for preset in presets:
                     failed = _build(benches, preset, scope, size, device, dtype, world, steps)
                     if failed:
+                        status, reason = failed
                         rows.append(
                             {
                                 "preset": preset,
                                 "scope": scope,
                                 "what": "build",
-                                "status": "OOM",
-                                "reason": failed,
+                                "status": status,
+                                "reason": reason,
                                 "group": group,
                                 "batch": size,
                             }
@@ -271,21 +273,28 @@ def run(
 
 def _build(
     benches: list, preset: str, scope: str, batch: int, device: str, dtype, world, mode: StepMode
-) -> str | None:
-    """Add the benches of ``preset`` to ``benches``; or why it cannot run (too large, out of memory)."""
+) -> tuple[str, str] | None:
+    """Add the benches of ``preset`` to ``benches``; or the status and reason why it cannot run: too large, out
+    of memory ("OOM"), or its step not capturable in a CUDA graph. The group's other members run either way."""
     reason = "not one sequence fits" if batch < 1 else too_large(preset, batch, scope, device, dtype)
     # agreed by every rank before any builds: a rank that built would wait for the others in DDP's first broadcast
     reason = next((r for r in distributed.gathered(reason, world) if r), None)
     if reason:
-        return reason
-    if scope == "model":
-        built = unless_oom(lambda: model_benches(preset, batch, device, dtype, world, mode))
+        return "OOM", reason
+    try:
+        if scope == "model":
+            built = unless_oom(lambda: model_benches(preset, batch, device, dtype, world, mode))
+        else:
+            built = unless_oom(lambda: layer_benches(preset, batch, device, dtype, mode.compile))
+    except CaptureFailed as error:
+        failed = str(error)
     else:
-        built = unless_oom(lambda: layer_benches(preset, batch, device, dtype, mode.compile))
-    if built is None:
-        return "out of memory while building"
-    benches += built
-    return None
+        if built is None:
+            return "OOM", "out of memory while building"
+        benches += built
+        return None
+    release_memory()  # outside the handler (see unless_oom); the next capture takes a new pool
+    return "not capturable", failed
 
 
 def register(commands) -> None:
