@@ -1,7 +1,7 @@
 """A host-free training step: no family's step waits on the host. On the CPU the proof has two parts. The
 compiler's: every family's forward and loss trace into one graph (``fullgraph=True`` raises at any graph break,
 which ``.item()`` causes), AOTAutograd derives the backward from it, and AdamW's step traces as one graph; the
-compiled step gives eager's loss and gradients in float64. And the operators': no operator of a whole step is one
+compiled step gives eager's loss and gradients in float64. And the operators': no operator of a forward and backward is one
 whose CUDA kernel reads a value back to the host. The compiler alone let MoA's ``bincount`` through, which sizes its
 output from its largest value, and an H100 refused to capture MoA's step in a CUDA graph. On CUDA a step runs under
 ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronisation."""

@@ -88,10 +88,9 @@ def moa_losses(logits: Tensor, gates: Tensor, experts: Tensor) -> dict[str, Tens
     n_experts = logits.shape[1]
     importance = torch.zeros_like(logits).scatter_(1, experts, gates).sum(0)  # [E]
     cv = importance.var() / (importance.mean() ** 2 + 1e-10) if n_experts > 1 else importance.new_zeros(())
-    # counted by a scatter, not bincount: on CUDA bincount reads its largest value back to size its output
-    counts = (
-        torch.zeros_like(logits).scatter_(1, experts, 1.0).sum(0)
-    )  # [E]; a token's H experts are distinct
+    # A scatter, not bincount: on CUDA bincount reads its largest value back to size its output. A token's experts
+    # are distinct, so each of them counts it once
+    counts = torch.zeros_like(logits).scatter_(1, experts, 1.0).sum(0)  # [E]
     switch = n_experts * (logits.softmax(-1).mean(0) * counts / experts.numel()).sum()
     z = torch.logsumexp(logits, dim=-1).pow(2).mean()
     return {"cv": cv, "switch": switch, "z": z}
