@@ -31,7 +31,7 @@ from switchbench.bench.command import (
 )
 from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, total_memory
 from switchbench.bench.inference import sizing
-from switchbench.bench.timing.benches import release_memory
+from switchbench.bench.timing.benches import release_memory, unless_oom
 from switchbench.bench.timing.speed import preset_groups
 from switchbench.bench.timing.timer import (
     Timer,
@@ -148,16 +148,12 @@ def _time_interleaved(members: list, timer: Timer, grid: "Grid") -> dict[str, di
             if member.preset not in times:
                 continue
             timed = ("prefill", "decode") if 0 <= round_ < grid.prefill_rounds else ("decode",)
-            try:
-                for what in timed:
-                    ms = timer(getattr(member, what))
-                    if round_ >= 0:
-                        times[member.preset][what].append(ms)
-            except (RuntimeError, MemoryError) as error:
-                if not is_oom(error):
-                    raise
+            ms = unless_oom(lambda member=member, timed=timed: [timer(getattr(member, w)) for w in timed])
+            if ms is None:
                 del times[member.preset]
-                release_memory()
+            elif round_ >= 0:
+                for what, t in zip(timed, ms, strict=True):
+                    times[member.preset][what].append(t)
     return times
 
 

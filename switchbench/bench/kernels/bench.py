@@ -36,7 +36,8 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
-from switchbench.bench.cost.measure import free_memory, is_oom
+from switchbench.bench.cost.measure import free_memory
+from switchbench.bench.timing.benches import unless_oom
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
 from switchbench.core.results import nothing_measured, save_run, writable_folder
@@ -464,14 +465,8 @@ def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) ->
         timed = {"routing": lambda: routing_rows(case, device, dtype)} | timed
     rows = []
     for impl, rows_of in timed.items():
-        try:
-            rows += rows_of()
-        except (RuntimeError, MemoryError) as error:
-            if not is_oom(error):
-                raise
-            rows += _untimed(case, impl, "OOM", reason="out of memory")
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        found = unless_oom(rows_of)
+        rows += _untimed(case, impl, "OOM", reason="out of memory") if found is None else found
     return rows
 
 
