@@ -6,6 +6,7 @@ command written with them runs unchanged on one device.
 """
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +57,12 @@ def process_group(device: str) -> Iterator[World]:
     dist.init_process_group(backend)
     try:
         yield World(world.size, world.rank, world.local_rank, backend)
+        # A rank that tears its group down while a peer is still communicating (rank 0 writing, or still reading
+        # the last gather) can abort inside gloo's threads ("terminate called without an active exception", seen
+        # once in CI): on success the ranks meet first, with every model of the block collected while the group
+        # they hold is alive. After a failure they do not meet, since a peer may never arrive (a hang, not an end).
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
