@@ -493,3 +493,22 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     assert len(again) == 12 - ran_first and not set(again) & set(evidence.test_outcomes(logs[:1]))
     summary = json.loads(summary_path.read_text())
     assert summary["counts"] == {"passed": 11, "failed": 1, "skipped": 0, "tests": 12}
+
+
+@pytest.mark.slow  # a forked command and a stopped one: seconds
+def test_the_rehearsal_forks_its_commands_with_their_output_status_and_stop(tmp_path):
+    """A CPU `python -m switchbench` runs forked from the preloaded server: it prints what the command prints in
+    a process of its own, its error line goes to the log with its exit status, and the deadline stops it."""
+    ctx = evidence.Context("cpu", tmp_path, tmp_path, time.monotonic() + 60, tmp_path / "log.txt")
+    printed = ctx.switchbench("presets", "--json")
+    assert {row["preset"] for row in printed} >= {"tiny-transformer", "tiny-switchhead"}
+    with pytest.raises(evidence.StepFailed, match="exited 2"):
+        ctx.switchbench("speed", "--device", "cpu", "--rounds", "0")
+    assert "switchbench speed: error: rounds and threads must be >= 1" in (tmp_path / "log.txt").read_text()
+    ctx.deadline = time.monotonic() + 8
+    before = time.monotonic()
+    with pytest.raises(evidence.OutOfBudget):
+        ctx.switchbench(
+            "train", "--task", "listops", "--device", "cpu", "--steps", "100000", "--out", str(tmp_path)
+        )
+    assert time.monotonic() - before < 8 + evidence.STRAY_GRACE

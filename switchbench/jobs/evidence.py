@@ -23,7 +23,9 @@ import hashlib
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
+import runpy
 import select
 import signal
 import subprocess
@@ -107,9 +109,12 @@ class Context:
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
             log.flush()
-            process = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd, start_new_session=True
-            )
+            if not self.gpu and argv[:2] == [sys.executable, "-m"] and argv[2] in FORKED:
+                process = _Forked(argv[2], argv[3:], env, cwd, self.log)
+            else:
+                process = subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd, start_new_session=True
+                )
             out, killed = _output(process, remaining)
             log.write(out)
         if killed:
@@ -119,11 +124,62 @@ class Context:
         return out
 
 
+# The rehearsal forks its `python -m switchbench` and `python -m pytest` commands from a server that has imported
+# torch, the command line and pytest (multiprocessing's forkserver): each of its ~35 commands starts without the
+# 2.5 s an interpreter takes to import them. A GPU node starts each in a fresh interpreter, as a user would.
+FORKED = ("switchbench", "pytest")
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(
+    ["torch", "switchbench.cli", "pytest"]
+)  # one that is not installed is passed over
+
+
+class _Forked:
+    """``python -m MODULE ARGS`` in a process forked from the server, with what ``_output`` and ``_kill`` use of a
+    Popen: its pid (a session of its own), its stdout pipe, wait() and returncode. The server imported its modules
+    under the environment of its start; each command gets ``env`` for what it reads while it runs."""
+
+    def __init__(self, module: str, args: list[str], env: dict, cwd: Path | None, stderr: Path):
+        self.stdout, writer = _FORKS.Pipe(duplex=False)
+        target, options = _module_forked, (module, args, env, cwd, writer, stderr)
+        self._process = _FORKS.Process(target=target, args=options)
+        self._process.start()
+        writer.close()
+        self.pid = self._process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired("switchbench", timeout)
+        return self.returncode
+
+
+def _module_forked(module: str, args: list[str], env: dict, cwd: Path | None, stdout, stderr: Path) -> None:
+    os.setsid()  # as start_new_session: a stop kills the command's whole session
+    os.dup2(stdout.fileno(), 1)
+    stdout.close()
+    err = os.open(stderr, os.O_WRONLY | os.O_APPEND)
+    os.dup2(err, 2)
+    os.close(err)
+    os.environ.clear()
+    os.environ.update(env)
+    if cwd is not None:
+        os.chdir(cwd)
+    sys.stdout.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED's promise: what it printed survives a stop
+    sys.argv = [module, *args]
+    sys.path.insert(0, os.getcwd())  # as `python -m` puts the folder it starts in first
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
 # Seconds the output pipe may stay open after the step's process ended, or after it was killed
 STRAY_GRACE = 5.0
 
 
-def _output(process: subprocess.Popen, seconds: float) -> tuple[str, bool]:
+def _output(process: "subprocess.Popen | _Forked", seconds: float) -> tuple[str, bool]:
     """What ``process`` printed, and whether it had to be killed at the end of ``seconds``. The pipe is read on a
     thread of its own: a descendant that outlives the process (or escaped the kill) may hold it open, and the call
     must end anyway; it is given STRAY_GRACE seconds, then killed if it can be found, then the pipe is let go."""
@@ -157,7 +213,7 @@ def _output(process: subprocess.Popen, seconds: float) -> tuple[str, bool]:
     return b"".join(chunks).decode(errors="replace"), killed
 
 
-def _kill(process: subprocess.Popen) -> None:
+def _kill(process: "subprocess.Popen | _Forked") -> None:
     """SIGKILL the step's whole session (pytest and compile workers) and every descendant of its process: one that
     left the session (setsid) is still found through its parent, so every target is found before any is killed.
     SIGKILL, since a process may ignore SIGTERM."""
