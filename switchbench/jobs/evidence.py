@@ -129,9 +129,6 @@ class Context:
 # 2.5 s an interpreter takes to import them. A GPU node starts each in a fresh interpreter, as a user would.
 FORKED = ("switchbench", "pytest")
 _FORKS = multiprocessing.get_context("forkserver")
-_FORKS.set_forkserver_preload(
-    ["torch", "switchbench.cli", "pytest"]
-)  # one that is not installed is passed over
 
 
 class _Forked:
@@ -140,6 +137,10 @@ class _Forked:
     under the environment of its start; each command gets ``env`` for what it reads while it runs."""
 
     def __init__(self, module: str, args: list[str], env: dict, cwd: Path | None, stderr: Path):
+        # set here, not at import: the preload is the process's one forkserver's, which other code may use too
+        _FORKS.set_forkserver_preload(
+            ["torch", "switchbench.cli", "pytest"]
+        )  # one not installed is passed over
         self.stdout, writer = _FORKS.Pipe(duplex=False)
         target, options = _module_forked, (module, args, env, cwd, writer, stderr)
         self._process = _FORKS.Process(target=target, args=options)
