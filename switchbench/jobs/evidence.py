@@ -128,6 +128,7 @@ class Context:
 # torch, the command line and pytest (multiprocessing's forkserver): each of its ~35 commands starts without the
 # 2.5 s an interpreter takes to import them. A GPU node starts each in a fresh interpreter, as a user would.
 FORKED = ("switchbench", "pytest")
+PRELOAD = ["torch", "switchbench.cli", "pytest"]  # one that is not installed is passed over
 _FORKS = multiprocessing.get_context("forkserver")
 
 
@@ -138,9 +139,7 @@ class _Forked:
 
     def __init__(self, module: str, args: list[str], env: dict, cwd: Path | None, stderr: Path):
         # set here, not at import: the preload is the process's one forkserver's, which other code may use too
-        _FORKS.set_forkserver_preload(
-            ["torch", "switchbench.cli", "pytest"]
-        )  # one not installed is passed over
+        _FORKS.set_forkserver_preload(PRELOAD)
         self.stdout, writer = _FORKS.Pipe(duplex=False)
         target, options = _module_forked, (module, args, env, cwd, writer, stderr)
         self._process = _FORKS.Process(target=target, args=options)
