@@ -142,7 +142,7 @@ class _Forked:
         _FORKS.set_forkserver_preload(PRELOAD)
         self.stdout, writer = _FORKS.Pipe(duplex=False)
         target, options = _module_forked, (module, args, env, cwd, writer, stderr)
-        self._process = _FORKS.Process(target=target, args=options)
+        self._process = _FORKS.Process(target=target, args=options, name=f"python -m {module}")
         self._process.start()
         writer.close()
         self.pid = self._process.pid
@@ -154,7 +154,7 @@ class _Forked:
     def wait(self, timeout: float | None = None) -> int:
         self._process.join(timeout)
         if self.returncode is None:
-            raise subprocess.TimeoutExpired("switchbench", timeout)
+            raise subprocess.TimeoutExpired(self._process.name, timeout)
         return self.returncode
 
 
