@@ -11,7 +11,7 @@ from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
 from switchbench.models.lm import SequenceClassifier
-from switchbench.ops.attention import choice
+from switchbench.ops.attention import choice, kernels
 from switchbench.ops.attention.kernels import attention
 
 FAMILIES = registry.names()
@@ -79,6 +79,35 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
     got = torch.autograd.grad(out, leaves, cotangent)
     for name, g, e in zip(("q", "k", "v", "bias"), got, expected, strict=False):
         torch.testing.assert_close(g, e, **TIGHT, msg=lambda m, n=name: f"gradient of {n}: {m}")
+
+
+@pytest.mark.parametrize("Hk", [2, 1])
+def test_grouped_heads_no_fused_kernel_takes_are_repeated_for_sdpa(Hk, monkeypatch):
+    """Where only SDPA's math kernel would take grouped heads (MoA's on an H200, in fp32), the key heads are
+    repeated for their groups: the call SDPA gets has as many key heads as query heads, and the attention and
+    every gradient are still the naive loop's in float64."""
+    calls = []
+
+    def spy(q, k, v, **kwargs):
+        calls.append((q.shape[1], k.shape[1], v.shape[1], kwargs["enable_gqa"]))
+        return sdpa_function(q, k, v, **kwargs)
+
+    sdpa_function = kernels.F.scaled_dot_product_attention
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(kernels, "_only_math_takes", lambda *args: True)
+    q, k, v, mask, bias = inputs(4, Hk, 5, True, True)
+    reference = naive(q, k, v, mask, bias, 0.7)
+    with choice.selected("sdpa"):
+        out, _ = attention(q, k, v, mask, bias, 0.7)
+    assert calls == [(4, 4, 4, False)]
+    torch.testing.assert_close(out, reference, **TIGHT)
+    cotangent = torch.randn_like(reference)
+    for g, e in zip(
+        torch.autograd.grad(out, (q, k, v, bias), cotangent),
+        torch.autograd.grad(reference, (q, k, v, bias), cotangent),
+        strict=True,
+    ):
+        torch.testing.assert_close(g, e, **TIGHT)
 
 
 @pytest.mark.parametrize("backend", choice.BACKENDS)

@@ -91,7 +91,7 @@ def test_quality_runs_on_the_choice_and_records_it(tmp_path, capsys):
     assert main(argv) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]
     assert metadata["expert_matmul"] == "grouped_mm" and _resolved(metadata) == {("grouped_mm", "named")}
-    assert metadata["expert_matmul_fallback"] == "triton on CUDA, torch elsewhere"
+    assert metadata["expert_matmul_fallback"] == "triton on CUDA (torch for float64), torch elsewhere"
 
 
 def test_auto_says_where_it_fell_back(tmp_path, capsys, monkeypatch):
@@ -114,7 +114,5 @@ def test_auto_says_where_it_fell_back(tmp_path, capsys, monkeypatch):
         str(tmp_path / "run"),
     ]
     assert main(argv) == 0
-    fell_back = (
-        "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA, torch elsewhere)"
-    )
+    fell_back = "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA (torch for float64), torch elsewhere)"
     assert fell_back in capsys.readouterr().out

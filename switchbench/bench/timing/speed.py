@@ -244,31 +244,48 @@ def run(
         for group, presets in groups.items():
             start = fit_from or PAPER_GPU_BATCH.get(group, 64)
             size = batch or fitted_batch(presets, start, device, dtype)
-            # From --fit-from, a batch that had to be halved is made up by accumulating its halves' gradients
-            steps = replace(mode, accumulation=start // size) if fit_from and not batch and size else mode
             for scope in scopes:
-                benches = []
-                for preset in presets:
-                    failed = _build(benches, preset, scope, size, device, dtype, world, steps)
-                    if failed:
-                        status, reason = failed
-                        rows.append(
-                            {
-                                "preset": preset,
-                                "scope": scope,
-                                "what": "build",
-                                "status": status,
-                                "reason": reason,
-                                "group": group,
-                                "batch": size,
-                            }
-                        )
+                while True:
+                    # From --fit-from, a halved batch is made up by accumulating its halves' gradients
+                    steps = (
+                        replace(mode, accumulation=start // size) if fit_from and not batch and size else mode
+                    )
+                    benches, failures = _build_group(presets, scope, size, device, dtype, world, steps)
+                    # Each member fitted alone; together (all resident, interleaved) they may not: halve and
+                    # rebuild. An H200 built three of the 262M group at 64 and had 18 GiB left for the others
+                    if batch or size <= 1 or not distributed.anywhere(_ran_out(failures), world):
+                        break
+                    del benches
+                    release_memory()
+                    size //= 2
+                rows += [
+                    {"preset": f["preset"], "scope": scope, "what": "build", "status": f["status"]}
+                    | {"reason": f["reason"], "group": group, "batch": size}
+                    for f in failures
+                ]
                 timed = time_group(benches, timer, rounds, warmup, bar, world)
                 made_up = {"accumulation": steps.accumulation} if steps.accumulation > 1 else {}
                 rows += [r | {"group": group, "batch": size} | made_up for r in timed]
                 del benches
                 release_memory()
     return rows + [r | {"group": "count"} for r in count_ratios()]
+
+
+def _build_group(
+    presets, scope: str, batch: int, device: str, dtype, world, mode: StepMode
+) -> tuple[list, list[dict]]:
+    """Every member's benches, all resident at once as they are timed, and a row for each member that failed."""
+    benches, failures = [], []
+    for preset in presets:
+        failed = _build(benches, preset, scope, batch, device, dtype, world, mode)
+        if failed:
+            failures.append({"preset": preset, "status": failed[0], "reason": failed[1]})
+    return benches, failures
+
+
+def _ran_out(failures: list[dict]) -> bool:
+    """Whether a member did not fit beside the others (its estimate or its build ran out of memory)."""
+    return any(f["status"] == "OOM" for f in failures)
 
 
 def _build(

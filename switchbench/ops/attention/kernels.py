@@ -10,7 +10,8 @@ three kernels that compute the same function:
   as a block mask so that fully masked blocks are skipped. Compiled on CUDA (eager, it materialises the scores);
   torch has no FlexAttention backward on the CPU.
 
-Grouped heads (GQA's groups, MoA's one shared key head) are read by their query heads, never repeated.
+Grouped heads (GQA's groups, MoA's one shared key head) are read by their query heads, not repeated, except where
+SDPA has no fused kernel for them (:func:`_fused_sdpa`).
 """
 
 import functools
@@ -88,16 +89,44 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | No
     width the fused GPU kernels refuse them and SDPA falls back to its math kernel."""
     if bias is not None:
         mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
-    grouped = _grouped(q, k)
-    return _padded(
-        lambda q, k, v: F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=scale, enable_gqa=grouped
-        ),
-        sdpa_width(q.shape[-1]),
-        q,
-        k,
-        v,
+    return _padded(lambda q, k, v: _fused_sdpa(q, k, v, mask, scale), sdpa_width(q.shape[-1]), q, k, v)
+
+
+def _fused_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """SDPA on grouped heads as they are where a fused kernel takes them, else on key heads repeated for their
+    groups: on CUDA no fused kernel but cuDNN's reads grouped heads beside a mask, and where cuDNN refuses too,
+    SDPA's math kernel would run the whole attention in fp32 with its scores materialised (an H200 saw MoA's
+    training step do so). The repeated heads cost a copy of K and V, far less than that."""
+    if _grouped(q, k) and _only_math_takes(q, k, v, mask):
+        k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=_grouped(q, k))
+
+
+def _only_math_takes(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> bool:
+    """Whether SDPA would run this grouped call on CUDA with its math kernel, asked of its own dispatch rules with
+    the dtypes autocast gives the call. Not while compiling: Inductor chooses the kernel of its own lowering."""
+    if not q.is_cuda or torch.compiler.is_compiling():
+        return False
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+        q, k, v = (_stand_in(x, dtype) for x in (q, k, v))
+        mask = mask if mask is None or mask.dtype == torch.bool else _stand_in(mask, dtype)
+    params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, False, True)
+    fused = (
+        torch.backends.cuda.can_use_flash_attention,
+        torch.backends.cuda.can_use_efficient_attention,
+        torch.backends.cuda.can_use_cudnn_attention,
     )
+    return not any(can_use(params, False) for can_use in fused)
+
+
+def _stand_in(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """An uninitialised tensor like ``x`` in ``dtype``: SDPA's rules read shapes, strides, dtypes and whether a
+    gradient is needed, never the data, and a cast would be a kernel (a captured step would replay it)."""
+    if x.dtype == dtype:
+        return x
+    like = torch.empty_strided(x.shape, x.stride(), dtype=dtype, device=x.device)
+    return like.requires_grad_(x.requires_grad)
 
 
 def _grouped(q: Tensor, k: Tensor) -> bool:

@@ -4,7 +4,7 @@ A call's implementation is, first to last: the ``impl=`` it is given; the choice
 the command line's ``--expert-matmul`` sets); ``SWITCHBENCH_EXPERT_MATMUL``; ``auto``. ``auto`` looks the call up
 in a table of measured winners kept as package data (``data/expert_matmul_auto.json``, written by ``switchbench
 kernel-tune``), by device name and shape bucket. Without an entry it falls back to the rule that held before the
-table: Triton on CUDA, PyTorch elsewhere, and records that it fell back.
+table: Triton on CUDA (PyTorch for float64), PyTorch elsewhere, and records that it fell back.
 
 Every resolution is recorded in the logs opened by :func:`recording`, so a run can say what it ran on. Nothing
 here touches a tensor's data: choosing costs no operator call and no sync.
@@ -24,7 +24,7 @@ IMPLS = ("torch", "triton", "grouped_mm")
 CHOICES = ("auto", *IMPLS)
 ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 AUTO_FILE = "expert_matmul_auto.json"
-FALLBACK_RULE = "triton on CUDA, torch elsewhere"
+FALLBACK_RULE = "triton on CUDA (torch for float64), torch elsewhere"
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" (as the Triton kernels' tuning keys)
 TRACED = "traced shape"
 
@@ -90,7 +90,12 @@ def lookup(device: torch.device, bucket: str, named: str | None = None) -> Resol
         impl = table["choices"].get(bucket) if table["device"] == gpu else None
         if impl:
             return Resolution(impl, "measured")
-    return Resolution("triton" if device.type == "cuda" else "torch", "fallback")
+    return Resolution("triton" if device.type == "cuda" and not _float64(bucket) else "torch", "fallback")
+
+
+def _float64(bucket: str) -> bool:
+    """Whether a bucket of :func:`shape_bucket` is of float64 calls (the suite's exact checks, on a GPU too)."""
+    return bucket != TRACED and bucket.split(" ")[1] == "float64"
 
 
 @traced_once
