@@ -82,10 +82,10 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
 
 
 @pytest.mark.parametrize("Hk", [2, 1])
-def test_grouped_heads_no_fused_kernel_takes_are_repeated_for_sdpa(Hk, monkeypatch):
-    """Where only SDPA's math kernel would take grouped heads (MoA's on an H200, in fp32), the key heads are
-    repeated for their groups: the call SDPA gets has as many key heads as query heads, and the attention and
-    every gradient are still the naive loop's in float64."""
+def test_sdpa_repeats_grouped_heads_in_training_and_not_in_decoding(Hk, monkeypatch):
+    """On CUDA, a masked call that will be differentiated gets as many key heads as query heads (SDPA's grouped backward
+    was slow on an H200, and its fallback fp32); the attention and every gradient are still the naive loop's in
+    float64. Without a backward (decoding) the grouped heads go to SDPA as they are."""
     calls = []
 
     def spy(q, k, v, **kwargs):
@@ -94,12 +94,20 @@ def test_grouped_heads_no_fused_kernel_takes_are_repeated_for_sdpa(Hk, monkeypat
 
     sdpa_function = kernels.F.scaled_dot_product_attention
     monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(kernels, "_only_math_takes", lambda *args: True)
     q, k, v, mask, bias = inputs(4, Hk, 5, True, True)
+    if not CUDA:  # the rule is CUDA's (the CPU keeps grouped heads): the CPU's tensors stand in for a GPU's
+        assert not kernels._cuda_training(q, k, v, bias)
+        monkeypatch.setattr(
+            kernels,
+            "_cuda_training",
+            lambda *ts: torch.is_grad_enabled() and any(t.requires_grad for t in ts),
+        )
     reference = naive(q, k, v, mask, bias, 0.7)
     with choice.selected("sdpa"):
         out, _ = attention(q, k, v, mask, bias, 0.7)
-    assert calls == [(4, 4, 4, False)]
+        with torch.no_grad():
+            attention(q, k, v, mask, bias, 0.7)
+    assert calls == [(4, 4, 4, False), (4, Hk, Hk, True)]
     torch.testing.assert_close(out, reference, **TIGHT)
     cotangent = torch.randn_like(reference)
     for g, e in zip(
