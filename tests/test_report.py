@@ -259,12 +259,14 @@ def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
     exact = lines["memory of C4 262M SwitchHead vs dense, this implementation, measured"]
     assert (exact.ours, exact.verdict) == ("43.3%", "differs: +16.3 pp")  # 43.3% against 27%
     # Table 5, 47M: time 0.72 and memory 0.65 against the CPU run's 0.70 and 0.55, within 0.05 or not; a time
-    # says its clock and threads
+    # says its clock and threads, and both how the steps ran (a run of no recorded attention choice: explicit)
     time = lines[
         "time of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU), "
-        "the timing thread's CPU time, 1 intra-op thread"
+        "the timing thread's CPU time, 1 intra-op thread, attention explicit"
     ]
-    memory = lines["memory of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU)"]
+    memory = lines[
+        "memory of c4-47m-switchhead-h2 vs dense, training step, test cpu (CPU), attention explicit"
+    ]
     assert (time.paper, time.ours, memory.paper, memory.ours) == (
         "0.72 (47M, RTX 3090)",
         "0.70",
@@ -460,6 +462,34 @@ def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path)
     write("262m-compiled", 4, groups={"262m": []}, compile="inductor")
     shown = sorted(run["rows"][0]["preset"] for run in collect(tmp_path)["speed"]["runs"])
     assert shown == ["262m", "262m-compiled", "new-47m"]
+
+
+def test_a_practitioner_s_run_and_an_eager_one_are_both_shown_the_newest_by_its_recorded_time(tmp_path):
+    """An H200 ran the 262M group with SDPA and CUDA graphs, then eager: one configuration each, so both are
+    figures, each headed with how it ran. Of two runs of one configuration the one that recorded the later time is
+    shown, whatever the files' modification times (a checkout gives them all the same)."""
+
+    def write(name: str, mtime: int, time: str, **metadata):
+        run = {
+            "metadata": {"device": "NVIDIA H200", "cuda": "13.0", "dtype": "bf16", "time": time, **metadata},
+            "rows": [
+                {"group": "262m", "preset": name, "scope": "model", "what": "train step", "status": "ok"}
+            ],
+        }
+        path = tmp_path / "speed" / "h200" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(run))
+        os.utime(path, (mtime, mtime))
+
+    practitioner = {"groups": {"262m": []}, "attention": "sdpa", "cuda_graphs": True}
+    write("graphs-older", 3, "2026-11-27T00:29:00+00:00", **practitioner)
+    write("graphs-newer", 1, "2026-11-27T00:31:00+00:00", **practitioner)
+    write("eager", 2, "2026-11-27T00:35:00+00:00", groups={"262m": []}, attention="explicit")
+    shown = sorted(run["rows"][0]["preset"] for run in collect(tmp_path)["speed"]["runs"])
+    assert shown == ["eager", "graphs-newer"]
+    page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
+    assert "bf16, attention sdpa, each step replayed from one CUDA graph, batch" in page
+    assert "bf16, attention explicit, batch" in page
 
 
 def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():

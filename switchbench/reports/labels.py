@@ -51,6 +51,25 @@ def trained(run: dict | None) -> str:
 
 def speed_configuration(metadata: dict) -> tuple:
     """What makes two speed runs different figures rather than a newer and an older one of the same: the groups,
-    the compile mode and the expert-matmul choice."""
+    the compile mode, the expert-matmul choice, the attention kernel and whether steps replay from CUDA graphs (an
+    H200's practitioner's 262M run was hidden behind the eager one that followed it). Runs saved before the
+    attention choice existed ran the explicit kernel."""
     groups = tuple(metadata.get("groups") or ())
-    return groups, metadata.get("compile", "eager"), metadata.get("expert_matmul", "auto")
+    return (
+        groups,
+        metadata.get("compile", "eager"),
+        metadata.get("expert_matmul", "auto"),
+        metadata.get("attention", "explicit"),
+        bool(metadata.get("cuda_graphs")),
+    )
+
+
+def speed_setting(metadata: dict) -> str:
+    """'attention sdpa, each step replayed from one CUDA graph, torch.compile (inductor)': how a speed run ran its
+    steps, beyond precision and batch."""
+    words = [f"attention {metadata.get('attention', 'explicit')}"]
+    if metadata.get("cuda_graphs"):
+        words.append("each step replayed from one CUDA graph")
+    if metadata.get("compile", "eager") != "eager":
+        words.append(f"torch.compile ({metadata['compile']})")
+    return ", ".join(words)

@@ -105,8 +105,11 @@ def load_speed(results: Path) -> dict | None:
     runs = []
     for folder in sorted(p for p in (results / "speed").glob("*") if p.is_dir()):
         newest_of = {}
-        for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime):
-            run = _run(path, "speed")
+        # newest by the time a run recorded, where it did: a checkout gives every file the same modification time
+        loaded = [
+            _run(path, "speed") for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        ]
+        for run in sorted(loaded, key=lambda run: run["metadata"].get("time", "")):
             newest_of[labels.speed_configuration(run["metadata"])] = run
         runs += newest_of.values()
     return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
@@ -326,7 +329,9 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
     """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
     env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count)
-    env.globals.update(trained=labels.trained, reference_min_r=summary.REFERENCE_MIN_R)
+    env.globals.update(
+        trained=labels.trained, speed_setting=labels.speed_setting, reference_min_r=summary.REFERENCE_MIN_R
+    )
     env.tests["numeric"] = _numeric
     sections = [(s, loaded[s.name]) for s in SECTIONS if s.name in loaded]
     return env.get_template("report.html.j2").render(

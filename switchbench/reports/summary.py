@@ -110,13 +110,14 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
     different kernels, or a ratio below its floor, measures the baseline rather than the model."""
     # the claims compare eager runs on the expert matmul auto picks: compiled and fixed-implementation runs are
     # figures of their own in the speed section
-    plain = [r for r in speed["runs"] if labels.speed_configuration(r["metadata"])[1:] in {("eager", "auto")}]
+    plain = [r for r in speed["runs"] if labels.speed_configuration(r["metadata"])[1:3] == ("eager", "auto")]
     runs = [r for r in plain if r["gpu"]] or plain
     published = {(r["size"], r["model"]): r for r in speed["table5"]}
     out = []
     for run in runs:
         device = run["metadata"].get("device", "?") + ("" if run["gpu"] else " (CPU)")
-        how = {"time": f"{device}, {run['timing']}", "memory": device}
+        setting = labels.speed_setting(run["metadata"])
+        how = {"time": f"{device}, {run['timing']}, {setting}", "memory": f"{device}, {setting}"}
         rows = [
             r
             for r in run["rows"]
