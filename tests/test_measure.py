@@ -4,6 +4,7 @@ import json
 import sys
 
 import pytest
+import torch
 
 pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
 from hypothesis import HealthCheck, given, settings
@@ -146,3 +147,12 @@ def test_the_agreement_of_a_full_measurement():
     assert tables.measured_agree(views) == "yes"
     assert tables.measured_agree(views | {"macs_fvcore": 8}) == "NO"
     assert tables.measured_agree(views | {"mem_saved_floats": "OOM"}) == "yes, without saved-tensor hooks"
+
+
+def test_free_gpu_memory_counts_what_the_allocator_caches_unused(monkeypatch):
+    """The estimate that turns a case away compares with the free memory after the cache is given back: blocks a
+    member's freed warm-up left in the cache are free for the next member's allocations."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: calls.append("mem_get_info") or (7, 10))
+    assert measure.free_memory("cuda") == 7 and calls == ["empty_cache", "mem_get_info"]

@@ -59,8 +59,12 @@ def is_oom(error: BaseException) -> bool:
 
 
 def free_memory(device: str) -> int:
-    """Bytes that can still be allocated on ``device``: the GPU's free memory, or the system's available memory."""
+    """Bytes that can still be allocated on ``device``: the GPU's free memory once PyTorch's allocator has given
+    back the blocks it caches unused (an allocation that would not fit gets them too, so an estimate must count
+    them: a group's members are built one after another, each freeing its warm-up steps into the cache), or the
+    system's available memory."""
     if device == "cuda":
+        torch.cuda.empty_cache()
         return torch.cuda.mem_get_info()[0]
     return _meminfo("MemAvailable")  # it counts reclaimable caches, unlike the free pages
 
