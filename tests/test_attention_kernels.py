@@ -83,9 +83,9 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
 
 @pytest.mark.parametrize("Hk", [2, 1])
 def test_sdpa_repeats_grouped_heads_in_training_and_not_in_decoding(Hk, monkeypatch):
-    """On CUDA, a masked call that will be differentiated gets as many key heads as query heads (SDPA's grouped backward
-    was slow on an H200, and its fallback fp32); the attention and every gradient are still the naive loop's in
-    float64. Without a backward (decoding) the grouped heads go to SDPA as they are."""
+    """On CUDA, a masked call that will be differentiated gets as many key heads as query heads (SDPA's grouped
+    backward was slow on an H200, and its fallback fp32); the attention and every gradient are still the naive
+    loop's in float64. Without a backward (decoding) the grouped heads go to SDPA as they are."""
     calls = []
 
     def spy(q, k, v, **kwargs):

@@ -12,9 +12,8 @@ def _compiler_error(*args, **kwargs):
 
 def test_an_unexpected_failure_is_one_line_and_exit_3(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernels, "run", _compiler_error)
-    monkeypatch.delenv(
-        "SWITCHBENCH_DEBUG", raising=False
-    )  # set on a GPU node, it shows the traceback instead
+    # set on a GPU node, it shows the traceback instead
+    monkeypatch.delenv("SWITCHBENCH_DEBUG", raising=False)
     assert main(["kernel-bench", "--device", "cpu", "--out", str(tmp_path)]) == 3
     err = capsys.readouterr().err
     assert err.splitlines() == [

@@ -114,5 +114,8 @@ def test_auto_says_where_it_fell_back(tmp_path, capsys, monkeypatch):
         str(tmp_path / "run"),
     ]
     assert main(argv) == 0
-    fell_back = "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA (torch for float64), torch elsewhere)"
+    fell_back = (
+        "expert matmul auto -> torch (auto fell back, no measured entry: "
+        "triton on CUDA (torch for float64), torch elsewhere)"
+    )
     assert fell_back in capsys.readouterr().out

@@ -253,8 +253,8 @@ def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, ca
     )  # the default: auto, which falls back to torch on the CPU, printed in the heading
     printed = capsys.readouterr().out
     assert (
-        "expert matmul auto -> torch (auto fell back, no measured entry: triton on CUDA (torch for float64), torch elsewhere)"
-        in printed
+        "expert matmul auto -> torch (auto fell back, no measured entry: "
+        "triton on CUDA (torch for float64), torch elsewhere)" in printed
     )
     assert "expert matmul" in printed.splitlines()[1]  # a column of the table
 
