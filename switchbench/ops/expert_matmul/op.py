@@ -75,9 +75,9 @@ def route(indices: Tensor, n_experts: int, by: str | None = None) -> Routing:
 
     ``count`` finds each slot's place from a running count of the slots per expert: a comparison with every expert
     id, one cumulative sum over the expert-major one-hot and a scatter, a few kernels of O(N S E) elementwise work
-    with static shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 8), where that is less work than a
-    general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100. ``sort`` is the
-    stable sort, kept as the reference the tests hold ``count`` to. Default: :func:`routing_method`.
+    with static shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 8), where that is less work
+    than a general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100. ``sort``
+    is the stable sort, kept as the reference the tests hold ``count`` to. Default: :func:`routing_method`.
     """
     flat = indices.reshape(-1)
     by = by or routing_method(flat.device.type)
