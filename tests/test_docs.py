@@ -12,12 +12,10 @@ is a message format, not a command) is skipped and listed with its reason in pyt
 
 import argparse
 import dataclasses
-import os
 import re
 import shlex
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
@@ -376,34 +374,29 @@ def _to_run(kinds: set[str], stand_ins: bool) -> list[list[str]]:
     return runs
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [sys.executable, "-m", "switchbench", *argv],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+def _run(argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
+    """`switchbench ARGV` in ``cwd``, in this process (an interpreter's start and torch's import are 3 to 5 s a
+    command; tests/test_main_job.py runs `python -m switchbench` as a user does): exit code, stdout, stderr."""
+    monkeypatch.chdir(cwd)
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-@pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
+@pytest.mark.slow  # seconds each, in tox
 @pytest.mark.parametrize("argv", _to_run(RUN_FAST, stand_ins=False), ids=shlex.join)
-def test_the_cheap_commands_run(argv, tmp_path):
-    done = _run(argv, tmp_path)
-    assert done.returncode == 0 and done.stdout.strip(), (
-        f"switchbench {shlex.join(argv)}: {done.stderr[-2000:]}"
-    )
+def test_the_cheap_commands_run(argv, tmp_path, monkeypatch, capsys):
+    code, out, err = _run(argv, tmp_path, monkeypatch, capsys)
+    assert code == 0 and out.strip(), f"switchbench {shlex.join(argv)}: {err[-2000:]}"
     assert not list(tmp_path.iterdir()), "a cheap command wrote files"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv", _to_run(RUN_SLOW, stand_ins=True), ids=shlex.join)
-def test_the_slower_commands_run_into_tmp(argv, tmp_path):
+def test_the_slower_commands_run_into_tmp(argv, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    done = _run([*argv, "--out", str(out)], tmp_path)
-    assert done.returncode == 0, f"switchbench {shlex.join(argv)}: {done.stderr[-2000:]}"
+    code, _, err = _run([*argv, "--out", str(out)], tmp_path, monkeypatch, capsys)
+    assert code == 0, f"switchbench {shlex.join(argv)}: {err[-2000:]}"
     assert any(out.iterdir())
 
 

@@ -126,9 +126,10 @@ class Context:
 
 # The rehearsal forks its `python -m switchbench` and `python -m pytest` commands from a server that has imported
 # torch, the command line and pytest (multiprocessing's forkserver): each of its ~35 commands starts without the
-# 2.5 s an interpreter takes to import them. A GPU node starts each in a fresh interpreter, as a user would.
+# 2.5 s an interpreter takes to import them, nor the 1.6 s of torch._dynamo, which the first call of any custom op
+# (the expert matmul) imports. A GPU node starts each in a fresh interpreter, as a user would.
 FORKED = ("switchbench", "pytest")
-PRELOAD = ["torch", "switchbench.cli", "pytest"]  # one that is not installed is passed over
+PRELOAD = ["torch", "torch._dynamo", "switchbench.cli", "pytest"]  # one that is not installed is passed over
 _FORKS = multiprocessing.get_context("forkserver")
 
 
