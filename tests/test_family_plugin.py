@@ -45,18 +45,55 @@ def _run(env, cwd, *argv: str, ok: bool = True) -> subprocess.CompletedProcess:
     return done
 
 
+# Several commands in turn in one fresh interpreter, as a shell runs them one after another: an interpreter's start,
+# torch's import and the custom op's first call are about 4 s a command.
+SESSION = """
+import contextlib, io, json, sys
+from switchbench.cli import main
+done = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    done.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(done))
+"""
+
+
+def _session(env, cwd, *argvs: list[str]) -> list[str]:
+    """What each command printed; every one must succeed."""
+    ran = subprocess.run(
+        [sys.executable, "-c", SESSION, json.dumps(argvs)],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert ran.returncode == 0, ran.stderr
+    done = json.loads(ran.stdout)
+    for argv, each in zip(argvs, done, strict=True):
+        assert each["code"] == 0, f"switchbench {' '.join(argv)}: {each['stderr']}"
+    return [each["stdout"] for each in done]
+
+
 @needs("fvcore")
 def test_presets_params_and_count(env, tmp_path):
-    names = {row["preset"] for row in json.loads(_run(env, tmp_path, "presets", "--json").stdout)}
-    assert {"tiny-sharedqk", "tiny-sharedqk-rope", "listops-sharedqk-h8"} <= names
-    mine, dense = (
-        json.loads(_run(env, tmp_path, "params", name, "--json").stdout)
-        for name in ("listops-sharedqk-h8", "listops-transformer-h8")
+    tiny = ("tiny-sharedqk", "tiny-sharedqk-rope")
+    presets, mine, dense, *counts = _session(
+        env,
+        tmp_path,
+        ["presets", "--json"],
+        *(["params", name, "--json"] for name in ("listops-sharedqk-h8", "listops-transformer-h8")),
+        *(["count", name, "--json"] for name in tiny),
     )
+    names = {row["preset"] for row in json.loads(presets)}
+    assert {"tiny-sharedqk", "tiny-sharedqk-rope", "listops-sharedqk-h8"} <= names
+    mine, dense = json.loads(mine), json.loads(dense)
     assert mine["per_layer"]["attention_plus_mlp"] == dense["per_layer"]["attention_plus_mlp"]
     assert mine["per_layer"]["attention"] < dense["per_layer"]["attention"]
-    for name in ("tiny-sharedqk", "tiny-sharedqk-rope"):
-        views = json.loads(_run(env, tmp_path, "count", name, "--json").stdout)
+    for name, count in zip(tiny, counts, strict=True):
+        views = json.loads(count)
         assert views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"], name
         assert views["mem_exact"] == views["mem_saved_floats"], name
         assert views["macs_paper"] is None  # the paper has no such family
@@ -64,46 +101,22 @@ def test_presets_params_and_count(env, tmp_path):
 
 @pytest.mark.slow
 def test_speed_train_and_analyze(env, tmp_path):
-    speed = _run(
+    speed = ["speed", "--groups", "tiny-rope", "--scopes", "layer", "--batch", "1", "--rounds", "2"]
+    speed += ["--warmup", "1", "--out", str(tmp_path / "speed"), "--json"]
+    train = ["--task", "listops", "--steps", "2", "--eval-every", "2", "--batch", "4"]
+    checkpoints = [str(tmp_path / model / "checkpoint.pt") for model in ("dense", "shared_qk")]
+    timed, *_ = _session(
         env,
         tmp_path,
-        "speed",
-        "--groups",
-        "tiny-rope",
-        "--scopes",
-        "layer",
-        "--batch",
-        "1",
-        "--rounds",
-        "2",
-        "--warmup",
-        "1",
-        "--out",
-        str(tmp_path / "speed"),
-        "--json",
+        speed,
+        *(
+            ["train", *train, "--model", model, "--out", str(tmp_path / model)]
+            for model in ("dense", "shared_qk")
+        ),
+        ["analyze", *checkpoints, "--out", str(tmp_path / "analysis")],
     )
-    rows = [r for r in json.loads(speed.stdout)["rows"] if r["preset"] == "tiny-sharedqk-rope"]
+    rows = [r for r in json.loads(timed)["rows"] if r["preset"] == "tiny-sharedqk-rope"]
     assert rows and all(r["status"] == "ok" for r in rows)
-    for model in ("dense", "shared_qk"):
-        _run(
-            env,
-            tmp_path,
-            "train",
-            "--task",
-            "listops",
-            "--model",
-            model,
-            "--steps",
-            "2",
-            "--eval-every",
-            "2",
-            "--batch",
-            "4",
-            "--out",
-            str(tmp_path / model),
-        )
-    checkpoints = [str(tmp_path / model / "checkpoint.pt") for model in ("dense", "shared_qk")]
-    _run(env, tmp_path, "analyze", *checkpoints, "--out", str(tmp_path / "analysis"))
     explorer = (tmp_path / "analysis" / "explorer.html").read_text()
     assert '"name": "shared_qk"' in explorer or "shared_qk" in explorer
     assert (tmp_path / "analysis" / "attention_maxima.png").stat().st_size > 0
