@@ -218,6 +218,19 @@ def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_statistics_read_as_many_chunks_as_asked(runs, tmp_path, capsys):
+    """`analyze --sample N`: each SwitchHead head routes every token of N text chunks to k experts a side."""
+    lm = str(runs["lm"])
+    assert main(["analyze", lm, "--sample", "0", "--out", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == "switchbench analyze: error: --sample must be >= 1; got 0"
+    assert main(["analyze", lm, "--sample", "3", "--out", str(tmp_path / "three")]) == 0
+    cfg = PRESETS["tiny-switchhead"]
+    usage = read_csv(tmp_path / "three" / "usage.csv")
+    per_head = usage.groupby(["layer", "head", "side"])["count"].sum()
+    assert len(per_head) == cfg.n_layers * cfg.n_heads * 2 and (per_head == 3 * cfg.T * cfg.k).all()
+
+
+@pytest.mark.slow
 def test_resume_continues_where_it_stopped(tmp_path):
     cfg = TrainConfig(
         "listops", "listops-switchhead-h2", steps=4, batch=4, eval_every=2, warmup=1, val_size=16

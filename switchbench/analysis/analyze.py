@@ -323,14 +323,22 @@ def register(commands) -> None:
     source.add_argument(
         "--example", type=int, help="ListOps: which validation example (default: the longest)"
     )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=SAMPLE,
+        help="ListOps sequences or text chunks behind the statistics (default %(default)s)",
+    )
     parser.add_argument("--out", help="default: results/analysis/<first run>")
     add_json(parser)
     parser.set_defaults(run=_run)
 
 
 def _run(args) -> None:
+    if args.sample < 1:
+        raise ValueError(f"--sample must be >= 1; got {args.sample}")
     out = writable_folder(Path(args.out or Path("results/analysis") / _name(args.checkpoints[0])))
-    written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example)
+    written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example, args.sample)
     if args.json:
         emit({"out": str(out), "written": [str(p) for p in written]}, True)
         return

@@ -593,7 +593,8 @@ def _collect(ctx: Context, argv: list[str], failures: list) -> None:
 
 def _analysis(ctx: Context):
     checkpoints = [str(folder / "checkpoint.pt") for folder in _listops_runs(ctx)]
-    ctx.switchbench("analyze", *checkpoints, "--out", str(ctx.results / "analysis" / "listops"))
+    sample = [] if ctx.gpu else ["--sample", "16"]  # the rehearsal's models are two steps old
+    ctx.switchbench("analyze", *checkpoints, "--out", str(ctx.results / "analysis" / "listops"), *sample)
 
 
 def _report(ctx: Context):
