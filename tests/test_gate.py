@@ -415,6 +415,11 @@ def test_launch_runs_the_package_of_the_folder_named_or_nothing(tmp_path):
         text=True,
     )
     assert done.returncode != 0 and "not from" in done.stderr
+    # and so does a timed run, forked from the gate's server
+    with pytest.raises(
+        RuntimeError, match=r"the speed run of .*nothing failed: switchbench came from .* not from"
+    ):
+        same_machine.timed_run(tmp_path / "nothing", tmp_path / "out", 6)
 
 
 @pytest.mark.slow

@@ -12,6 +12,8 @@ Where the commit is not in this checkout's history (a shallow clone, a copy with
 falls back to the committed ratios, with the tolerance ``gate.time_tolerance`` gives them on this machine.
 """
 
+import atexit
+import functools
 import json
 import os
 import statistics
@@ -38,6 +40,39 @@ import switchbench
 if not switchbench.__file__.startswith(source):
     sys.exit(f"switchbench came from {switchbench.__file__}, not from {source}")
 runpy.run_module("switchbench", run_name="__main__", alter_sys=True)
+"""
+# The timed runs are forked from a server that has imported torch and torch._dynamo (which the first call of a
+# custom op imports): 3.7 s of a 15 s run in a fresh interpreter. Never switchbench: each run imports its own, by
+# LAUNCH. One request a line: [LAUNCH's arguments, environment, stdout file, stderr file]; the answer, the exit code.
+SERVER = """\
+import json, os, sys, traceback
+import torch, torch._dynamo
+launch = sys.argv[1]
+for line in sys.stdin:
+    argv, env, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+        os.environ.clear()
+        os.environ.update(env)
+        sys.argv = ["-c", *argv]
+        code = 0
+        try:
+            exec(launch, {"__name__": "__main__"})
+        except SystemExit as stop:
+            if stop.code is None or isinstance(stop.code, int):
+                code = stop.code or 0
+            else:  # sys.exit("message"), as the interpreter ends it
+                print(stop.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
 """
 PAIRS = 2
 ROUNDS = 15  # per run: two pairs pool 30 a side, the interval the committed baseline's runs had
@@ -74,16 +109,42 @@ def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -
     """One ``switchbench speed --quick`` of the package in ``source``, in a process of its own; the run."""
     env = os.environ | ({"SWITCHBENCH_COMMIT": commit} if commit else {})
     speed = ["speed", "--quick", "--rounds", str(rounds), "--out", str(out), "--json"]
-    done = subprocess.run(
-        [sys.executable, "-c", LAUNCH, str(source), *speed],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if done.returncode:
-        last = done.stderr.strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-        raise RuntimeError(f"the speed run of {source} failed: {last[0]}")
-    return gate.load_run(Path(json.loads(done.stdout)["saved"]))[1]
+    with tempfile.TemporaryDirectory(prefix="switchbench-run-") as work:
+        stdout, stderr = Path(work, "stdout"), Path(work, "stderr")
+        code = _server().run([str(source), *speed], env, stdout, stderr)
+        if code:
+            last = stderr.read_text().strip().splitlines()[-1:] or [f"exit {code}"]
+            raise RuntimeError(f"the speed run of {source} failed: {last[0]}")
+        saved = json.loads(stdout.read_text())["saved"]
+    return gate.load_run(Path(saved))[1]
+
+
+class _Server:
+    """The fork server of SERVER, started at the first run and ended with this process."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVER, LAUNCH], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        atexit.register(self.close)
+
+    def run(self, argv: list[str], env: dict, stdout: Path, stderr: Path) -> int:
+        self.process.stdin.write(json.dumps([argv, dict(env), str(stdout), str(stderr)]) + "\n")
+        self.process.stdin.flush()
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the gate's fork server ended (exit {self.process.wait()})")
+        return int(answer)
+
+    def close(self) -> None:
+        self.process.stdin.close()  # the server's loop ends
+        self.process.wait()
+        self.process.stdout.close()
+
+
+@functools.cache
+def _server() -> _Server:
+    return _Server()
 
 
 def interleaved(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
