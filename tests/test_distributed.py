@@ -80,8 +80,21 @@ def test_train_under_torchrun_writes_once_the_one_process_model(tmp_path):
 @pytest.mark.slow
 @needs_torchrun
 def test_speed_under_torchrun_records_the_world_and_per_device_throughput(tmp_path):
-    """The issue's command: two CPU processes, the tiny group, quick settings."""
-    argv = ["speed", "--device", "cpu", "--groups", "tiny", "--quick", "--json", "--out", str(tmp_path)]
+    """The issue's command: two CPU processes, the tiny group, quick settings (3 rounds: each rank's import and
+    models are most of its 10 s)."""
+    argv = [
+        "speed",
+        "--device",
+        "cpu",
+        "--groups",
+        "tiny",
+        "--quick",
+        "--rounds",
+        "3",
+        "--json",
+        "--out",
+        str(tmp_path),
+    ]
     done = torchrun("-m", "switchbench", *argv)
     out = json.loads(done.stdout[done.stdout.index("{") :])
     meta = out["metadata"]
