@@ -39,7 +39,9 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
 
 
 @pytest.mark.slow
-def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp_path):
+def test_wheel_in_a_fresh_environment_counts_from_another_folder(wheel, tmp_path):
+    """`count` of the headline layer: the published cells from the wheel's data, its counters on a real module
+    (`tables` does the same for all 32 layers, 15 s more; tests/test_accounting.py runs it)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
@@ -67,14 +69,15 @@ def test_wheel_in_a_fresh_environment_runs_tables_from_another_folder(wheel, tmp
         env=env,
     ).stdout
     assert where.startswith(site)
-    tables = subprocess.run(
-        [venv / "bin" / "switchbench", "tables", "--out", "out", "--json"],
+    count = subprocess.run(
+        [venv / "bin" / "switchbench", "count", "c4-262m-switchhead-h4", "--json"],
         cwd=elsewhere,
         capture_output=True,
         text=True,
         env=env,
     )
-    assert tables.returncode == 0, tables.stderr
-    rows = json.loads(tables.stdout)["rows"]
-    assert len(rows) == 55 and {r["reproduced"] for r in rows} == {"yes", "with C = 2"}
-    assert (elsewhere / "out" / "table2.csv").exists()
+    assert count.returncode == 0, count.stderr
+    views = json.loads(count.stdout)
+    assert {(r["table"], r["macs"], r["mem"]) for r in views["published"]} == {("2", "2.4G", "5.6M")}
+    assert views["macs_exact"] == views["macs_fvcore"] == views["macs_flop_counter"]
+    assert not list(elsewhere.iterdir())  # nothing written where it ran
