@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from switchbench.bench.timing.gate import TIME, load_baseline
-from switchbench.bench.timing.same_machine import HERE, LAUNCH, NoReference, materialise
+from switchbench.bench.timing.same_machine import HERE, LAUNCH, PAIRS, ROUNDS, NoReference, materialise
 from switchbench.core.environment import commit, environment
 from switchbench.core.results import write_atomic
 
@@ -95,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         "--plants", type=float, nargs="+", default=[1.5], help="slow-downs planted (default 1.5)"
     )
     parser.add_argument(
-        "--rounds", type=int, default=15, help="timed rounds per speed run (the gate's default)"
+        "--rounds", type=int, default=ROUNDS, help="timed rounds per speed run (the gate's default)"
     )
     parser.add_argument(
-        "--pairs", type=int, default=2, help="runs of each side per gate (the gate's default)"
+        "--pairs", type=int, default=PAIRS, help="runs of each side per gate (the gate's default)"
     )
     parser.add_argument("--baseline", type=Path, default=HERE / "results" / "baselines" / "cpu.json")
     parser.add_argument("--out", type=Path, default=Path("results/gate/reliability.json"))
