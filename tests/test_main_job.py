@@ -79,7 +79,7 @@ def test_a_quick_job_leaves_the_checkout_clean_and_names_its_folder(checkout, mo
     assert seen[0] == {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": 100, "lm": 100},
         "commit": git_state(checkout),
     }
 
@@ -141,7 +141,7 @@ def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": 100, "lm": 100},
         "commit": "abc",
     }
     tables.write_tables(tmp_path, {"table1": [row]}, provenance)
@@ -168,7 +168,7 @@ def copy_of_the_checkout(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     """README command 1 (its set-up's `switchbench all --quick`, held there by test_docs) in a clone: git status
-    stays clean, every file names the clone's commit, quick, 150 steps; then the report, in the browser if there is
+    stays clean, every file names the clone's commit, quick, 100 steps; then the report, in the browser if there is
     one."""
     clone = copy_of_the_checkout(tmp_path)
     head = git(clone, "rev-parse", "HEAD").strip()
@@ -186,7 +186,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
     provenance = {
         "job": "switchbench all --quick",
         "quick": True,
-        "training_steps": {"listops": 150, "lm": 150},
+        "training_steps": {"listops": 100, "lm": 100},
         "commit": head,
     }
     speed_runs = list((results / "speed").rglob("*.json"))
@@ -206,7 +206,7 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         "What the experts learn",
     ):
         assert section in page
-    assert head in page and 'id="speed"' in page and "150 training steps, quick run" in page
+    assert head in page and 'id="speed"' in page and "100 training steps, quick run" in page
     assert {p.name for p in runs.iterdir()} == {
         "listops-transformer-h8",
         "listops-switchhead-h2",

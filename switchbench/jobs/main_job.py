@@ -154,7 +154,7 @@ def _steps(args) -> dict[str, int]:
     the tiny text models' held-out bits per byte are lowest at about 1,500 steps of the embedded play and rise
     after (they memorise it)."""
     if args.quick:
-        return {"listops": 150, "lm": 150}
+        return {"listops": 100, "lm": 100}
     return {"listops": LISTOPS_STEPS, "lm": 1500}
 
 
