@@ -153,18 +153,15 @@ def runs(tmp_path_factory):
     """Tiny runs of every family, trained for a few steps."""
     root = tmp_path_factory.mktemp("runs")
     out = {}
-    for preset in (
-        "listops-transformer-h8",
-        "listops-switchhead-h2",
-        "listops-moa-h4",
-        "listops-switchall-h2",
-    ):
+    for preset in ("listops-transformer-h8", "listops-switchhead-h2"):
         cfg = TrainConfig("listops", preset, steps=6, batch=8, eval_every=3, warmup=2, val_size=32)
         train(cfg, root / preset, progress=False)
         out[preset] = root / preset / "checkpoint.pt"
-    cfg = TrainConfig("lm", "tiny-switchhead", steps=4, batch=4, eval_every=2, warmup=1)
-    train(cfg, root / "lm", progress=False)
-    out["lm"] = root / "lm" / "checkpoint.pt"
+    # byte-level LMs of two layers (a third of a ListOps model's figures)
+    for name, preset in (("lm", "tiny-switchhead"), ("lm-moa", "tiny-moa"), ("lm-switchall", "tiny-switchall")):
+        cfg = TrainConfig("lm", preset, steps=4, batch=4, eval_every=2, warmup=1)
+        train(cfg, root / name, progress=False)
+        out[name] = root / name / "checkpoint.pt"
     return out
 
 
@@ -207,14 +204,14 @@ def test_every_figure_and_table(runs, tmp_path):
 
 @pytest.mark.slow
 def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
-    written = analyze([runs["listops-moa-h4"], runs["listops-switchall-h2"]], tmp_path / "moe", sample=16)
+    """MoA's heads and SwitchAll's σ-MoE MLP get their routers' usage, beside SwitchHead's, on the text given."""
+    checkpoints = [runs[name] for name in ("lm-moa", "lm-switchall", "lm")]
+    written = analyze(checkpoints, tmp_path, source="To be, or not to be", sample=8)
     names = {p.name for p in written}
-    assert {"listops-moa-h4-usage.png", "listops-switchall-h2-usage.png"} <= names
-    summary = (tmp_path / "moe" / "summary.csv").read_text()
-    assert "listops-moa-h4,0,attn" in summary and "listops-switchall-h2,0,mlp" in summary
-    lm = analyze([runs["lm"]], tmp_path / "lm", source="To be, or not to be", sample=8)
-    assert any(p.name == "lm-selection-layer1-head1.png" for p in lm)
-    assert "Routing explorer: byte-level text" in (tmp_path / "lm" / "explorer.html").read_text()
+    assert {"lm-moa-usage.png", "lm-switchall-usage.png", "lm-selection-layer1-head1.png"} <= names
+    summary = (tmp_path / "summary.csv").read_text()
+    assert "lm-moa,0,attn" in summary and "lm-switchall,0,mlp" in summary
+    assert "Routing explorer: byte-level text" in (tmp_path / "explorer.html").read_text()
 
 
 @pytest.mark.slow
