@@ -158,7 +158,11 @@ def runs(tmp_path_factory):
         train(cfg, root / preset, progress=False)
         out[preset] = root / preset / "checkpoint.pt"
     # byte-level LMs of two layers (a third of a ListOps model's figures)
-    for name, preset in (("lm", "tiny-switchhead"), ("lm-moa", "tiny-moa"), ("lm-switchall", "tiny-switchall")):
+    for name, preset in (
+        ("lm", "tiny-switchhead"),
+        ("lm-moa", "tiny-moa"),
+        ("lm-switchall", "tiny-switchall"),
+    ):
         cfg = TrainConfig("lm", preset, steps=4, batch=4, eval_every=2, warmup=1)
         train(cfg, root / name, progress=False)
         out[name] = root / name / "checkpoint.pt"

@@ -6,6 +6,7 @@ import random
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -358,35 +359,42 @@ def test_the_reference_is_the_package_as_it_was_at_the_commit(tmp_path):
         same_machine.materialise(first, tmp_path / "none", checkout=tmp_path / "ref")  # a copy without .git
 
 
-def test_gate_times_the_sides_in_turn_and_says_what_it_compared(monkeypatch, tmp_path, capsys):
-    """ABBA order, the reference run with its commit; without history the committed ratios, said so."""
-    calls = []
+def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch, tmp_path, capsys):
+    """Each pair's two runs at once, the reference's with its commit; without history the committed ratios, said
+    so."""
+    calls, running, most = [], set(), []
+    both = threading.Barrier(2, timeout=10)  # each run waits for the other side's to start: they overlap
 
     def fake_run(source, out, rounds, commit=None):
-        calls.append(("reference" if commit else "head", rounds))
+        side = "reference" if commit else "head"
+        calls.append((out.name, rounds))
+        running.add(side)
+        both.wait()
+        most.append(len(running))
+        both.wait()
+        running.discard(side)
         return _run_like(_committed(), rounds=rounds)
 
     monkeypatch.setattr(same_machine, "timed_run", fake_run)
     monkeypatch.setattr(same_machine, "materialise", lambda commit, dest: dest)
     assert main(["gate", "--baseline", str(BASELINE), "--pairs", "3", "--rounds", "7", "--json"]) == 0
-    assert calls == [
-        ("head", 7),
-        ("reference", 7),
-        ("reference", 7),
-        ("head", 7),
-        ("head", 7),
-        ("reference", 7),
-    ]
+    assert sorted(calls) == [(f"{side}-{p}", 7) for side in ("head", "reference") for p in (1, 2, 3)]
+    assert most == [2] * 6
     out = json.loads(capsys.readouterr().out)
     assert out["regressions"] == 0 and "timed here interleaved" in out["against"]
 
     def no_history(commit, dest):
         raise same_machine.NoReference("commit abc is not in this checkout's history")
 
+    def one_run(source, out, rounds, commit=None):
+        calls.append(rounds)
+        return _run_like(_committed(), rounds=rounds)
+
     calls.clear()
     monkeypatch.setattr(same_machine, "materialise", no_history)
+    monkeypatch.setattr(same_machine, "timed_run", one_run)
     assert main(["gate", "--baseline", str(BASELINE), "--pairs", "2", "--rounds", "7"]) == 0
-    assert calls == [("head", 14)]
+    assert calls == [14]
     printed = capsys.readouterr().out
     assert "the committed time ratios (commit abc is not in this checkout's history)" in printed
 

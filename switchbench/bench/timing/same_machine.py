@@ -4,9 +4,9 @@ A CPU time ratio of two layers belongs to the processor as much as to the code: 
 shapes moved by about a quarter between two 2-core Xeon VMs (0.556 and 0.687 forward+backward), more than the
 gate's tolerance. So, as asv's ``continuous`` does, the gate times both versions here: the commit that recorded
 the baseline is materialised from git into a temporary folder, and ``switchbench speed --quick`` runs from it and
-from the code under test in turn, each in a process of its own, in the order ABBA... so that a drift of the machine
-falls on both. Time ratios are then gated against the reference's, measured minutes ago on the same processor;
-exact counts against the committed ones, which no machine changes.
+from the code under test side by side, a process each at once, so that whatever the machine does then falls on
+both. Time ratios are then gated against the reference's, measured at the same moment on the same processor; exact
+counts against the committed ones, which no machine changes.
 
 Where the commit is not in this checkout's history (a shallow clone, a copy without ``.git``), the gate says so and
 falls back to the committed ratios, with the tolerance ``gate.time_tolerance`` gives them on this machine.
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import switchbench
@@ -111,7 +112,7 @@ def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -
     speed = ["speed", "--quick", "--rounds", str(rounds), "--out", str(out), "--json"]
     with tempfile.TemporaryDirectory(prefix="switchbench-run-") as work:
         stdout, stderr = Path(work, "stdout"), Path(work, "stderr")
-        code = _server().run([str(source), *speed], env, stdout, stderr)
+        code = _server(source).run([str(source), *speed], env, stdout, stderr)
         if code:
             last = stderr.read_text().strip().splitlines()[-1:] or [f"exit {code}"]
             raise RuntimeError(f"the speed run of {source} failed: {last[0]}")
@@ -143,19 +144,24 @@ class _Server:
 
 
 @functools.cache
-def _server() -> _Server:
+def _server(source: Path) -> _Server:
+    """A server per side: the two runs of a pair are forked at once."""
     return _Server()
 
 
 def interleaved(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
-    """Runs of the code under test and of the reference in the order ABBA...; their runs, each side pooled."""
-    runs = {"head": [], "reference": []}
-    for p in range(pairs):
-        order = ("head", "reference") if p % 2 == 0 else ("reference", "head")
-        for side in order:
-            source = head if side == "head" else reference
-            folder = out / f"{side}-{len(runs[side]) + 1}"
-            runs[side].append(timed_run(source, folder, rounds, commit if side == "reference" else None))
+    """``pairs`` runs of the code under test and of the reference, the two of a pair side by side (a process each,
+    at once: whatever the machine does then falls on both); their runs, each side pooled."""
+    sides = {"head": (head, None), "reference": (reference, commit)}
+    runs = {side: [] for side in sides}
+    with ThreadPoolExecutor(len(sides)) as pool:
+        for p in range(1, pairs + 1):
+            started = {
+                side: pool.submit(timed_run, source, out / f"{side}-{p}", rounds, tag)
+                for side, (source, tag) in sides.items()
+            }
+            for side, run in started.items():
+                runs[side].append(run.result())
     return pooled(runs["head"]), pooled(runs["reference"])
 
 
