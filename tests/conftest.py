@@ -1,4 +1,3 @@
-import gc
 import os
 
 import torch
@@ -32,11 +31,9 @@ def pytest_collection_modifyitems(items):
 
 def pytest_collection_finish(session):
     """What collection imported (torch, the package, every test module) exempted from the garbage collector, as the
-    command line does for its imports (cli._settle_heap): the benchmarks under test collect between members, and
-    over a worker's heap one full collection took a fifth of a second."""
-    gc.collect()
-    gc.freeze()
+    command line does for its imports: the benchmarks under test collect between members, and over a worker's heap
+    one full collection took a fifth of a second."""
+    # imported here: TRITON_INTERPRET, set above, must come before any kernel is defined
+    from switchbench.cli import _settle_heap
 
-
-def pytest_unconfigure(config):
-    gc.unfreeze()
+    _settle_heap()

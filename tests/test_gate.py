@@ -381,7 +381,7 @@ def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch
     assert sorted(calls) == [(f"{side}-{p}", 7) for side in ("head", "reference") for p in (1, 2, 3)]
     assert most == [2] * 6
     out = json.loads(capsys.readouterr().out)
-    assert out["regressions"] == 0 and "timed here interleaved" in out["against"]
+    assert out["regressions"] == 0 and "timed here side by side" in out["against"]
 
     def no_history(commit, dest):
         raise same_machine.NoReference("commit abc is not in this checkout's history")

@@ -44,7 +44,8 @@ runpy.run_module("switchbench", run_name="__main__", alter_sys=True)
 """
 # The timed runs are forked from a server that has imported torch and torch._dynamo (which the first call of a
 # custom op imports): 3.7 s of a 15 s run in a fresh interpreter. Never switchbench: each run imports its own, by
-# LAUNCH. One request a line: [LAUNCH's arguments, environment, stdout file, stderr file]; the answer, the exit code.
+# LAUNCH (so not multiprocessing's forkserver: one per process, whose preload the rehearsal sets to switchbench's
+# own command line). One request a line: [LAUNCH's arguments, environment, stdout file, stderr file]; the answer, the exit code.
 SERVER = """\
 import json, os, sys, traceback
 import torch, torch._dynamo
@@ -149,7 +150,7 @@ def _server(source: Path) -> _Server:
     return _Server()
 
 
-def interleaved(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
+def side_by_side(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
     """``pairs`` runs of the code under test and of the reference, the two of a pair side by side (a process each,
     at once: whatever the machine does then falls on both); their runs, each side pooled."""
     sides = {"head": (head, None), "reference": (reference, commit)}
@@ -182,7 +183,7 @@ def register(commands) -> None:
     """The ``gate`` command."""
     parser = commands.add_parser(
         "gate",
-        help="time this code and the baseline's commit here, interleaved, and gate the speedups: exit 0 pass, "
+        help="time this code and the baseline's commit here, side by side, and gate the speedups: exit 0 pass, "
         "1 regression, 2 unusable input",
     )
     parser.add_argument("--baseline", default="results/baselines/cpu.json", help="default: %(default)s")
@@ -213,10 +214,10 @@ def _run(args) -> int:
             head = timed_run(HERE, out / "head-1", args.rounds * args.pairs)
             verdicts, against = gate.check(head, baseline), _fallback(why, baseline, head)
         else:
-            head, measured = interleaved(HERE, reference, commit, out, args.pairs, args.rounds)
+            head, measured = side_by_side(HERE, reference, commit, out, args.pairs, args.rounds)
             verdicts = gate.check(head, baseline, reference=measured)
             against = (
-                f"reference: {commit or reference}, timed here interleaved with {HERE} ({args.pairs} runs of "
+                f"reference: {commit or reference}, timed here side by side with {HERE} ({args.pairs} runs of "
                 f"{args.rounds} rounds each); the committed time ratios, recorded on "
                 f"{_machine(baseline['metadata'])}, are not used"
             )
