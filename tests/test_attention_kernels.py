@@ -1,5 +1,5 @@
 """The attention kernels compute one function: each backend against a naive loop in float64 (outputs and the
-gradients of q, k, v and the bias), and every family's model under each backend against the explicit one (logits
+gradients of q, k, v and the position scores), the position bias's Triton kernels against its views, and every family's model under each backend against the explicit one (logits
 and every parameter's gradient, XL with memory and RoPE, decoding too). FlexAttention has no backward on the CPU:
 its gradients are checked where CUDA is."""
 
@@ -13,6 +13,7 @@ from switchbench.models import family as registry
 from switchbench.models.lm import SequenceClassifier
 from switchbench.ops.attention import choice, kernels
 from switchbench.ops.attention.kernels import attention
+from switchbench.ops.attention.relative import RelativeBias
 
 FAMILIES = registry.names()
 CUDA = torch.cuda.is_available()
@@ -21,38 +22,48 @@ TRAINABLE = ("explicit", "sdpa", "flex") if CUDA else ("explicit", "sdpa")
 DEVICE = "cuda" if CUDA else "cpu"
 
 
-def naive(q, k, v, mask, bias, scale):
-    """One query, one head at a time: softmax over the keys it may read, weights times values."""
+def naive(q, k, v, mask, scores, scale):
+    """One query, one head at a time: softmax over the keys it may read, weights times values. The position term
+    of query i and key j is the score of their distance i + S - t - j, in column S - 1 - distance of ``scores``."""
     B, H, t, _ = q.shape
+    S = k.shape[2]
     group = H // k.shape[1]
     out = torch.zeros_like(q)
     for b in range(B):
         for h in range(H):
             for i in range(t):
                 logits = k[b, h // group] @ q[b, h, i] * scale
-                if bias is not None:
-                    logits = logits + bias[b, h, i]
+                if scores is not None:  # past the last distance (a future key): zero
+                    row = torch.cat([scores[b, h, i], scores.new_zeros(S)])
+                    logits = logits + row[[S - 1 - (i + S - t - j) for j in range(S)]]
                 if mask is not None:
                     logits = logits.masked_fill(~mask[i], -math.inf)
                 out[b, h, i] = logits.softmax(-1) @ v[b, h // group]
     return out
 
 
+KEYS = 9
+
+
 def inputs(H, Hk, d_head, biased, masked, seed=0):
     g = torch.Generator().manual_seed(seed)
-    B, t, S = 2, 5, 9
+    B, t, S = 2, 5, KEYS
 
     def draw(*shape):
         return torch.randn(*shape, generator=g, dtype=torch.float64).to(DEVICE).requires_grad_()
 
     q, k, v = draw(B, H, t, d_head), draw(B, Hk, S, d_head), draw(B, Hk, S, d_head)
-    bias = draw(B, H, t, S) if biased else None
+    scores = draw(B, H, t, S if masked else S + t - 1) if biased else None  # by distance: causal has none < 0
     k_pos, q_pos = torch.arange(S), torch.arange(S - t, S)
     # causal over a window with memory, and a chunk boundary: query i reads keys j <= i from chunk 1 back at most
     mask = (
         ((k_pos <= q_pos[:, None]) & (k_pos // 4 >= q_pos[:, None] // 4 - 1)).to(DEVICE) if masked else None
     )
-    return q, k, v, mask, bias
+    return q, k, v, mask, scores
+
+
+def relative(scores):
+    return None if scores is None else RelativeBias(scores, KEYS)
 
 
 @pytest.mark.parametrize("backend", choice.BACKENDS)
@@ -60,16 +71,17 @@ def inputs(H, Hk, d_head, biased, masked, seed=0):
 @pytest.mark.parametrize("d_head", [8, 5])  # 5: SDPA pads to 8 channels
 @pytest.mark.parametrize(("biased", "masked"), [(True, True), (False, True), (True, False)])
 def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, masked):
-    q, k, v, mask, bias = inputs(H, Hk, d_head, biased, masked)
-    leaves = [x for x in (q, k, v, bias) if x is not None]
+    q, k, v, mask, scores = inputs(H, Hk, d_head, biased, masked)
+    leaves = [x for x in (q, k, v, scores) if x is not None]
     scale = 0.7
-    reference = naive(q, k, v, mask, bias, scale)
+    reference = naive(q, k, v, mask, scores, scale)
     with choice.selected(backend):
         if backend in TRAINABLE:
-            out, maps = attention(q, k, v, mask, bias, scale)
+            out, maps = attention(q, k, v, mask, relative(scores), scale)
         else:  # forward only: torch refuses FlexAttention on inputs that require grad off CUDA
             with torch.no_grad():
-                out, maps = attention(*(x if x is None else x.detach() for x in (q, k, v, mask, bias)), scale)
+                q, k, v, scores = (x if x is None else x.detach() for x in (q, k, v, scores))
+                out, maps = attention(q, k, v, mask, relative(scores), scale)
     assert maps is None
     torch.testing.assert_close(out, reference, **TIGHT)
     if backend not in TRAINABLE:
@@ -77,7 +89,7 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
     cotangent = torch.randn_like(reference)
     expected = torch.autograd.grad(reference, leaves, cotangent)
     got = torch.autograd.grad(out, leaves, cotangent)
-    for name, g, e in zip(("q", "k", "v", "bias"), got, expected, strict=False):
+    for name, g, e in zip(("q", "k", "v", "scores"), got, expected, strict=False):
         torch.testing.assert_close(g, e, **TIGHT, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
 
@@ -94,25 +106,25 @@ def test_sdpa_repeats_grouped_heads_in_training_and_not_in_decoding(Hk, monkeypa
 
     sdpa_function = kernels.F.scaled_dot_product_attention
     monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy)
-    q, k, v, mask, bias = inputs(4, Hk, 5, True, True)
+    q, k, v, mask, scores = inputs(4, Hk, 5, True, True)
     if not CUDA:  # the rule is CUDA's (the CPU keeps grouped heads): the CPU's tensors stand in for a GPU's
-        assert not kernels._cuda_training(q, k, v, bias)
+        assert not kernels._cuda_training(q, k, v, scores)
         monkeypatch.setattr(
             kernels,
             "_cuda_training",
             lambda *ts: torch.is_grad_enabled() and any(t.requires_grad for t in ts),
         )
-    reference = naive(q, k, v, mask, bias, 0.7)
+    reference = naive(q, k, v, mask, scores, 0.7)
     with choice.selected("sdpa"):
-        out, _ = attention(q, k, v, mask, bias, 0.7)
+        out, _ = attention(q, k, v, mask, relative(scores), 0.7)
         with torch.no_grad():
-            attention(q, k, v, mask, bias, 0.7)
+            attention(q, k, v, mask, relative(scores), 0.7)
     assert calls == [(4, 4, 4, False), (4, Hk, Hk, True)]
     torch.testing.assert_close(out, reference, **TIGHT)
     cotangent = torch.randn_like(reference)
     for g, e in zip(
-        torch.autograd.grad(out, (q, k, v, bias), cotangent),
-        torch.autograd.grad(reference, (q, k, v, bias), cotangent),
+        torch.autograd.grad(out, (q, k, v, scores), cotangent),
+        torch.autograd.grad(reference, (q, k, v, scores), cotangent),
         strict=True,
     ):
         torch.testing.assert_close(g, e, **TIGHT)
@@ -120,11 +132,11 @@ def test_sdpa_repeats_grouped_heads_in_training_and_not_in_decoding(Hk, monkeypa
 
 @pytest.mark.parametrize("backend", choice.BACKENDS)
 def test_maps_come_from_the_explicit_kernel_whatever_is_chosen(backend):
-    q, k, v, mask, bias = (x if x is None else x.detach() for x in inputs(4, 2, 8, True, True))
+    q, k, v, mask, scores = (x if x is None else x.detach() for x in inputs(4, 2, 8, True, True))
     with choice.selected(backend), choice.recording() as resolved:
-        out, maps = attention(q, k, v, mask, bias, return_maps=True)
+        out, maps = attention(q, k, v, mask, relative(scores), return_maps=True)
     assert set(resolved.values()) == {"explicit"}
-    torch.testing.assert_close(out, naive(q, k, v, mask, bias, 1 / math.sqrt(8)), **TIGHT)
+    torch.testing.assert_close(out, naive(q, k, v, mask, scores, 1 / math.sqrt(8)), **TIGHT)
     torch.testing.assert_close(maps.sum(-1), torch.ones_like(maps[..., 0]), **TIGHT)
     assert not maps.masked_select(~mask).any()
 

@@ -19,7 +19,7 @@ from switchbench.models.families import switchhead as switchhead_module
 from switchbench.models.families.dense import DenseAttention
 from switchbench.models.families.moa import MoAAttention, moa_losses
 from switchbench.models.families.switchhead import SwitchHeadAttention
-from switchbench.models.layers.attention_xl import relative_shift, sinusoids
+from switchbench.models.layers.attention_xl import sinusoids
 from switchbench.models.layers.observe import observe
 from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
 from switchbench.models.layers.sigma_moe import SigmaMoE
@@ -547,25 +547,6 @@ def test_every_family_matches_reference(model, pos, window, d_head):
     x, mem, win, q_pos, k_pos = _inputs(cfg, window, seed + 1)
     y, _ = m(x, mem, win)
     _assert_matches(y, _reference(m, cfg, x, mem, q_pos, k_pos), _leaves(x, mem, m), seed + 2)
-
-
-@pytest.mark.parametrize(
-    ("t", "S", "causal"),
-    [(1, 1, True), (1, 4, True), (3, 3, True), (3, 9, True), (1, 1, False), (3, 3, False), (3, 8, False)],
-)
-def test_relative_shift_reads_each_distance(t, S, causal):
-    """Entry (i, j) is the score of distance i + S - t - j, from columns of distances S - 1 down to 0 (causal)
-    or 1 - t (not); a causal window's future keys read zeros."""
-    lowest = 0 if causal else 1 - t
-    distances = list(range(S - 1, lowest - 1, -1))
-    scores = _randn(10 * t + S, 2, 3, t, len(distances))
-    shifted = relative_shift(scores, S)
-    assert shifted.shape == (2, 3, t, S)
-    for i in range(t):
-        for j in range(S):
-            d = i + S - t - j
-            expected = scores[..., i, distances.index(d)] if d >= lowest else torch.zeros(2, 3, dtype=F64)
-            assert torch.equal(shifted[..., i, j], expected), (i, j)
 
 
 def _ops(fn) -> set[str]:

@@ -9,12 +9,12 @@ constant and u = v = 0.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from switchbench.models.layers.initialization import init_projection_
 from switchbench.models.layers.window import Window
 from switchbench.ops.attention.kernels import attention
+from switchbench.ops.attention.relative import RelativeBias
 
 # Learned per-layer parameters that are not among the weights the paper matches (listed apart, like LayerNorm).
 UNMATCHED = ("content_bias", "position_bias", "logit_scale")
@@ -25,21 +25,6 @@ def sinusoids(distances: Tensor, d_model: int, dtype: torch.dtype = torch.float3
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, device=distances.device, dtype=dtype) / d_model)
     angles = distances[:, None].to(dtype) * inv_freq[None, :]
     return torch.cat([angles.sin(), angles[:, : d_model // 2].cos()], dim=-1)  # exactly d_model columns
-
-
-def relative_shift(scores: Tensor, S: int) -> Tensor:
-    """Scores [B, H, t, D] of the distances S - 1, S - 2, ... (column c: distance S - 1 - c) -> [B, H, t, S] whose
-    entry (i, j) is the score of distance i + S - t - j: query i against key j, the queries being the last t keys.
-
-    Views, not indexing (whose backward is a slow accumulating scatter): the rows, zero-padded to width W = S + t,
-    flattened and read back in rows of W - 1 from offset t - 1, start one column further left each. Entry (i, j)
-    reads column t - 1 - i + j of padded row i: distance S - t + i - j. Future keys (negative distances, causal
-    windows only) read the padding; they are masked.
-    """
-    *batch, t, D = scores.shape
-    W = S + t
-    flat = F.pad(scores, (0, W - D)).flatten(-2)  # [B, H, t * W]
-    return flat[..., t - 1 : t - 1 + t * (W - 1)].view(*batch, t, W - 1)[..., :S]  # [B, H, t, S]
 
 
 class XLAttention(nn.Module):
@@ -84,7 +69,7 @@ class XLAttention(nn.Module):
         lowest = 0 if window.causal else 1 - t  # causal: negative distances are masked anyway
         r = self._position_keys(window, S - 1, lowest, q.dtype, q.device)  # [Hk, d_head, D]
         q_content, q_position = self._scaled_queries(q)  # [B, H, t, d_head] each
-        pos = relative_shift(q_position @ r, S)  # [B, H, t, S]
+        pos = RelativeBias(q_position @ r, S)  # scores by distance [B, H, t, D]
         return attention(q_content, k, v, window.mask, bias=pos, scale=1.0, return_maps=return_maps)
 
     def _position_keys(self, window: Window, highest: int, lowest: int, dtype: torch.dtype, device) -> Tensor:

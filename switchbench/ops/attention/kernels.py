@@ -1,14 +1,15 @@
-"""Softmax attention of query heads over (possibly fewer) key heads, with an optional additive position bias, by
-three kernels that compute the same function:
+"""Softmax attention of query heads over (possibly fewer) key heads, with an optional position term by distance
+(:class:`~switchbench.ops.attention.relative.RelativeBias`), by three kernels that compute the same function:
 
-- ``explicit``: the logits, the mask, a softmax and the product with V, one operator each. The reference, and the
-  only kernel that has the attention maps.
-- ``sdpa``: PyTorch's scaled-dot-product attention. Without a bias (RoPE) a flash kernel takes the boolean mask;
-  with one (Transformer-XL's relative term) the memory-efficient kernel takes it as an additive float mask and
-  returns its gradient. Heads are zero-padded to a multiple of 8 channels, the fused kernels' condition.
-- ``flex``: FlexAttention, the bias added by a ``score_mod`` that reads it as a captured tensor, the causal window
-  as a block mask so that fully masked blocks are skipped. Compiled on CUDA (eager, it materialises the scores);
-  torch has no FlexAttention backward on the CPU.
+- ``explicit``: the logits, the position term, the mask, a softmax and the product with V, one operator each. The
+  reference, and the only kernel that has the attention maps.
+- ``sdpa``: PyTorch's scaled-dot-product attention. Without a position term (RoPE) a flash kernel takes the boolean
+  mask; with one (Transformer-XL's) the memory-efficient kernel takes the term spread over [t, S], -inf where
+  masked, as an additive float mask and returns its gradient. Heads are zero-padded to a multiple of 8 channels,
+  the fused kernels' condition.
+- ``flex``: FlexAttention, the position term read by distance inside the kernel by a ``score_mod``, the causal
+  window as a block mask so that fully masked blocks are skipped. Compiled on CUDA (eager, it materialises the
+  scores); torch has no FlexAttention backward on the CPU.
 
 Grouped heads (GQA's groups, MoA's one shared key head) are read by their query heads, not repeated, except by
 SDPA in training (:func:`_fused_sdpa`).
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from switchbench.ops.attention.choice import resolve
+from switchbench.ops.attention.relative import RelativeBias
 
 
 def attention(
@@ -30,15 +32,15 @@ def attention(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
-    bias: Tensor | None = None,
+    bias: RelativeBias | None = None,
     scale: float | None = None,
     return_maps: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """q [B, H, t, D] over k, v [B, Hk, S, D] (Hk divides H) -> ([B, H, t, D], maps [B, H, t, S] or None).
 
-    ``mask`` [t, S]: True where query i may read key j (None: every key). ``bias`` [B, H, t, S] is added to the
-    logits after ``scale`` (default 1/sqrt(D)) multiplies q k^T. The kernel is the choice in force
-    (:mod:`~switchbench.ops.attention.choice`), resolved for this call.
+    ``mask`` [t, S]: True where query i may read key j (None: every key). ``bias``, a position term by distance
+    for each query head, is added to the logits after ``scale`` (default 1/sqrt(D)) multiplies q k^T. The kernel
+    is the choice in force (:mod:`~switchbench.ops.attention.choice`), resolved for this call.
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     backend = resolve(q.device.type, bias is not None, return_maps)
@@ -63,7 +65,7 @@ def explicit(
     k: Tensor,
     v: Tensor,
     mask: Tensor | None,
-    bias: Tensor | None,
+    bias: RelativeBias | None,
     scale: float,
     return_maps: bool,
 ) -> tuple[Tensor, Tensor | None]:
@@ -72,7 +74,7 @@ def explicit(
     if scale != 1.0:
         logits = logits * scale
     if bias is not None:
-        logits = logits + bias
+        logits = logits + bias.shifted()
     if mask is not None:
         logits = logits.masked_fill(~mask, float("-inf"))
     att = logits.softmax(dim=-1)
@@ -84,11 +86,13 @@ def sdpa_width(d_head: int) -> int:
     return -(-d_head // 8) * 8
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
+def sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: RelativeBias | None, scale: float
+) -> Tensor:
     """Scaled-dot-product attention on heads zero-padded to a multiple of 8 channels: with a mask and any other
     width the fused GPU kernels refuse them and SDPA falls back to its math kernel."""
     if bias is not None:
-        mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
+        mask = bias.masked(mask)
     return _padded(lambda q, k, v: _fused_sdpa(q, k, v, mask, scale), sdpa_width(q.shape[-1]), q, k, v)
 
 
@@ -137,11 +141,13 @@ def _padded(kernel, width: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 FLEX_MIN_WIDTH = 16
 
 
-def flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, scale: float) -> Tensor:
-    """FlexAttention: the bias through a ``score_mod``, the mask as a block mask."""
+def flex(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: RelativeBias | None, scale: float
+) -> Tensor:
+    """FlexAttention: the position term through a ``score_mod``, the mask as a block mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    score_mod = None if bias is None else (lambda score, b, h, i, j: score + bias[b, h, i, j])
+    score_mod = None if bias is None else bias.score_mod()
     block_mask = None
     if mask is not None:
         t, S = mask.shape
