@@ -1,8 +1,9 @@
-"""Ahead-of-time compilation of the expert-matmul kernels for a named GPU, without one.
+"""Ahead-of-time compilation of the suite's Triton kernels for a named GPU, without one.
 
-Each kernel launch of the op's forward and backward is recorded on meta tensors of a preset's shapes, then
-compiled with ``triton.compile`` for ``GPUTarget("cuda", cc, 32)`` once per autotune configuration the
-launcher offers, with the ptxas that ships in the triton wheel. The arguments are specialised the way the JIT
+Each kernel launch of the expert matmul's forward and backward, and of the position bias's (Transformer-XL's
+relative term as SDPA reads it), is recorded on meta tensors of a preset's shapes, then compiled with
+``triton.compile`` for ``GPUTarget("cuda", cc, 32)`` once per autotune configuration the launcher offers, with the
+ptxas that ships in the triton wheel. The arguments are specialised the way the JIT
 specialises them (an integer 1 becomes a constant, multiples of 16 and tensor pointers are marked 16-divisible).
 From the result: registers and stack frame (spills: these kernels have no local arrays) from
 ``cuobjdump --dump-resource-usage``, shared memory from the metadata, and from the PTX whether the matmul uses
@@ -12,6 +13,7 @@ Compilation runs in a subprocess with ``TRITON_INTERPRET`` unset: under the inte
 no compilable functions.
 """
 
+import importlib
 import json
 import os
 import re
@@ -26,9 +28,21 @@ import torch
 from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import roofline
 from switchbench.bench.kernels.bench import SIZES, Case, cases
+from switchbench.models import family as registry
+from switchbench.models.presets import PRESETS
 
 ARCHS = {"sm_90": 90, "sm_80": 80}
-_POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int64: "*i64"}
+_POINTER = {
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.float32: "*fp32",
+    torch.int64: "*i64",
+    torch.uint8: "*u8",
+}
+EXPERT_KERNELS = "switchbench.ops.expert_matmul.triton_kernels"
+POSITION_KERNELS = "switchbench.ops.attention.position_kernels"
+MATMUL_FREE = ("spread", "gather")  # the position bias's kernels: memory-bound copies, no MMA to expect
+JIT_DEFAULTS = {"num_warps": 4, "num_stages": 3}  # how a kernel launched without a configuration compiles
 COLUMNS = [
     "kernel",
     "case",
@@ -45,7 +59,8 @@ COLUMNS += ["mma", "pipelined"]
 
 def register(commands) -> None:
     parser = commands.add_parser(
-        "kernel-check", help="compile the expert-matmul kernels for a GPU, no GPU needed"
+        "kernel-check",
+        help="compile the Triton kernels (expert matmul, position bias) for a GPU, no GPU needed",
     )
     parser.add_argument("--arch", nargs="+", choices=list(ARCHS), default=["sm_90"])
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"])
@@ -73,9 +88,11 @@ def _run(args) -> int:
 
 
 def failing(rows: pd.DataFrame) -> pd.Series:
-    """A compile error, a spill, or no tensor-core MMA of the arch (wgmma on sm_90, mma.sync before)."""
+    """A compile error, a spill, or a matmul kernel without the arch's tensor-core MMA (wgmma on sm_90, mma.sync
+    before)."""
     expected = rows.arch.map(lambda arch: "wgmma" if ARCHS[arch] >= 90 else "mma.sync")
-    return ~rows.compiled.astype(bool) | (rows.spill_bytes.fillna(0) > 0) | (rows.mma != expected)
+    matmul = ~rows.kernel.str.startswith(MATMUL_FREE)
+    return ~rows.compiled.astype(bool) | (rows.spill_bytes.fillna(0) > 0) | (matmul & (rows.mma != expected))
 
 
 def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:
@@ -133,24 +150,38 @@ def _jobs(archs, dtypes, sizes) -> list[tuple[dict, tuple]]:
     """(row, compile job) for every case; equal jobs compile once."""
     out = []
     for size in sizes:
-        for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
-            for dtype_name in dtypes:
-                for phase, fn, tuned, args, constants in launches(case, DTYPES[dtype_name]):
-                    for config in _configs(tuned, fn, args, constants):
-                        signature, constexprs, attrs = _specialise(fn, args, constants | config.kwargs)
-                        label = " ".join(f"{k[6:]}{v}" for k, v in config.kwargs.items())
-                        label += f" w{config.num_warps} s{config.num_stages}"
-                        for arch in archs:
-                            row = {"kernel": f"{fn.__name__.strip('_').removesuffix('_kernel')} ({phase})"}
-                            row |= {"case": case.name, "dtype": dtype_name, "arch": arch, "config": label}
-                            job = (
-                                fn.__name__,
-                                tuple(signature.items()),
-                                tuple(constexprs.items()),
-                                tuple(attrs),
-                            )
-                            out.append((row, (*job, config.num_warps, config.num_stages, ARCHS[arch])))
+        for dtype_name in dtypes:
+            for case_name, module, phase, fn, args, constants, config in _launches(size, DTYPES[dtype_name]):
+                signature, constexprs, attrs = _specialise(fn, args, constants | config.kwargs)
+                label = " ".join(
+                    f"{k[6:] if k.startswith('BLOCK_') else k}{v}" for k, v in config.kwargs.items()
+                )
+                label += f" w{config.num_warps} s{config.num_stages}"
+                job = (module, fn.__name__, tuple(signature.items()), tuple(constexprs.items()), tuple(attrs))
+                for arch in archs:
+                    row = {"kernel": f"{fn.__name__.strip('_').removesuffix('_kernel')} ({phase})"}
+                    row |= {"case": case_name, "dtype": dtype_name, "arch": arch, "config": label}
+                    out.append((row, (*job, config.num_warps, config.num_stages, ARCHS[arch])))
     return out
+
+
+def _launches(size: str, dtype: torch.dtype):
+    """(case, module, pass, kernel, arguments, constexprs, configuration) of every launch to compile at ``size``:
+    each autotune configuration of the expert matmul's cases, and the position bias at the dense preset's window
+    with the configuration the JIT gives a launch that names none."""
+    import triton
+
+    from switchbench.ops.attention import position_kernels
+
+    for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
+        for phase, fn, tuned, args, constants in launches(case, dtype):
+            for config in _configs(tuned, fn, args, constants):
+                yield case.name, EXPERT_KERNELS, phase, fn, args, constants, config
+    cfg = PRESETS[registry.get("transformer").roles[size]]
+    t, S = cfg.T, cfg.T * (1 + cfg.context_blocks)
+    for phase, fn, args, constants in position_kernels.launches(t, S, dtype):
+        config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
+        yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
 
 
 def _configs(tuned, fn, args, constants) -> list:
@@ -166,15 +197,15 @@ def _compile(job: tuple) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from switchbench.ops.expert_matmul import triton_kernels as kernels
-
-    name, signature, constexprs, divisible, num_warps, num_stages, capability = job
+    module, name, signature, constexprs, divisible, num_warps, num_stages, capability = job
     target = GPUTarget("cuda", capability, 32)
     options = triton.compiler.make_backend(target).parse_options(
         {"num_warps": num_warps, "num_stages": num_stages}
     )
     attrs = {index: [["tt.divisibility", 16]] for index in divisible}
-    source = ASTSource(getattr(kernels, name), dict(signature), dict(constexprs), attrs)
+    source = ASTSource(
+        getattr(importlib.import_module(module), name), dict(signature), dict(constexprs), attrs
+    )
     try:
         compiled = triton.compile(source, target=target, options=options.__dict__)
     except Exception as error:  # a failed compile is a result of the check, reported in its row
@@ -183,7 +214,7 @@ def _compile(job: tuple) -> dict:
             "error": str(error).splitlines()[0] if str(error) else type(error).__name__,
         }
     ptx = compiled.asm["ptx"]
-    mma = "wgmma" if "wgmma.mma_async" in ptx else "mma.sync" if "mma.sync" in ptx else "fma"
+    mma = next((kind for kind in ("wgmma", "mma.sync", "fma") if kind in ptx), "none")
     return {
         "compiled": True,
         **_resources(compiled.asm["cubin"]),

@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from switchbench.ops.attention.relative import aligned_width
+
 BLOCK = 1024  # columns a program writes: one 2 KiB row segment in bf16
 
 
@@ -85,21 +87,28 @@ def gather(grad: Tensor, D: int, mask: Tensor | None) -> Tensor:
 
 
 def _run(kernel, src: Tensor, dst: Tensor, mask: Tensor | None, t: int, S: int, D: int, columns: int) -> None:
-    """One program per row and block of its ``columns``; the mask [t, S] read as bytes."""
     src = src if src.stride(-1) == 1 else src.contiguous()
+    grid, args, constants = _arguments(src, dst, mask, t, S, D, columns)
+    with torch.cuda.device_of(src):
+        kernel[grid](*args, **constants)
+
+
+def _arguments(src: Tensor, dst: Tensor, mask: Tensor | None, t: int, S: int, D: int, columns: int):
+    """(grid, arguments, constexprs) of one launch: a program per row and block of its ``columns``, the mask [t, S]
+    read as bytes."""
     readable = src if mask is None else mask.contiguous().view(torch.uint8)  # unread without a mask
     block = min(BLOCK, triton.next_power_of_2(columns))
-    with torch.cuda.device_of(src):
-        kernel[(src.shape[0], triton.cdiv(columns, block))](
-            src,
-            dst,
-            readable,
-            t,
-            S,
-            D,
-            src.stride(0),
-            dst.stride(0),
-            readable.stride(0),
-            HAS_MASK=mask is not None,
-            BLOCK=block,
-        )
+    args = (src, dst, readable, t, S, D, src.stride(0), dst.stride(0), readable.stride(0))
+    return (src.shape[0], triton.cdiv(columns, block)), args, {"HAS_MASK": mask is not None, "BLOCK": block}
+
+
+def launches(t: int, S: int, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
+    """(pass, kernel, arguments, constexprs) of both launches for a causal window of t queries over S keys, on meta
+    tensors: what kernel-check compiles ahead of time."""
+    meta = {"dtype": dtype, "device": "meta"}
+    mask = torch.empty(t, S, dtype=torch.bool, device="meta")
+    scores, bias = torch.empty(t, S, **meta), torch.empty(t, aligned_width(S), **meta)
+    return [
+        ("forward", _spread_kernel, *_arguments(scores, bias, mask, t, S, S, S)[1:]),
+        ("backward", _gather_kernel, *_arguments(bias[:, :S], scores, mask, t, S, S, S)[1:]),
+    ]
