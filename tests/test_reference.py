@@ -19,7 +19,9 @@ from switchbench.models.families import switchhead as switchhead_module
 from switchbench.models.families.dense import DenseAttention
 from switchbench.models.families.moa import MoAAttention, moa_losses
 from switchbench.models.families.switchhead import SwitchHeadAttention
+from switchbench.models.layers import mlp as mlp_module
 from switchbench.models.layers.attention_xl import sinusoids
+from switchbench.models.layers.mlp import DenseMLP
 from switchbench.models.layers.observe import observe
 from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
 from switchbench.models.layers.sigma_moe import SigmaMoE
@@ -574,6 +576,28 @@ def test_sdpa_pads_only_unaligned_heads(d_head):
     m = _build(DenseAttention, cfg, 92)
     x, mem, win, _, _ = _inputs(cfg, "mem-block", 93)
     assert ("aten::pad" in _ops(lambda: m(x, mem, win))) == (d_head % 8 != 0)
+
+
+# ---------------------------------------------------------------- dense MLP
+
+
+def test_the_mlp_padded_for_cuda_is_the_mlp(monkeypatch):
+    """On CUDA the hidden layer runs in a multiple of 8 units (here forced on the CPU, 13 -> 16): the zero units
+    change no output and no parameter's gradient, in float64."""
+    assert [mlp_module.padding(w, torch.device("cuda")) for w in (4110, 4188, 2053, 4096)] == [2, 4, 3, 0]
+    assert mlp_module.padding(4110, torch.device("cpu")) == 0
+    mlp = DenseMLP(ModelConfig(d_model=6, d_ff=13, n_layers=2)).double()
+    x = _randn(7, 2, 5, 6).requires_grad_()
+    leaves = [x, mlp.up.weight, mlp.down.weight]
+    cotangent = _randn(8, 2, 5, 6)
+    expected = mlp(x)[0]
+    expected_grads = torch.autograd.grad(expected, leaves, cotangent)
+    monkeypatch.setattr(mlp_module, "padding", lambda d_ff, device: -d_ff % 8)
+    got = mlp(x)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=0)
+    for g, e in zip(torch.autograd.grad(got, leaves, cotangent), expected_grads, strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-15)
 
 
 # ---------------------------------------------------------------- sigma-MoE

@@ -404,12 +404,13 @@ def _speed_practitioner(group: str) -> Callable[[Context], object]:
     accumulated); beside the eager, explicit-attention step of ``speed-<group>``, the paper-like setting."""
 
     def run(ctx: Context):
-        flags = ["--attention", "sdpa"]
-        if ctx.gpu:  # the rehearsal has no CUDA graphs
-            flags += ["--cuda-graphs", "--scopes", "model", "--fit-from", "64"]
-        _speed_group(ctx, group, *flags)
+        _speed_group(ctx, group, "--attention", "sdpa", *(_PRACTITIONER_GPU if ctx.gpu else ()))
 
     return run
+
+
+# How a practitioner's step runs on a GPU (the rehearsal has no CUDA graphs)
+_PRACTITIONER_GPU = ("--cuda-graphs", "--scopes", "model", "--fit-from", "64")
 
 
 CONTEXT_PAIR = ("wikitext103-244m-transformer-h16", "wikitext103-243m-switchhead-h4")
@@ -446,9 +447,20 @@ def _speed_contexts(ctx: Context):
         )
 
 
-def _speed_group(ctx: Context, group: str, *flags: str) -> None:
+def _speed_flex(ctx: Context):
+    """The 262M dense and SwitchHead pair as a practitioner trains it on FlexAttention, which reads XL's relative
+    term inside its kernel where SDPA reads a [t, S] mask built for it: CUDA graphs, batch 64 where it fits. The
+    rehearsal runs the tiny pair on SDPA (torch has no FlexAttention backward on the CPU)."""
+    if ctx.gpu:
+        _speed_group(ctx, None, "--presets", *GPU_PROFILE, "--attention", "flex", *_PRACTITIONER_GPU)
+    else:
+        _speed_group(ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa")
+
+
+def _speed_group(ctx: Context, group: str | None, *flags: str) -> None:
+    """``speed`` of a group (None: the flags name the presets), in the rehearsal at a CPU's tiny settings."""
     cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
-    where = ["--groups", group if ctx.gpu else REHEARSAL_GROUP[group]]
+    where = [] if group is None else ["--groups", group if ctx.gpu else REHEARSAL_GROUP[group]]
     out = ["--out", str(ctx.results / "speed")]
     ctx.switchbench("speed", "--device", ctx.device, *out, *where, *([] if ctx.gpu else cpu), *flags)
 
@@ -638,6 +650,12 @@ STEPS = (
     ),
     _speed_step("262m", 110),
     _speed_step("47m", 125),  # 124 s on an H100
+    Step(
+        "speed-practitioner-262m-flex",
+        "the 262M dense and SwitchHead pair as a practitioner trains it on FlexAttention (XL's term in the kernel)",
+        150,  # half the six-member step, and FlexAttention's compilation: never run on a GPU
+        _speed_flex,
+    ),
     # The fast tests in parts, each test's outcome kept as it ends: a part stopped by the budget goes on from there
     *(
         Step(
