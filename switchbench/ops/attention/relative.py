@@ -50,12 +50,15 @@ class RelativeBias:
         return shifted if mask is None else shifted.masked_fill(~mask, float("-inf"))
 
     def score_mod(self):
-        """FlexAttention's ``score_mod``: the logit plus query i's score for key j, read by distance. The column is
-        clamped where it would pass the last distance (a causal window's future keys, which the mask removes)."""
-        scores, t, last = self.scores, self.scores.shape[-2], self.scores.shape[-1] - 1
+        """FlexAttention's ``score_mod``: the logit plus query i's score for key j, read by distance. Past the last
+        distance (a causal window's future keys, which the mask removes) the column wraps around rather than
+        clamps: their zero gradients then go to distinct entries, not all to one per row (FlexAttention's backward
+        adds a captured tensor's gradient with atomics)."""
+        scores, t, D = self.scores, self.scores.shape[-2], self.scores.shape[-1]
 
         def add(score, b, h, i, j):
-            return score + scores[b, h, i, torch.clamp(t - 1 - i + j, max=last)]
+            column = t - 1 - i + j
+            return score + scores[b, h, i, torch.where(column < D, column, column - D)]
 
         return add
 
