@@ -1,5 +1,5 @@
 """Grouping token slots by expert: the sort-free count against the stable sort it replaces, op by op and through
-every routed family (outputs and every gradient), and the choice of method."""
+every routed family (outputs and every gradient: the count's top-k by rank included), and the choice of method."""
 
 import pytest
 import torch

@@ -36,6 +36,9 @@ NO_MACS = {
     "aten::sigmoid",
     "aten::softmax",
     "aten::topk",
+    "aten::lt",  # a choice among few experts ranks them by comparisons (router.top_by_rank)
+    "aten::__or__",
+    "aten::argmax",
     "aten::sort",
     "aten::cumsum",
     "aten::scatter_add_",
