@@ -9,8 +9,9 @@ from switchbench.models.layers.initialization import init_projection_
 
 # On CUDA the hidden layer is computed in a multiple of this many units: the paper's widths (4110, 4188, 2053) give
 # rows that are not 16 bytes long in bf16, and cuBLAS then runs the MLP's GEMMs on Ampere kernels for 2-element
-# alignment. An H200's profile at 262M, batch 64 (eager, e3dd1c0): six such kernels a layer, 114 of dense's 145 ms
-# of GEMMs, at about 260 TFLOP/s for the MLP's FLOPs; the 1024-wide projections ran Hopper kernels at about 480
+# alignment. An H200's profile at 262M, batch 64 (eager, e3dd1c0): six such kernels a layer (the MLP's forward and
+# backward GEMMs, by their count), 114 of dense's 145 ms of GEMMs, about 260 TFLOP/s for the MLP's FLOPs, where the
+# 1024-wide projections ran Hopper kernels at about 480
 CUDA_ROW_ELEMENTS = 8
 
 
