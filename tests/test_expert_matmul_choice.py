@@ -61,7 +61,9 @@ def test_precedence_named_then_environment_then_auto(table, monkeypatch):
         assert choice.resolve(GPU, bucket, "auto") == "grouped_mm"  # an explicit impl= wins
     assert choice.choice() == "torch"
     monkeypatch.setenv(choice.ENV_IMPL, "cublas")
-    with pytest.raises(ValueError, match="must be one of auto, torch, triton, grouped_mm; got 'cublas'"):
+    with pytest.raises(
+        ValueError, match="must be one of auto, torch, triton, grouped_mm, all_experts; got 'cublas'"
+    ):
         choice.choice()
     with pytest.raises(ValueError, match="got 'fastest'"):
         choice.selected("fastest").__enter__()

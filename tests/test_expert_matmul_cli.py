@@ -30,7 +30,7 @@ def test_a_bad_environment_is_refused_before_any_command_runs(monkeypatch, capsy
     monkeypatch.setenv(expert_matmul_choice.ENV_IMPL, "cublas")
     assert main(["presets"]) == 2
     assert (
-        "SWITCHBENCH_EXPERT_MATMUL=cublas: must be one of auto, torch, triton, grouped_mm"
+        "SWITCHBENCH_EXPERT_MATMUL=cublas: must be one of auto, torch, triton, grouped_mm, all_experts"
         in capsys.readouterr().err
     )
 

@@ -125,7 +125,9 @@ def test_environment_forces_the_implementation(monkeypatch):
     with pytest.raises(ValueError, match="fp32, fp16 or bf16"):
         expert_matmul(x, weight, routing, scores, 2)
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "cublas")
-    with pytest.raises(ValueError, match="must be one of auto, torch, triton, grouped_mm; got 'cublas'"):
+    with pytest.raises(
+        ValueError, match="must be one of auto, torch, triton, grouped_mm, all_experts; got 'cublas'"
+    ):
         expert_matmul(x, weight, routing, scores, 2)
 
 

@@ -91,6 +91,7 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
         "routing",
         "torch",
         "grouped_mm",
+        "all_experts",
         "loop",
         "torch-kernel",
         "grouped_mm-kernel",

@@ -80,8 +80,8 @@ def device_from_args(choice: str | None) -> str:
 
 
 def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
-    """``--expert-matmul auto|torch|triton|grouped_mm`` and ``--attention auto|explicit|sdpa|flex``: what every
-    expert matmul and every softmax attention of the command runs on. The command line puts both in force around
+    """``--expert-matmul auto|torch|triton|grouped_mm|all_experts`` and ``--attention auto|explicit|sdpa|flex``: what
+    every expert matmul and every softmax attention of the command runs on. The command line puts both in force around
     the command's run; record them with :func:`kernel_metadata`."""
     parser.add_argument(
         "--expert-matmul",

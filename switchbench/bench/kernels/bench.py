@@ -44,6 +44,7 @@ from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
+from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
@@ -214,6 +215,7 @@ PEERS = {
     "torch": Peer(_op("torch"), "torch", "op", _OP, _loop),
     "triton": Peer(_op("triton"), "triton", "op", _OP, _loop),
     "grouped_mm": Peer(_op("grouped_mm"), "grouped_mm", "op", _OP, _loop),
+    "all_experts": Peer(_op("all_experts"), "all_experts", "op", _OP, _loop),
     "loop": Peer(_loop, "loop", "op", _OP, _loop),
     "torch-kernel": Peer(_torch_kernel, "torch", "kernel", _PADDED, _capacity_loop),
     "triton-kernel": Peer(_triton_kernel, "triton", "kernel", _SORTED, _sorted_loop),
@@ -230,6 +232,8 @@ def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
         return expert_matmul_grouped.unavailable()
     if implementation == "triton" and importlib.util.find_spec("triton") is None:
         return "triton is not installed"
+    if implementation == "all_experts":
+        return expert_matmul_all_experts.unsupported(case.in_groups, case.out_groups)
     return None
 
 
@@ -428,7 +432,7 @@ def default_impls(device: str, choice: str = "auto") -> list[str]:
     so it is left out) and the loop peer; with a named one, that one; each as the whole op and its kernel alone,
     and the dense comparator."""
     if choice != "auto":
-        return [choice, f"{choice}-kernel", "dense"]
+        return [name for name in (choice, f"{choice}-kernel", "dense") if name in PEERS]
     return [name for name, peer in PEERS.items() if device == "cuda" or peer.implementation != "triton"]
 
 

@@ -20,7 +20,7 @@ import torch
 
 from switchbench.core.choice import Choice, traced_once
 
-IMPLS = ("torch", "triton", "grouped_mm")
+IMPLS = ("torch", "triton", "grouped_mm", "all_experts")
 CHOICES = ("auto", *IMPLS)
 ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 AUTO_FILE = "expert_matmul_auto.json"

@@ -15,8 +15,8 @@ projection that router drives. The op is a torch.library custom op (``switchbenc
 implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
 the scores, so activation memory does not grow with the number of active experts.
 
-Layers: Triton kernels (expert_matmul_triton.py), torch's grouped GEMM (expert_matmul_grouped.py) or the
-PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is chosen per call
+Layers: Triton kernels (triton_kernels.py), torch's grouped GEMM (grouped.py), dense GEMMs over every expert
+(all_experts.py) or the PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is chosen per call
 (expert_matmul_choice.py): ``impl=``, the choice in force (``--expert-matmul``), SWITCHBENCH_EXPERT_MATMUL, or
 ``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from switchbench.core.choice import Choice, traced_once
+from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
@@ -133,6 +134,8 @@ def expert_matmul(
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
+    if impl == "all_experts" and expert_matmul_all_experts.unsupported(s_in, s_out):
+        raise ValueError(expert_matmul_all_experts.unsupported(s_in, s_out))
     return torch.ops.switchbench.expert_matmul(
         x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
     )
@@ -210,7 +213,9 @@ def _implementation(impl: str):
         from switchbench.ops.expert_matmul import triton_kernels as expert_matmul_triton
 
         return expert_matmul_triton
-    return expert_matmul_grouped if impl == "grouped_mm" else TorchExpertMatmul
+    return {"grouped_mm": expert_matmul_grouped, "all_experts": expert_matmul_all_experts}.get(
+        impl, TorchExpertMatmul
+    )
 
 
 # The PyTorch path: slots scattered into an [E, capacity, d] buffer (capacity = the busiest expert's load) and

@@ -1,0 +1,126 @@
+"""The expert matmul as dense GEMMs over every expert, gated: E / S times the routed MACs (E experts in all, S slots
+a token), each GEMM as large and aligned as a dense projection's.
+
+Where a router chooses among few experts (SwitchHead 262M: k = 2 of 4 a head, twice the routed MACs) this can beat
+the routed kernels. Those gather each slot's input row, so SwitchHead's value projection reads a token's
+1024-wide row once per slot, eight times; at 262M, batch 64 the roofline of ``kernel-check`` puts that op's
+forward+backward at 1.7 times the time of a dense matmul of the same useful MACs on an H200, before any kernel
+inefficiency. Here every row is read once and the GEMMs run at cuBLAS's rate. ``auto`` picks it only where
+``kernel-tune`` measured it fastest.
+
+Two forms, by which side of the op has one group:
+
+- one input group (S_in = 1: SwitchHead's V, K and Q, MoA's Q, the sigma-MoE up projection): every expert's output
+  is one GEMM, ``Y = x W_cat`` with ``W_cat`` [d_in, E d_out], and each slot reads its expert's columns, gated,
+  summed into its output group. Backward: ``dY`` holds each slot's gated output gradient in its expert's columns
+  (zero elsewhere), ``dx = dY W_cat^T``, ``dW = x^T dY``, and a gate's gradient is its slot's columns of ``Y``
+  (computed again) dotted with the output gradient;
+- one output group (S_out = 1: SwitchHead's O, MoA's O, the sigma-MoE down projection): the gated inputs are laid
+  out by expert, ``X[n, e]`` the sum of the gated rows of token n's slots that chose e (zero if none), and
+  ``out = X_cat W_flat`` with ``W_flat`` [E d_in, d_out]. Backward: ``dX = dout W_flat^T``, each slot's rows of
+  ``dX`` gated back into its input group, a gate's gradient their dot with the slot's input, ``dW = X^T dout``.
+
+Nothing beyond the op's inputs is kept for the backward.
+"""
+
+import torch
+from torch import Tensor
+
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
+
+
+def unsupported(in_groups: int, out_groups: int) -> str | None:
+    """Why the dense form cannot run an op of these groups, or None."""
+    if in_groups != 1 and out_groups != 1:
+        return f"all_experts needs one input group or one output group; got {in_groups} and {out_groups}"
+    return None
+
+
+def _by_input(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
+    """Whether the form of one input group runs (else that of one output group): where both apply, the one whose
+    [N, E, width] intermediate is narrower."""
+    reason = unsupported(in_groups, out_groups)
+    if reason:
+        raise ValueError(reason)
+    return in_groups == 1 and (out_groups != 1 or d_out <= d_in)
+
+
+def _per_slot(t: Tensor, slots: int) -> Tensor:
+    """[N, G, d] -> [N, slots, d]: each group's row for each of its slots (a view)."""
+    n, groups, d = t.shape
+    return t[:, :, None].expand(n, groups, slots // groups, d).reshape(n, slots, d)
+
+
+def _group_sum(t: Tensor, groups: int) -> Tensor:
+    """[N, S, d] -> [N, groups, d]: the sum over each group's slots."""
+    n, slots, d = t.shape
+    return t.view(n, groups, slots // groups, d).sum(2)
+
+
+def _columns(indices: Tensor, width: int) -> Tensor:
+    """[N, S, width]: each slot's expert id, broadcast along a row of that expert's block."""
+    return indices[..., None].expand(*indices.shape, width)
+
+
+def _gates(scores: Tensor | None, indices: Tensor) -> Tensor | None:
+    return None if scores is None else scores.gather(1, indices)[..., None]  # [N, S, 1]
+
+
+def _scattered(rows: Tensor, indices: Tensor, n_experts: int) -> Tensor:
+    """[N, S, d] -> [N, E, d]: each slot's row added into its expert's place (slots that share an expert add up)."""
+    n, _, d = rows.shape
+    return rows.new_zeros(n, n_experts, d).scatter_add_(1, _columns(indices, d), rows)
+
+
+def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> Tensor:
+    """[N, E]: each slot's row dot (in at least fp32) added into its expert's score."""
+    wide = torch.promote_types(scores.dtype, torch.float32)
+    dots = (rows * other).sum(-1, dtype=wide)
+    return (
+        torch.zeros(scores.shape, dtype=wide, device=scores.device)
+        .scatter_add_(1, indices, dots)
+        .to(scores.dtype)
+    )
+
+
+# The interface of models.expert_matmul's implementations.
+
+
+def forward(x, weight, scores, indices, order, experts, offsets, s_out):
+    (n, s_in, d_in), (n_experts, _, d_out), slots = x.shape, weight.shape, indices.shape[1]
+    gates = _gates(scores, indices)
+    if _by_input(s_in, s_out, d_in, d_out):
+        y = (x[:, 0] @ weight.permute(1, 0, 2).reshape(d_in, -1)).view(n, n_experts, d_out)
+        picked = y.gather(1, _columns(indices, d_out))  # [N, S, d_out]
+        return _group_sum(picked if gates is None else picked * gates, s_out)
+    rows = _per_slot(x, slots)
+    laid_out = _scattered(rows if gates is None else rows * gates, indices, n_experts)  # [N, E, d_in]
+    return (laid_out.view(n, n_experts * d_in) @ weight.reshape(-1, d_out)).view(n, 1, d_out)
+
+
+def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
+    (n, s_in, d_in), (n_experts, _, d_out), slots = x.shape, weight.shape, indices.shape[1]
+    s_out, gates = grad_out.shape[1], _gates(scores, indices)
+    grad_s = x.new_empty(0)
+    if _by_input(s_in, s_out, d_in, d_out):
+        w_cat = weight.permute(1, 0, 2).reshape(d_in, -1)  # [d_in, E d_out]
+        grad_slots = _per_slot(grad_out, slots)  # [N, S, d_out], ungated
+        if scores is not None:
+            picked = (x[:, 0] @ w_cat).view(n, n_experts, d_out).gather(1, _columns(indices, d_out))
+            grad_s = _gate_grad(picked, grad_slots, scores, indices)
+            grad_slots = grad_slots * gates
+        grad_y = _scattered(grad_slots, indices, n_experts).view(n, n_experts * d_out)
+        grad_x = (grad_y @ w_cat.t()).view(n, 1, d_in)
+        with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+            grad_w = (x[:, 0].t() @ grad_y).view(d_in, n_experts, d_out).permute(1, 0, 2).contiguous()
+        return grad_x, grad_w, grad_s
+    rows = _per_slot(x, slots)  # [N, S, d_in]
+    grad_laid = (grad_out[:, 0] @ weight.reshape(-1, d_out).t()).view(n, n_experts, d_in)
+    grad_rows = grad_laid.gather(1, _columns(indices, d_in))  # [N, S, d_in], ungated
+    if scores is not None:
+        grad_s = _gate_grad(grad_rows, rows, scores, indices)
+        grad_rows, rows = grad_rows * gates, rows * gates
+    with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+        laid_out = _scattered(rows, indices, n_experts).view(n, n_experts * d_in)  # gated
+        grad_w = (laid_out.t() @ grad_out[:, 0]).view(n_experts, d_in, d_out)
+    return _group_sum(grad_rows, s_in), grad_w, grad_s
