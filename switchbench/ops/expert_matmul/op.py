@@ -16,8 +16,8 @@ implementation for torch.compile and the FLOP counters); its backward saves only
 the scores, so activation memory does not grow with the number of active experts.
 
 Layers: Triton kernels (triton_kernels.py), torch's grouped GEMM (grouped.py), dense GEMMs over every expert
-(all_experts.py) or the PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is chosen per call
-(expert_matmul_choice.py): ``impl=``, the choice in force (``--expert-matmul``), SWITCHBENCH_EXPERT_MATMUL, or
+(all_experts.py) or the PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is
+chosen per call (choice.py): ``impl=``, the choice in force (``--expert-matmul``), SWITCHBENCH_EXPERT_MATMUL, or
 ``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
 
@@ -134,8 +134,8 @@ def expert_matmul(
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
-    if impl == "all_experts" and expert_matmul_all_experts.unsupported(s_in, s_out):
-        raise ValueError(expert_matmul_all_experts.unsupported(s_in, s_out))
+    if impl == "all_experts" and (reason := expert_matmul_all_experts.unsupported(s_in, s_out)):
+        raise ValueError(reason)
     return torch.ops.switchbench.expert_matmul(
         x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
     )
