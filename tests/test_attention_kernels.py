@@ -3,6 +3,7 @@ gradients of q, k, v and the position scores), the position bias's Triton kernel
 and every parameter's gradient, XL with memory and RoPE, decoding too). FlexAttention has no backward on the CPU:
 its gradients are checked where CUDA is."""
 
+import functools
 import math
 
 import pytest
@@ -196,6 +197,17 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, pos, conte
     assert got.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("context_blocks", [1, 2])
+@pytest.mark.parametrize("model", FAMILIES)
+def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(
+    model, context_blocks, monkeypatch
+):
+    """The position bias's Triton kernels inside a model, as a GPU runs them (here under the interpreter): a
+    sequence in two pieces over memory, logits and every parameter's gradient equal to the explicit kernel's."""
+    monkeypatch.setattr(RelativeBias, "masked", functools.partialmethod(RelativeBias.masked, impl="triton"))
+    test_every_family_under_each_backend_is_the_explicit_model(model, "xl", context_blocks, "sdpa")
 
 
 @pytest.mark.parametrize("backend", choice.BACKENDS)
