@@ -199,18 +199,14 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, pos, conte
         torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("context_blocks", [1, 2])
 @pytest.mark.parametrize("model", FAMILIES)
-def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(
-    model, context_blocks, monkeypatch
-):
+def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(model, monkeypatch):
     """The position bias's Triton kernels inside a model, as a GPU runs them (here under the interpreter): a
-    sequence in two pieces over memory, logits and every parameter's gradient equal to the explicit kernel's, and
-    decoding token by token."""
+    sequence in two pieces over two chunks of memory, logits and every parameter's gradient equal to the explicit
+    kernel's, and decoding token by token."""
     monkeypatch.setattr(RelativeBias, "masked", functools.partialmethod(RelativeBias.masked, impl="triton"))
-    test_every_family_under_each_backend_is_the_explicit_model(model, "xl", context_blocks, "sdpa")
-    if context_blocks == 1:  # and decoding, one query against a growing cache
-        test_decoding_under_each_backend_is_the_explicit_forward(model, "xl", "sdpa")
+    test_every_family_under_each_backend_is_the_explicit_model(model, "xl", 2, "sdpa")
+    test_decoding_under_each_backend_is_the_explicit_forward(model, "xl", "sdpa")
 
 
 @pytest.mark.parametrize("backend", choice.BACKENDS)
