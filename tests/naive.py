@@ -1,8 +1,9 @@
-"""Helpers the tests share: the expert matmul run on one implementation as float64 results, and the check every
-family's exact cost is held to. The expert-matmul cases and their float64 reference are the package's
+"""Helpers the tests share: the expert matmul run on one implementation as float64 results and compared with the
+float64 loop's, and the check every family's exact cost is held to. The expert-matmul cases and their float64 reference are the package's
 (``switchbench.ops.expert_matmul.cases``), read by the benchmarks too."""
 
 import pytest
+import torch
 from optional import installed
 
 from switchbench.ops.expert_matmul.op import expert_matmul as op
@@ -21,6 +22,16 @@ def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
     y = op(leaves[0], leaves[1], route(indices.to(device), weight.shape[0]), gates, s_out, impl=impl)
     y.backward(grad_out.to(device, y.dtype))
     return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
+
+
+def assert_close_scaled(got, exact, atol) -> None:
+    """Each output and gradient within ``atol`` of the float64 one, relative to the latter's largest value."""
+    assert len(got) == len(exact)
+    for what, a, ref in zip(NAMES, got, exact, strict=False):
+        scale = ref.abs().max().clamp(min=1)
+        torch.testing.assert_close(
+            a / scale, ref / scale, rtol=0, atol=atol, msg=lambda m, w=what: f"{w}: {m}"
+        )
 
 
 def assert_counted_exactly(cfg) -> None:

@@ -6,7 +6,6 @@ from dataclasses import replace
 import naive
 import pytest
 import torch
-from naive import NAMES
 
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import CASES, Case, float64_inputs, reference
@@ -18,16 +17,6 @@ pytestmark = pytest.mark.skipif(
 # MoA's output projection: per-head input, one output per token (S_in = S, S_out = 1)
 FAMILY_CASES = CASES | {"moa-o": Case("moa-o", 8, 4, 4, 1, 6, 1, 24, 20, True)}
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 3e-2}
-
-
-def _assert_close(got, exact, atol):
-    """Each output and gradient within ``atol`` of the float64 one, relative to the latter's largest value."""
-    assert len(got) == len(exact)
-    for what, a, ref in zip(NAMES, got, exact, strict=False):
-        scale = ref.abs().max().clamp(min=1)
-        torch.testing.assert_close(
-            a / scale, ref / scale, rtol=0, atol=atol, msg=lambda m, w=what: f"{w}: {m}"
-        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -42,7 +31,7 @@ def test_grouped_mm_matches_float64(case, gated, dtype):
         torch.testing.assert_close(exact[0], reference(x, weight, indices, scores, s_out))
     inputs = [None if t is None else t.to(dtype) for t in (x, weight, scores)]
     got = naive.outputs("grouped_mm", inputs[0], inputs[1], indices, inputs[2], s_out, grad_out)
-    _assert_close(got, exact, TOLERANCE[dtype])
+    naive.assert_close_scaled(got, exact, TOLERANCE[dtype])
 
 
 def test_a_wrong_transposition_is_caught(monkeypatch):
@@ -59,7 +48,7 @@ def test_a_wrong_transposition_is_caught(monkeypatch):
     monkeypatch.setattr(expert_matmul_grouped, "grouped_mm", reshaped)
     got = naive.outputs("grouped_mm", x.float(), weight.float(), indices, scores.float(), 1, grad_out)
     with pytest.raises(AssertionError, match="grad_x"):
-        _assert_close(got, exact, 2e-6)
+        naive.assert_close_scaled(got, exact, 2e-6)
 
 
 def test_experts_without_rows_get_zero_weight_gradients():
@@ -111,7 +100,7 @@ def test_non_contiguous_inputs_and_scores():
         weight_nc = weight.float().transpose(1, 2).contiguous().transpose(1, 2)
         scores_nc = scores.float().t().contiguous().t()
         assert not (x_nc.is_contiguous() or weight_nc.is_contiguous() or scores_nc.is_contiguous())
-        _assert_close(
+        naive.assert_close_scaled(
             naive.outputs("grouped_mm", x_nc, weight_nc, indices, scores_nc, 3, grad_out), exact, 2e-6
         )
 
@@ -126,7 +115,7 @@ def test_autocast_bf16_matches_float64():
     y.backward(grad_out.to(y.dtype))
     assert all(leaf.grad.dtype == torch.float32 for leaf in leaves)
     exact = naive.outputs("torch", x, weight, indices, scores, 3, grad_out)
-    _assert_close([y.detach().double(), *(leaf.grad.double() for leaf in leaves)], exact, 3e-2)
+    naive.assert_close_scaled([y.detach().double(), *(leaf.grad.double() for leaf in leaves)], exact, 3e-2)
 
 
 def test_the_presets_unaligned_widths_run():
@@ -135,7 +124,9 @@ def test_the_presets_unaligned_widths_run():
     x, weight, indices, scores, grad_out = float64_inputs(case, seed=2)
     exact = naive.outputs("torch", x, weight, indices, scores, 2, grad_out)
     bf16 = [t.to(torch.bfloat16) for t in (x, weight, scores)]
-    _assert_close(naive.outputs("grouped_mm", bf16[0], bf16[1], indices, bf16[2], 2, grad_out), exact, 3e-2)
+    naive.assert_close_scaled(
+        naive.outputs("grouped_mm", bf16[0], bf16[1], indices, bf16[2], 2, grad_out), exact, 3e-2
+    )
 
 
 def test_deterministic():
@@ -179,4 +170,4 @@ def test_backward_takes_an_fp32_gradient_with_bf16_inputs():
     )
     exact = naive.outputs("torch", x, weight, indices, scores, 1, grad_out)[1:]
     assert all(a.dtype == torch.bfloat16 for a in got)
-    _assert_close([torch.zeros(1), *(a.double() for a in got)], [torch.zeros(1), *exact], 3e-2)
+    naive.assert_close_scaled([torch.zeros(1), *(a.double() for a in got)], [torch.zeros(1), *exact], 3e-2)

@@ -134,8 +134,6 @@ def expert_matmul(
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
-    if impl == "all_experts" and (reason := expert_matmul_all_experts.unsupported(s_in, s_out)):
-        raise ValueError(reason)
     return torch.ops.switchbench.expert_matmul(
         x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
     )
