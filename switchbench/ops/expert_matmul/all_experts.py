@@ -26,7 +26,7 @@ Nothing beyond the op's inputs is kept for the backward.
 import torch
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, group_sum, per_slot
 
 
 def unsupported(in_groups: int, out_groups: int) -> str | None:
@@ -46,15 +46,14 @@ def _by_input(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
 
 
 def _per_slot(t: Tensor, slots: int) -> Tensor:
-    """[N, G, d] -> [N, slots, d]: each group's row for each of its slots (a view)."""
-    n, groups, d = t.shape
-    return t[:, :, None].expand(n, groups, slots // groups, d).reshape(n, slots, d)
+    """[N, G, d] -> [N, slots, d]: each group's row for each of its slots."""
+    return per_slot(t, slots).view(t.shape[0], slots, t.shape[2])
 
 
 def _group_sum(t: Tensor, groups: int) -> Tensor:
     """[N, S, d] -> [N, groups, d]: the sum over each group's slots."""
     n, slots, d = t.shape
-    return t.view(n, groups, slots // groups, d).sum(2)
+    return group_sum(t.reshape(n * slots, d), n, groups, d)
 
 
 def _columns(indices: Tensor, width: int) -> Tensor:

@@ -30,7 +30,7 @@ from switchbench.core.choice import Choice, traced_once
 from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, per_slot
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,7 +227,7 @@ class TorchExpertMatmul:
         if order.numel() <= weight.shape[0]:  # a few tokens (decoding): each slot reads its expert's matrix
             return _gathered(x, weight, scores, indices, s_out)
         rows, capacity = _padded_rows(order, experts, offsets)
-        x_pad = _pad(_per_slot(x, indices.shape[1]), rows, capacity, weight.shape[0])  # [E, cap, d_in]
+        x_pad = _pad(per_slot(x, indices.shape[1]), rows, capacity, weight.shape[0])  # [E, cap, d_in]
         y = _unpad(torch.bmm(x_pad, weight), rows)  # [N * S, d_out]
         if scores is not None:
             y = y * scores.gather(1, indices).reshape(-1, 1)
@@ -238,8 +238,8 @@ class TorchExpertMatmul:
         n, s_in, _ = x.shape
         n_experts, slots = weight.shape[0], indices.shape[1]
         rows, capacity = _padded_rows(order, experts, offsets)
-        x_slots = _per_slot(x, slots)  # [N * S, d_in]
-        grad_pad = _pad(_per_slot(grad_out, slots), rows, capacity, n_experts)  # [E, cap, d_out], ungated
+        x_slots = per_slot(x, slots)  # [N * S, d_in]
+        grad_pad = _pad(per_slot(grad_out, slots), rows, capacity, n_experts)  # [E, cap, d_out], ungated
         # Ungated input gradients give the gate gradients as a row-dot with x: no forward recomputed.
         grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows)  # [N * S, d_in]
         grad_s = x.new_empty(0)
@@ -259,7 +259,7 @@ def _gathered(x: Tensor, weight: Tensor, scores: Tensor | None, indices: Tensor,
     (a copy of at most as many matrices as there are experts) and applied by one batched matmul, without the padded
     path's sort-order bookkeeping and its capacity's host sync, which a decoded token's few slots do not repay."""
     n, slots = indices.shape
-    y = torch.bmm(_per_slot(x, slots)[:, None], weight[indices.reshape(-1)])[:, 0]  # [N * S, d_out]
+    y = torch.bmm(per_slot(x, slots)[:, None], weight[indices.reshape(-1)])[:, 0]  # [N * S, d_out]
     if scores is not None:
         y = y * scores.gather(1, indices).reshape(-1, 1)
     return _group_sum(y, n, s_out)
@@ -270,12 +270,6 @@ def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tenso
     capacity = int(offsets.diff().max()) if order.numel() else 0
     rank = torch.arange(order.numel(), device=order.device) - offsets[experts]
     return torch.empty_like(order).index_copy_(0, order, experts * capacity + rank), capacity
-
-
-def _per_slot(t: Tensor, slots: int) -> Tensor:
-    """[N, G, d] -> [N * slots, d]: each group's row repeated for its slots // G slots."""
-    n, groups, d = t.shape
-    return t[:, :, None].expand(n, groups, slots // groups, d).reshape(n * slots, d)
 
 
 def _group_sum(t: Tensor, n: int, groups: int) -> Tensor:

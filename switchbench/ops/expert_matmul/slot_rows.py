@@ -1,7 +1,7 @@
 """Rows of token slots as the expert-matmul kernels hold them: feature widths zero-padded to an alignment the
 kernels need, and the per-slot rows summed back into their groups at the true width.
 
-Shared by the Triton kernels (expert_matmul_triton.py) and the grouped-GEMM path (expert_matmul_grouped.py).
+Shared by the implementations (triton_kernels.py, grouped.py, all_experts.py and op.py's PyTorch path).
 """
 
 import torch.nn.functional as F
@@ -22,6 +22,12 @@ def aligned(t: Tensor, multiple: int) -> Tensor:
     if not any(pad):
         return t
     return F.pad(t, [p for width in pad for p in (0, width)])
+
+
+def per_slot(t: Tensor, slots: int) -> Tensor:
+    """[N, G, d] -> [N * slots, d]: each group's row repeated for its slots // G slots."""
+    n, groups, d = t.shape
+    return t[:, :, None].expand(n, groups, slots // groups, d).reshape(n * slots, d)
 
 
 def group_sum(rows: Tensor, n: int, groups: int, width: int) -> Tensor:
