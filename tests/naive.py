@@ -6,10 +6,13 @@ import pytest
 import torch
 from optional import installed
 
+from switchbench.ops.expert_matmul.cases import CASES, Case, float64_inputs
 from switchbench.ops.expert_matmul.op import expert_matmul as op
 from switchbench.ops.expert_matmul.op import route
 
 NAMES = ("out", "grad_x", "grad_w", "grad_scores")
+# The tests' cases and MoA's output projection: per-head input, one output per token (S_in = S, S_out = 1)
+FAMILY_CASES = CASES | {"moa-o": Case("moa-o", 8, 4, 4, 1, 6, 1, 24, 20, True)}
 
 
 def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
@@ -22,6 +25,16 @@ def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
     y = op(leaves[0], leaves[1], route(indices.to(device), weight.shape[0]), gates, s_out, impl=impl)
     y.backward(grad_out.to(device, y.dtype))
     return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
+
+
+def assert_matches_float64(impl: str, case: Case, gated: bool, dtype: torch.dtype, atol: float) -> None:
+    """``impl`` on ``case``'s inputs in ``dtype`` against the PyTorch path in float64: the output and every gradient."""
+    x, weight, indices, scores, grad_out = float64_inputs(case)
+    scores = scores if gated else None
+    exact = outputs("torch", x, weight, indices, scores, case.out_groups, grad_out)
+    inputs = [None if t is None else t.to(dtype) for t in (x, weight, scores)]
+    got = outputs(impl, inputs[0], inputs[1], indices, inputs[2], case.out_groups, grad_out)
+    assert_close_scaled(got, exact, atol)
 
 
 def assert_close_scaled(got, exact, atol) -> None:

@@ -14,24 +14,23 @@ from switchbench.ops.expert_matmul.op import expert_matmul, route
 pytestmark = pytest.mark.skipif(
     expert_matmul_grouped.unavailable() is not None, reason="this torch has no grouped_mm"
 )
-# MoA's output projection: per-head input, one output per token (S_in = S, S_out = 1)
-FAMILY_CASES = CASES | {"moa-o": Case("moa-o", 8, 4, 4, 1, 6, 1, 24, 20, True)}
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 3e-2}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
-@pytest.mark.parametrize("case", list(FAMILY_CASES))
+@pytest.mark.parametrize("case", list(naive.FAMILY_CASES))
 def test_grouped_mm_matches_float64(case, gated, dtype):
-    s_out = FAMILY_CASES[case].out_groups
-    x, weight, indices, scores, grad_out = float64_inputs(FAMILY_CASES[case])
+    naive.assert_matches_float64("grouped_mm", naive.FAMILY_CASES[case], gated, dtype, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
+def test_the_float64_path_the_implementations_are_held_to_is_the_slot_by_slot_loop(gated):
+    case = CASES["single-token"]
+    x, weight, indices, scores, grad_out = float64_inputs(case)
     scores = scores if gated else None
-    exact = naive.outputs("torch", x, weight, indices, scores, s_out, grad_out)
-    if case == "single-token":  # the PyTorch path in float64 is itself checked against the slot-by-slot loop
-        torch.testing.assert_close(exact[0], reference(x, weight, indices, scores, s_out))
-    inputs = [None if t is None else t.to(dtype) for t in (x, weight, scores)]
-    got = naive.outputs("grouped_mm", inputs[0], inputs[1], indices, inputs[2], s_out, grad_out)
-    naive.assert_close_scaled(got, exact, TOLERANCE[dtype])
+    exact = naive.outputs("torch", x, weight, indices, scores, case.out_groups, grad_out)
+    torch.testing.assert_close(exact[0], reference(x, weight, indices, scores, case.out_groups))
 
 
 def test_a_wrong_transposition_is_caught(monkeypatch):
