@@ -68,10 +68,11 @@ def _gather_kernel(
     tl.store(out_ptr + row * stride_out + column, value.to(out_ptr.dtype.element_ty), mask=column < D)
 
 
-def spread(scores: Tensor, S: int, mask: Tensor | None, width: int) -> Tensor:
-    """scores [..., t, D] -> bias [..., t, S], in rows of ``width`` >= S elements."""
+def spread(scores: Tensor, S: int, mask: Tensor | None) -> Tensor:
+    """scores [..., t, D] -> bias [..., t, S], in rows of :func:`aligned_width` (S) elements."""
     *batch, t, D = scores.shape
     rows = scores.reshape(-1, D)
+    width = aligned_width(S)
     bias = rows.new_empty(rows.shape[0], width)
     _run(_spread_kernel, rows, bias, mask, t, S, D, S)
     return bias.view(*batch, t, width)[..., :S]

@@ -89,7 +89,7 @@ def aligned_width(S: int) -> int:
 def _position_bias_op(scores: Tensor, S: int, mask: Tensor | None) -> Tensor:
     from switchbench.ops.attention import position_kernels
 
-    return position_kernels.spread(scores, S, mask, aligned_width(S))
+    return position_kernels.spread(scores, S, mask)
 
 
 @_position_bias_op.register_fake
