@@ -14,6 +14,7 @@ import torch
 from small import SEQ, TIGHT, T, random_tokens, small_cfg
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from switchbench.core import optim
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.ops.attention import choice as attention_choice
@@ -84,7 +85,7 @@ def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
 
     # AdamW's step: torch's own step wrapper puts a graph break around it on purpose (its no_grad boundary), so
     # fullgraph cannot be asked of it; dynamo's account must show no break inside
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-3)
+    optimizer = optim.adamw(lm.parameters(), 1e-3, "cpu")
     before = {n: p.detach().clone() for n, p in lm.named_parameters()}
     explanation = torch._dynamo.explain(optimizer.step)()
     assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
@@ -120,7 +121,7 @@ def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, attention):
     if impl == "grouped_mm" and grouped.unavailable():
         pytest.skip(grouped.unavailable())
     lm, tokens, state = model_and_batch(model, pos, "cuda", torch.float32)
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=1e-3, capturable=True)
+    optimizer = optim.adamw(lm.parameters(), 1e-3, "cuda", capturable=True)  # fused, as the speed steps run
 
     def step():
         optimizer.zero_grad(set_to_none=True)

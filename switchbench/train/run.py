@@ -24,7 +24,7 @@ from switchbench.bench.command import (
 )
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.timing.timer import matmul_peak_tflops
-from switchbench.core import distributed
+from switchbench.core import distributed, optim
 from switchbench.core.results import writable_folder, write_csv
 from switchbench.core.schema import read_table
 from switchbench.models import family as registry
@@ -230,7 +230,7 @@ def train(
     torch.manual_seed(cfg.seed)
     n_classes = listops.N_CLASSES if cfg.task == "listops" else None
     model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    optimizer = optim.adamw(model.parameters(), cfg.lr, cfg.device)
     rows = distributed.share(cfg.batch, world)
     task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg, rows)
     start, log_rows = 0, []

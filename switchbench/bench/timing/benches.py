@@ -19,7 +19,7 @@ from switchbench.bench.cost.measure import (
     is_oom,
 )
 from switchbench.bench.cost.params import parameter_counts
-from switchbench.core import distributed
+from switchbench.core import distributed, optim
 from switchbench.core.precision import autocast
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
@@ -82,9 +82,7 @@ def model_benches(
     if mode.compile:
         trained = torch.compile(trained, backend=mode.compile)
     # capturable: AdamW keeps its step counts on the GPU, which a captured step needs (and no host reads them)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=2.5e-4, weight_decay=0.0, capturable=mode.cuda_graphs
-    )
+    optimizer = optim.adamw(model.parameters(), 2.5e-4, device, capturable=mode.cuda_graphs)
     gen = torch.Generator(device="cpu").manual_seed(0)
     tokens = torch.randint(0, cfg.vocab, (batch, cfg.T + 1), generator=gen).to(device)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]

@@ -42,7 +42,7 @@ from switchbench.bench.kernels.bench import dense_equivalent_ms
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
 from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
-from switchbench.core import precision
+from switchbench.core import optim, precision
 from switchbench.core.environment import environment
 from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
@@ -483,6 +483,7 @@ def _run(args) -> int:
         | {
             "dtype": dtype_name,
             "precision": precision.describe(dtype_name),
+            "optimizer": optim.describe(device),
             "batch": batch,
             "fit_from": args.fit_from,
             "steps": args.steps,

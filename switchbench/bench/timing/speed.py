@@ -41,7 +41,7 @@ from switchbench.bench.timing.benches import (
 )
 from switchbench.bench.timing.heap import keep_freed_memory
 from switchbench.bench.timing.timer import Timer, intra_op_threads, iqr, kernel_ms, matmul_peak_tflops
-from switchbench.core import distributed, precision
+from switchbench.core import distributed, optim, precision
 from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
@@ -192,6 +192,7 @@ def describe(rows: list[dict], device: str, dtype_name: str, **settings) -> dict
     return environment(device) | {
         "dtype": dtype_name,
         "precision": precision.describe(dtype_name),
+        "optimizer": optim.describe(device),
         "matmul_peak_tflops": peak,
         "mfu_convention": MFU_CONVENTION,
         **settings,
