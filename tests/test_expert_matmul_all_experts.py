@@ -40,3 +40,50 @@ def test_neither_side_with_one_group_is_refused():
         ValueError, match="all_experts needs one input group or one output group; got 2 and 2"
     ):
         expert_matmul(x, weight, route(indices, weight.shape[0]), scores, case.out_groups, impl="all_experts")
+
+
+def _sorts(fn) -> int:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.name == "aten::sort" for e in prof.events())
+
+
+@pytest.mark.parametrize("impl", ["torch", "all_experts"])
+def test_the_slots_are_grouped_only_for_an_implementation_that_reads_the_grouping(impl):
+    """A router's slots are sorted by expert on first use: once for the routed implementations, forward and
+    backward, never for all_experts, which reads the indices alone."""
+    case = CASES["switchhead-v"]
+    x, weight, indices, scores, grad_out = float64_inputs(case)
+    x.requires_grad_()
+    routing = route(indices, weight.shape[0], by="sort")
+
+    def step():
+        expert_matmul(x, weight, routing, scores, case.out_groups, impl=impl).backward(grad_out)
+
+    assert _sorts(step) == (impl == "torch")
+
+
+@pytest.mark.slow
+def test_an_ungrouped_op_compiles_whole():
+    """The op handed no grouping (None in its schema) traces into one graph with its backward, as every family's
+    step must under torch.compile, and gives eager's output and gradients."""
+    case = CASES["switchhead-o"]
+    x, weight, indices, scores, grad_out = float64_inputs(case)
+
+    def run(x, weight, scores):
+        return expert_matmul(
+            x, weight, route(indices, weight.shape[0]), scores, case.out_groups, "all_experts"
+        )
+
+    torch._dynamo.reset()
+    compiled = torch.compile(run, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (run, compiled):
+        leaves = [t.detach().clone().requires_grad_() for t in (x, weight, scores)]
+        out = fn(*leaves)
+        out.backward(grad_out)
+        results.append([out, *(t.grad for t in leaves)])
+    for got, expected in zip(*reversed(results), strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)

@@ -89,6 +89,7 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     assert saved["metadata"]["torch"] == torch.__version__ and saved["metadata"]["batch"] == 1
     assert {r["impl"] for r in saved["rows"]} == {
         "routing",
+        "top-k",
         "torch",
         "grouped_mm",
         "all_experts",
@@ -169,7 +170,12 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     assert main(argv) == 1
     captured = capsys.readouterr()
     rows = json.loads(Path(json.loads(captured.out)["saved"]).read_text())["rows"]
-    assert {(r["impl"], r["status"]) for r in rows} == {("routing", "ok"), ("loop", "wrong"), ("dense", "ok")}
+    assert {(r["impl"], r["status"]) for r in rows} == {
+        ("routing", "ok"),
+        ("top-k", "ok"),
+        ("loop", "wrong"),
+        ("dense", "ok"),
+    }
     assert captured.err.strip().startswith(
         "switchbench kernel-bench: loop on tiny is wrong: out relative error"
     )
@@ -316,3 +322,22 @@ def test_the_timed_routing_groups_each_tokens_top_k_of_each_group_by_expert(grou
     assert routing.order.tolist() == expected
     counts = [flat.count(e) for e in range(groups * experts)]
     assert routing.offsets.tolist() == [sum(counts[:e]) for e in range(groups * experts + 1)]
+
+
+def test_the_moe_overhead_counts_the_routing_its_op_reads():
+    """A routed implementation pays for the top-k and the grouping of the slots, all_experts for the top-k alone."""
+
+    def row(case, impl, ms, view="op", **more):
+        return {"case": case, "pass": "forward", "impl": impl, "view": view, "ms": ms} | more
+
+    rows = [
+        *(row(case, "routing", 3.0, "routing") for case in ("a", "b")),
+        *(row(case, "top-k", 1.0, "routing") for case in ("a", "b")),
+        *(row(case, "dense", 10.0, "dense") for case in ("a", "b")),
+        row("a", "triton", 12.0, chosen=True),
+        row("b", "all_experts", 12.0, chosen=True),
+    ]
+    kernels.moe_overhead(rows)
+    routed, dense_all = rows[-2], rows[-1]
+    assert (routed["routing_ms"], routed["moe_overhead_ms"]) == (3.0, 5.0)
+    assert (dense_all["routing_ms"], dense_all["moe_overhead_ms"]) == (1.0, 3.0)

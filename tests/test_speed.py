@@ -443,21 +443,25 @@ def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
         assert any(name == "aten::_grouped_mm" for name, _ in inner)
 
 
+@pytest.mark.parametrize("impl", ["torch", "all_experts"])
 @pytest.mark.parametrize(
     ("preset", "routers_per_layer"), [("tiny-switchhead", 2), ("tiny-moa", 1), ("tiny-switchall", 3)]
 )
-def test_one_sort_per_router_per_training_step(preset, routers_per_layer):
-    """Every projection a router drives reuses its one sort of the slots by expert; the backward sorts nothing."""
+def test_one_sort_per_router_per_training_step(preset, routers_per_layer, impl):
+    """Every projection a router drives reuses its one sort of the slots by expert; the backward sorts nothing.
+    Where every projection computes all experts, no router sorts."""
     from torch.profiler import ProfilerActivity, profile
 
     from switchbench.models.presets import PRESETS
+    from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
-    step = speed.model_benches(preset, 2, "cpu", torch.float32)[0]
-    step.run()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with expert_matmul_choice.selected(impl):
+        step = speed.model_benches(preset, 2, "cpu", torch.float32)[0]
         step.run()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step.run()
     sorts = sum(e.name == "aten::sort" for e in prof.events())
-    assert sorts == routers_per_layer * PRESETS[preset].n_layers
+    assert sorts == (routers_per_layer * PRESETS[preset].n_layers if impl == "torch" else 0)
 
 
 class _FakeAllocator:

@@ -10,8 +10,8 @@ input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
 The gate of a slot is read from the router's scores [N, E] inside the op, so the op saves the scores the router
 keeps anyway rather than k gates per token.
 
-The slots are grouped by expert once per router (:func:`route`) and the grouping is reused by every
-projection that router drives. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
+The slots are grouped by expert once per router (:func:`route`), on first use, and the grouping is reused by
+every projection that router drives; where all of them compute every expert (all_experts) it is never made. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
 implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
 the scores, so activation memory does not grow with the number of active experts.
 
@@ -21,7 +21,7 @@ chosen per call (choice.py): ``impl=``, the choice in force (``--expert-matmul``
 ``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -33,26 +33,52 @@ from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, per_slot
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class Routing:
-    """Token slots grouped by expert: ``order`` lists flat slot ids n*S + s, expert by expert."""
+    """A router's choice, ``indices`` [N, S]: the expert (of ``n_experts``) of each token's S slots, and the slots
+    grouped by expert: ``order`` lists flat slot ids n*S + s expert by expert, ``experts`` the expert of each,
+    ``offsets`` [E+1] where each expert's run starts. The grouping (``by`` the sort or the count, :func:`route`) is
+    made on first use, once for every projection the router drives, and not at all where none reads it: the
+    all-experts implementation reads ``indices`` alone."""
 
-    indices: Tensor  # [N, S] expert of each slot
-    order: Tensor  # [M] slot ids sorted by expert, M = N*S
-    experts: Tensor  # [M] expert of each sorted slot (non-decreasing)
-    offsets: Tensor  # [E+1] start of each expert's run in ``order``
-    slots: int  # S: slots per token
+    indices: Tensor
+    n_experts: int
+    by: str = "sort"
+    # the grouping once made; a plain field, which torch.compile traces (functools.cached_property takes a lock)
+    _grouped: tuple[Tensor, Tensor, Tensor] | None = field(default=None, init=False, repr=False)
 
     @property
-    def n_experts(self) -> int:
-        return self.offsets.numel() - 1
+    def slots(self) -> int:
+        return self.indices.shape[1]
 
     @property
     def n_tokens(self) -> int:
-        return self.order.numel() // self.slots
+        return self.indices.shape[0]
+
+    @property
+    def grouped(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(order, experts, offsets)."""
+        if self._grouped is None:
+            self._grouped = _group(self.indices.reshape(-1), self.n_experts, self.by)
+        return self._grouped
+
+    @property
+    def order(self) -> Tensor:
+        return self.grouped[0]
+
+    @property
+    def experts(self) -> Tensor:
+        return self.grouped[1]
+
+    @property
+    def offsets(self) -> Tensor:
+        return self.grouped[2]
 
 
 ROUTINGS = ("sort", "count")
+# The implementations that read a routing's indices alone: they are handed no grouping, and a router none of whose
+# projections runs another makes none
+UNGROUPED = ("all_experts",)
 ENV_ROUTING = "SWITCHBENCH_ROUTING"
 # auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
 # 11x at 4,096 x 8 over 32), and on a GPU it has not been measured yet
@@ -71,38 +97,41 @@ def routing_method(device_type: str) -> str:
 
 
 def route(indices: Tensor, n_experts: int, by: str | None = None) -> Routing:
-    """Group the slots of ``indices`` [N, S] (expert ids in [0, n_experts)) by expert, each expert's slots in their
-    flat order (a stable sort's order).
+    """The routing of ``indices`` [N, S] (expert ids in [0, n_experts)), its slots to be grouped by expert, each
+    expert's slots in their flat order (a stable sort's order), ``by`` one of ROUTINGS (default:
+    :func:`routing_method`).
 
     ``count`` finds each slot's place from a running count of the slots per expert: a comparison with every expert
     id, one cumulative sum over the expert-major one-hot and a scatter, a few kernels of O(N S E) elementwise work
-    with static shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 8), where that is less work
+    with static shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 4), where that is less work
     than a general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100. ``sort``
-    is the stable sort, kept as the reference the tests hold ``count`` to. Default: :func:`routing_method`.
+    is the stable sort, kept as the reference the tests hold ``count`` to.
     """
-    flat = indices.reshape(-1)
-    by = by or routing_method(flat.device.type)
+    by = by or routing_method(indices.device.type)
+    if by not in ROUTINGS:
+        raise ValueError(f"route by one of {', '.join(ROUTINGS)}, not {by!r}")
+    return Routing(indices, n_experts, by)
+
+
+def _group(flat: Tensor, n_experts: int, by: str) -> tuple[Tensor, Tensor, Tensor]:
+    """(order, experts, offsets) of the slots ``flat`` [M] grouped by expert, :func:`route`'s way ``by``."""
     if by == "sort":
         experts, order = flat.sort(stable=True)
-        counts = torch.zeros(n_experts, dtype=torch.long, device=flat.device).scatter_add_(
-            0, flat, torch.ones_like(flat)
-        )
-    elif by == "count":
-        # One scan over the one-hot [E, M], expert-major and flattened: entry (e, m) counts the slots of the experts
-        # below e and those of e up to m, one past where slot m goes if its expert is e. A 1-D scan is one fast
-        # kernel on CUDA; a scan down the M axis of [M, E] runs as E serial threads (pytorch/pytorch#122170)
-        ids = torch.arange(n_experts, device=flat.device)
-        onehot = (ids[:, None] == flat).to(torch.int32)
-        running = onehot.view(-1).cumsum(0, dtype=torch.int32).view(n_experts, -1)
-        ends = running[:, -1].long() if flat.numel() else ids.new_zeros(n_experts)
-        counts = ends.diff(prepend=ends.new_zeros(1))
-        place = running.gather(0, flat[None, :]).squeeze(0).long() - 1  # where each slot goes
-        order = torch.empty_like(flat).scatter_(0, place, torch.arange(flat.numel(), device=flat.device))
-        experts = flat[order]
-    else:
-        raise ValueError(f"route by one of {', '.join(ROUTINGS)}, not {by!r}")
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    return Routing(indices, order, experts, offsets, indices.shape[1])
+        # each expert's run starts where a binary search of the sorted ids puts it: a count by scatter_add's atomics
+        # on a few addresses was 5.2 ms of SwitchHead's 262M step on an H200 (batch 64), longer than the sort
+        ids = torch.arange(n_experts + 1, device=flat.device, dtype=experts.dtype)
+        return order, experts, torch.searchsorted(experts, ids)
+    # One scan over the one-hot [E, M], expert-major and flattened: entry (e, m) counts the slots of the experts below
+    # e and those of e up to m, one past where slot m goes if its expert is e; a row's last entry is where the next
+    # expert's run starts. A 1-D scan is one fast kernel on CUDA; a scan down the M axis of [M, E] runs as E serial
+    # threads (pytorch/pytorch#122170)
+    ids = torch.arange(n_experts, device=flat.device)
+    onehot = (ids[:, None] == flat).to(torch.int32)
+    running = onehot.view(-1).cumsum(0, dtype=torch.int32).view(n_experts, -1)
+    ends = running[:, -1].long() if flat.numel() else ids.new_zeros(n_experts)
+    place = running.gather(0, flat[None, :]).squeeze(0).long() - 1  # where each slot goes
+    order = torch.empty_like(flat).scatter_(0, place, torch.arange(flat.numel(), device=flat.device))
+    return order, flat[order], torch.cat([ends.new_zeros(1), ends])
 
 
 def expert_matmul(
@@ -130,13 +159,12 @@ def expert_matmul(
         x, weight = x.to(dtype), weight.to(dtype)
         scores = None if scores is None else scores.to(dtype)
     if impl is None or impl == "auto":
-        bucket = shape_bucket(routing.order.numel(), d_in, weight.shape[2], x.dtype, scores is not None)
+        bucket = shape_bucket(routing.indices.numel(), d_in, weight.shape[2], x.dtype, scores is not None)
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
-    return torch.ops.switchbench.expert_matmul(
-        x, weight, scores, routing.indices, routing.order, routing.experts, routing.offsets, s_out, impl
-    )
+    grouped = (None, None, None) if impl in UNGROUPED else routing.grouped
+    return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 
 # Custom ops
@@ -148,9 +176,9 @@ def _expert_matmul_op(
     weight: Tensor,
     scores: Tensor | None,
     indices: Tensor,
-    order: Tensor,
-    experts: Tensor,
-    offsets: Tensor,
+    order: Tensor | None,
+    experts: Tensor | None,
+    offsets: Tensor | None,
     s_out: int,
     impl: str,
 ) -> Tensor:
@@ -169,9 +197,9 @@ def _expert_matmul_backward_op(
     weight: Tensor,
     scores: Tensor | None,
     indices: Tensor,
-    order: Tensor,
-    experts: Tensor,
-    offsets: Tensor,
+    order: Tensor | None,
+    experts: Tensor | None,
+    offsets: Tensor | None,
     impl: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """-> (grad_x, grad_weight, grad_scores); grad_scores is empty when there are no scores.
@@ -224,7 +252,7 @@ class TorchExpertMatmul:
     @staticmethod
     def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         n = x.shape[0]
-        if order.numel() <= weight.shape[0]:  # a few tokens (decoding): each slot reads its expert's matrix
+        if indices.numel() <= weight.shape[0]:  # a few tokens (decoding): each slot reads its expert's matrix
             return _gathered(x, weight, scores, indices, s_out)
         rows, capacity = _padded_rows(order, experts, offsets)
         x_pad = _pad(per_slot(x, indices.shape[1]), rows, capacity, weight.shape[0])  # [E, cap, d_in]
