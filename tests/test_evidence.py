@@ -363,7 +363,9 @@ def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, caps
     assert all(sum(e["seconds"] for e in call if e["step"] not in resumable) <= room for call in out["calls"])
     assert main(["evidence", "--device", "cpu", "--list", "--budget", "200"]) == 0
     text = capsys.readouterr().out
-    assert "never: speed-expert-matmul needs ~300 s, more than one call holds" in text and "call 1: " in text
+    assert (
+        "never: speed-practitioner-262m needs ~300 s, more than one call holds" in text and "call 1: " in text
+    )
 
 
 @pytest.mark.skipif(

@@ -485,26 +485,15 @@ def _decode(group: str) -> Callable[[Context], object]:
 
 
 def _speed_per_implementation(ctx: Context):
-    """The 262M group's training steps on each fixed expert-matmul implementation (auto ran in 'speed')."""
-    group, impls = (
-        (["262m"], ["triton", "grouped_mm", "torch"]) if ctx.gpu else (["tiny"], ["grouped_mm", "torch"])
-    )
-    cpu = ["--batch", "1", "--rounds", "2", "--warmup", "1"]
+    """The 262M dense and SwitchHead pair as a practitioner trains it (SDPA, CUDA graphs, batch 64 where it fits) on
+    each fixed expert-matmul implementation, beside what ``auto`` ran in speed-practitioner-262m: all_experts
+    first (never timed in a step on a GPU; SwitchHead's step then sorts nothing), Triton last (``auto``'s fallback).
+    The rehearsal runs the tiny pair on the CPU's implementations."""
+    impls = ("all_experts", "grouped_mm", "triton") if ctx.gpu else ("all_experts", "grouped_mm", "torch")
+    pair = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
+    practitioner = ("--attention", "sdpa", *(_PRACTITIONER_GPU if ctx.gpu else ()))
     for impl in impls:
-        ctx.switchbench(
-            "speed",
-            "--device",
-            ctx.device,
-            "--groups",
-            *group,
-            "--scopes",
-            "model",
-            "--expert-matmul",
-            impl,
-            "--out",
-            str(ctx.results / "speed"),
-            *([] if ctx.gpu else cpu),
-        )
+        _speed_group(ctx, None, "--presets", *pair, "--expert-matmul", impl, *practitioner)
 
 
 def _profile(ctx: Context):
@@ -649,6 +638,12 @@ STEPS = (
         90,  # 46 s on an H100, 52 s on an H200
         _profile,
     ),
+    Step(
+        "speed-expert-matmul",
+        "the 262M dense and SwitchHead pair as a practitioner trains it, on each fixed expert-matmul implementation",
+        200,  # three runs of the pair: about half the six-member step each, never run on a GPU
+        _speed_per_implementation,
+    ),
     _speed_step("262m", 110),
     _speed_step("47m", 125),  # 124 s on an H100
     Step(
@@ -704,12 +699,6 @@ STEPS = (
         for group, seconds in (("262m", 300), ("47m", 150))
     ),
     Step("gate-baseline", "this GPU's gate baseline (two quick runs pooled)", 150, _gate_baseline),
-    Step(
-        "speed-expert-matmul",
-        "262M training steps on each fixed expert-matmul implementation",
-        300,
-        _speed_per_implementation,
-    ),
     *(
         Step(
             f"tests-slow-{i + 1}",
