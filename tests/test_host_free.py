@@ -92,14 +92,15 @@ def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
     assert any(not torch.equal(p, before[n]) for n, p in lm.named_parameters())
 
 
+@pytest.mark.parametrize("impl", ["grouped_mm", "all_experts"])
 @pytest.mark.parametrize(("model", "pos"), CASES)
-def test_no_operator_of_a_training_step_reads_back_to_the_host(model, pos):
+def test_no_operator_of_a_training_step_reads_back_to_the_host(model, pos, impl):
     # float32: grouped GEMMs take no float64. AdamW's step is torch's: host-free on CUDA with capturable=True, which
     # the CPU refuses, and its CPU step reads its step count back
     lm, tokens, state = model_and_batch(model, pos, dtype=torch.float32)
-    # the kernels the GPU runs: fused attention, the expert matmul of grouped GEMMs (the CPU's default, torch's
-    # padded one, reads its capacity back; the GPU's Triton kernels run only in the interpreter here)
-    with SyncingOps() as ops, attention_choice.selected("sdpa"), expert_matmul_choice.selected("grouped_mm"):
+    # the kernels the GPU runs: fused attention, the expert matmul of grouped GEMMs or of every expert (the CPU's
+    # default, torch's padded one, reads its capacity back; the GPU's Triton kernels run only in the interpreter here)
+    with SyncingOps() as ops, attention_choice.selected("sdpa"), expert_matmul_choice.selected(impl):
         lm(tokens, state).loss(tokens).backward()
     assert not ops.seen
 
@@ -113,7 +114,7 @@ def test_the_probe_sees_a_read_back():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
-@pytest.mark.parametrize("impl", ["triton", "grouped_mm"])
+@pytest.mark.parametrize("impl", ["triton", "grouped_mm", "all_experts"])
 @pytest.mark.parametrize(("model", "pos"), CASES)
 def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, attention):
     from switchbench.ops.expert_matmul import grouped
