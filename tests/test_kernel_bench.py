@@ -341,3 +341,22 @@ def test_the_moe_overhead_counts_the_routing_its_op_reads():
     routed, dense_all = rows[-2], rows[-1]
     assert (routed["routing_ms"], routed["moe_overhead_ms"]) == (3.0, 5.0)
     assert (dense_all["routing_ms"], dense_all["moe_overhead_ms"]) == (1.0, 3.0)
+
+
+def test_the_routing_flag_is_in_force_and_recorded(tmp_path, monkeypatch, capsys):
+    """--routing count: the timed routing ranks and groups by counting, and the run says so."""
+    monkeypatch.delenv("SWITCHBENCH_ROUTING", raising=False)
+    monkeypatch.setattr(kernels, "cases", lambda size, batch: [TINY])
+    monkeypatch.setattr(kernels, "default_impls", lambda device, choice="auto": ["torch", "dense"])
+    assert main([*_cli(tmp_path), "--routing", "count"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["metadata"]["routing"] == "count"
+    assert {r["method"] for r in out["rows"] if r["view"] == "routing"} == {"count"}
+
+
+def test_a_bad_routing_in_the_environment_is_refused_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("SWITCHBENCH_ROUTING", "radix")
+    assert main(["presets"]) == 2
+    err = capsys.readouterr().err
+    assert "SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count; got 'radix'" in err
+    assert len(err.strip().splitlines()) == 1

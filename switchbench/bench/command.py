@@ -19,7 +19,7 @@ from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
-from switchbench.ops.expert_matmul.op import routing_choice
+from switchbench.ops.expert_matmul.op import ENV_ROUTING, ROUTING_CHOICES, routing_choice, routing_selected
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _CHOICES = {"pos": POSITIONS, "moa_gating": MOA_GATINGS}
@@ -80,9 +80,10 @@ def device_from_args(choice: str | None) -> str:
 
 
 def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
-    """``--expert-matmul auto|torch|triton|grouped_mm|all_experts`` and ``--attention auto|explicit|sdpa|flex``: what
-    every expert matmul and every softmax attention of the command runs on. The command line puts both in force around
-    the command's run; record them with :func:`kernel_metadata`."""
+    """``--expert-matmul auto|torch|triton|grouped_mm|all_experts``, ``--attention auto|explicit|sdpa|flex`` and
+    ``--routing auto|sort|count``: what every expert matmul and every softmax attention of the command runs on, and
+    how every router ranks its experts and groups its slots. The command line puts them in force around the
+    command's run; record them with :func:`kernel_metadata`."""
     parser.add_argument(
         "--expert-matmul",
         choices=CHOICES,
@@ -97,18 +98,31 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         help=f"the softmax attention kernel of every model (default: ${attention_choice.ENV} if set, else auto: "
         f"{attention_choice.AUTO_RULE})",
     )
+    parser.add_argument(
+        "--routing",
+        choices=ROUTING_CHOICES,
+        default=os.environ.get(ENV_ROUTING) or "auto",
+        help=f"how routers group their slots by expert: a stable sort, or a count over few experts, which also ranks "
+        f"up to 8 experts without torch's top-k (default: ${ENV_ROUTING} if set, else auto: the sort)",
+    )
 
 
 @contextlib.contextmanager
 def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
-    """Run the block with the command's ``--expert-matmul`` and ``--attention`` in force (when it has the flags),
-    after checking that they and their environment variables name kernels this machine can run."""
+    """Run the block with the command's ``--expert-matmul``, ``--attention`` and ``--routing`` in force (when it has
+    the flags), after checking that they and their environment variables name kernels this machine can run."""
     check_expert_matmul(os.environ.get(ENV_IMPL), ENV_IMPL)
     choice = getattr(args, "expert_matmul", None)
     check_expert_matmul(choice, "--expert-matmul")
     attention = getattr(args, "attention", None)
     check_attention(attention, getattr(args, "device", None))
-    with expert_matmul_choice.selected(choice), attention_choice.selected(attention):
+    routing = getattr(args, "routing", None)
+    routing_choice()  # the environment's choice checked, whatever the flag
+    with (
+        expert_matmul_choice.selected(choice),
+        attention_choice.selected(attention),
+        routing_selected(routing),
+    ):
         yield
 
 
@@ -152,7 +166,7 @@ def kernel_metadata(expert_matmul: str, device: str) -> dict:
         "attention": attention_choice.choice(),
         "attention_resolved": attention_choice.resolutions(),
         "attention_auto_rule": attention_choice.AUTO_RULE,
-        "routing": routing_choice(),  # SWITCHBENCH_ROUTING: how slots were grouped by expert (auto: sorted)
+        "routing": routing_choice(),  # --routing: how slots were grouped by expert (auto: sorted)
     }
 
 

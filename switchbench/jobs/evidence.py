@@ -486,14 +486,16 @@ def _decode(group: str) -> Callable[[Context], object]:
 
 def _speed_per_implementation(ctx: Context):
     """The 262M dense and SwitchHead pair as a practitioner trains it (SDPA, CUDA graphs, batch 64 where it fits) on
-    each fixed expert-matmul implementation, beside what ``auto`` ran in speed-practitioner-262m: all_experts
-    first (never timed in a step on a GPU; SwitchHead's step then sorts nothing), Triton last (``auto``'s fallback).
-    The rehearsal runs the tiny pair on the CPU's implementations."""
-    impls = ("all_experts", "grouped_mm", "triton") if ctx.gpu else ("all_experts", "grouped_mm", "torch")
+    the fixed expert-matmul implementations other than ``auto``'s fallback (Triton, which speed-practitioner-262m
+    ran): all_experts, never timed in a step on a GPU, then with the count's routing too, where SwitchHead's step
+    has neither a sort nor torch's top-k, then grouped_mm. The rehearsal runs the tiny pair, the CPU's padded
+    implementation last."""
+    runs = [("all_experts", "auto"), ("all_experts", "count"), ("grouped_mm", "auto")]
     pair = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
     practitioner = ("--attention", "sdpa", *(_PRACTITIONER_GPU if ctx.gpu else ()))
-    for impl in impls:
-        _speed_group(ctx, None, "--presets", *pair, "--expert-matmul", impl, *practitioner)
+    for impl, routing in runs if ctx.gpu else [*runs, ("torch", "auto")]:
+        flags = ("--expert-matmul", impl, "--routing", routing)
+        _speed_group(ctx, None, "--presets", *pair, *flags, *practitioner)
 
 
 def _profile(ctx: Context):
@@ -640,8 +642,8 @@ STEPS = (
     ),
     Step(
         "speed-expert-matmul",
-        "the 262M dense and SwitchHead pair as a practitioner trains it, on each fixed expert-matmul implementation",
-        200,  # three runs of the pair: about half the six-member step each, never run on a GPU
+        "the 262M dense and SwitchHead pair as a practitioner trains it on all_experts (sorted, counted) and grouped_mm",
+        200,  # three runs of the pair, never run on a GPU
         _speed_per_implementation,
     ),
     _speed_step("262m", 110),

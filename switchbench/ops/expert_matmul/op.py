@@ -82,7 +82,8 @@ UNGROUPED = ("all_experts",)
 ENV_ROUTING = "SWITCHBENCH_ROUTING"
 # auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
 # 11x at 4,096 x 8 over 32), and on a GPU it has not been measured yet
-_ROUTING = Choice("routing", ENV_ROUTING, ("auto", *ROUTINGS))
+ROUTING_CHOICES = ("auto", *ROUTINGS)
+_ROUTING = Choice("routing", ENV_ROUTING, ROUTING_CHOICES)
 routing_selected = _ROUTING.selected
 routing_choice = _ROUTING.choice
 
