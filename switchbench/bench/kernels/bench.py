@@ -48,7 +48,7 @@ from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_exper
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
-from switchbench.ops.expert_matmul.op import UNGROUPED, expert_matmul, route, routing_method
+from switchbench.ops.expert_matmul.op import expert_matmul, reads_grouping, route, routing_method
 from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
@@ -412,9 +412,11 @@ def moe_overhead(rows: list[dict]) -> None:
     The routing is what the op reads: the top-k alone for an implementation of every expert."""
     timed = {(r["case"], r["pass"], r["impl"]): r["ms"] for r in rows if r["view"] != "op" and "ms" in r}
     for r in rows:
-        routing = timed.get((r["case"], r["pass"], "top-k" if r["impl"] in UNGROUPED else "routing"))
+        if not (r.get("chosen") and "ms" in r):
+            continue
+        routing = timed.get((r["case"], r["pass"], "routing" if reads_grouping(r["impl"]) else "top-k"))
         dense = timed.get((r["case"], r["pass"], "dense"))
-        if r.get("chosen") and "ms" in r and routing is not None and dense is not None:
+        if routing is not None and dense is not None:
             r["routing_ms"], r["moe_overhead_ms"] = routing, routing + r["ms"] - dense
 
 

@@ -84,6 +84,8 @@ def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> 
 
 # The interface of models.expert_matmul's implementations.
 
+READS_GROUPING = False  # the indices alone: handed None for the order, experts and offsets
+
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     (n, s_in, d_in), (n_experts, _, d_out), slots = x.shape, weight.shape, indices.shape[1]

@@ -100,6 +100,8 @@ def _check(x: Tensor, weight: Tensor) -> None:
 
 # The interface of models.expert_matmul's implementations.
 
+READS_GROUPING = True  # the routing's slots in expert order
+
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     _check(x, weight)

@@ -76,9 +76,6 @@ class Routing:
 
 
 ROUTINGS = ("sort", "count")
-# The implementations that read a routing's indices alone: they are handed no grouping, and a router none of whose
-# projections runs another makes none
-UNGROUPED = ("all_experts",)
 ENV_ROUTING = "SWITCHBENCH_ROUTING"
 # auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
 # 11x at 4,096 x 8 over 32), and on a GPU it has not been measured yet
@@ -164,7 +161,7 @@ def expert_matmul(
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
-    grouped = (None, None, None) if impl in UNGROUPED else routing.grouped
+    grouped = routing.grouped if reads_grouping(impl) else (None, None, None)
     return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 
@@ -235,6 +232,12 @@ def _backward(ctx, grad_out):
 _expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def reads_grouping(impl: str) -> bool:
+    """Whether implementation ``impl`` reads the routing's grouping of slots by expert (else its indices alone, and
+    a router none of whose projections reads it makes none)."""
+    return _implementation(impl).READS_GROUPING
+
+
 def _implementation(impl: str):
     if impl == "triton":
         from switchbench.ops.expert_matmul import triton_kernels as expert_matmul_triton
@@ -250,6 +253,8 @@ def _implementation(impl: str):
 
 
 class TorchExpertMatmul:
+    READS_GROUPING = True  # the routing's slots in expert order
+
     @staticmethod
     def forward(x, weight, scores, indices, order, experts, offsets, s_out):
         n = x.shape[0]

@@ -487,6 +487,7 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
 
 # The interface of models.expert_matmul's implementations.
 
+READS_GROUPING = True  # the routing's slots in expert order
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
