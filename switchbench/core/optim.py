@@ -18,8 +18,10 @@ def adamw(
 ) -> torch.optim.AdamW:
     """AdamW at ``lr`` for parameters on ``device``. ``capturable`` keeps the step counts on the device, which a
     step captured in a CUDA graph needs."""
-    on = fused(device)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=on or None, capturable=capturable)
+    # fused=None: torch's default implementation for the device
+    return torch.optim.AdamW(
+        params, lr=lr, weight_decay=0.0, fused=fused(device) or None, capturable=capturable
+    )
 
 
 def describe(device: str) -> str:

@@ -11,9 +11,10 @@ The gate of a slot is read from the router's scores [N, E] inside the op, so the
 keeps anyway rather than k gates per token.
 
 The slots are grouped by expert once per router (:func:`route`), on first use, and the grouping is reused by
-every projection that router drives; where all of them compute every expert (all_experts) it is never made. The op is a torch.library custom op (``switchbench::expert_matmul``, with a fake
-implementation for torch.compile and the FLOP counters); its backward saves only the inputs, the routing and
-the scores, so activation memory does not grow with the number of active experts.
+every projection that router drives; where all of them compute every expert (all_experts) it is never made. The
+op is a torch.library custom op (``switchbench::expert_matmul``, with a fake implementation for torch.compile and
+the FLOP counters); its backward saves only the inputs, the routing and the scores, so activation memory does not
+grow with the number of active experts.
 
 Layers: Triton kernels (triton_kernels.py), torch's grouped GEMM (grouped.py), dense GEMMs over every expert
 (all_experts.py) or the PyTorch path below -> custom ops -> autograd -> :func:`expert_matmul`. Which one runs is
