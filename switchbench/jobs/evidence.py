@@ -503,16 +503,10 @@ def _profile(ctx: Context):
     # On a GPU the paper's whole batch of 64 where it fits (where the MoE overhead's target stands), and enough
     # kernels to account for the routing share kernel by kernel (the top 15 left most of its 42.6 ms unnamed)
     extra = ["--fit-from", "64", "--top", "60"] if ctx.gpu else ["--steps", "1", "--warmup", "0"]
-    ctx.switchbench(
-        "profile",
-        *presets,
-        "--forward",
-        "--device",
-        ctx.device,
-        "--out",
-        str(ctx.results / "profile"),
-        *extra,
-    )
+    where = ["--device", ctx.device, "--out", str(ctx.results / "profile"), *extra]
+    ctx.switchbench("profile", *presets, "--forward", *where)
+    # SwitchHead's step with neither a sort nor torch's top-k: every expert computed, the experts ranked by count
+    ctx.switchbench("profile", presets[1], "--expert-matmul", "all_experts", "--routing", "count", *where)
 
 
 def _gate_baseline(ctx: Context):
@@ -636,8 +630,8 @@ STEPS = (
     _practitioner_step("47m", 120),  # 88 s on an H200
     Step(
         "profile",
-        "the 262M dense and SwitchHead steps in named shares, at batch 64 where it fits",
-        90,  # 46 s on an H100, 52 s on an H200
+        "the 262M dense and SwitchHead steps in named shares at batch 64 where it fits, SwitchHead's on all_experts too",
+        120,  # 46 s on an H100, 52 s on an H200; then SwitchHead alone on all_experts, never run on a GPU
         _profile,
     ),
     Step(
