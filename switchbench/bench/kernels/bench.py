@@ -372,20 +372,19 @@ def measure(
     return rows
 
 
-def routing_rows(case: Case, device: str, dtype: torch.dtype) -> list[dict]:
-    """The routing's time for ``case``, in a row for each pass (a router runs it once per step; its backward, the
-    gates', is in the op's): "routing", the top-k and the grouping of the slots by expert that the routed
-    implementations read, and "top-k" alone, all that an implementation computing every expert reads."""
+# The routings timed per case, each as an "implementation" of view "routing": the top-k and the grouping of the
+# slots by expert that the routed implementations read, and the top-k alone, all that all_experts reads
+TIMED_ROUTINGS = {"routing": True, "top-k": False}
+
+
+def routing_rows(case: Case, device: str, dtype: torch.dtype, name: str = "routing") -> list[dict]:
+    """The time of routing ``name`` (of TIMED_ROUTINGS) for ``case``, in a row for each pass: a router runs it once
+    per step, and its backward (the gates') is in the op's."""
     logits = router_logits(case, device, dtype)
+    times = timer(device)(lambda: _routing(case, logits, TIMED_ROUTINGS[name]))
+    row = {"impl": name, "view": "routing", "status": "ok", "ms": statistics.median(times)}
     method = {"method": routing_method(torch.device(device).type)}
-    rows = []
-    for impl, grouped in (("routing", True), ("top-k", False)):
-        times = timer(device)(lambda grouped=grouped: _routing(case, logits, grouped))
-        row = {"impl": impl, "view": "routing", "status": "ok", "ms": statistics.median(times)}
-        rows += [
-            {"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES
-        ]
-    return rows
+    return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
 
 
 def _spread(times: list[float]) -> dict:
@@ -479,7 +478,10 @@ def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) ->
     references = {}  # the float64 loop's results, shared by the implementations of the case
     timed = {impl: lambda impl=impl: measure(case, impl, device, dtype, references) for impl in impls}
     if case.n_experts > 1:
-        timed = {"routing": lambda: routing_rows(case, device, dtype)} | timed
+        routings = {
+            name: lambda name=name: routing_rows(case, device, dtype, name) for name in TIMED_ROUTINGS
+        }
+        timed = routings | timed
     rows = []
     for impl, rows_of in timed.items():
         found = unless_oom(rows_of)
