@@ -305,3 +305,25 @@ def test_train_runs_on_the_chosen_kernel_and_records_it(tmp_path, capsys):
     assert printed["attention"] == "sdpa"
     assert printed["attention_resolved"] == {"cpu | position bias": "sdpa"}  # the default model is XL
     assert choice.resolutions() == {}  # out of force after the command
+
+
+def test_compiled_flex_is_traced_once_for_every_layer_and_step(monkeypatch):
+    """On CUDA FlexAttention runs compiled, and each layer hands it a new ``score_mod`` closure over its own
+    position scores and a new block mask. Traced once per shape, not once per layer: a recompilation per layer
+    would pass dynamo's cache limit and leave the step on eager FlexAttention, which materialises the scores. The
+    same guards, with dynamo's eager backend on the CPU."""
+    from torch._dynamo.utils import counters
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(flex_attention, dynamic=False, backend="eager")
+    monkeypatch.setattr(kernels, "_flex_kernel", lambda cuda: compiled)
+    lm = make_lm(small_cfg("transformer", "xl", n_layers=3))
+    tokens = random_tokens(lm.cfg, SEQ)
+    with torch.no_grad(), choice.selected("flex"):
+        state = lm(tokens[:, :T]).state  # the first chunk: no memory yet
+        for _ in range(3):
+            lm(tokens[:, T:], state)
+    # one graph without memory, one with: none per layer or per step
+    assert counters["stats"]["unique_graphs"] == 2 and not counters["recompiles"]
