@@ -84,27 +84,22 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
     ``--routing auto|sort|count``: what every expert matmul and every softmax attention of the command runs on, and
     how every router ranks its experts and groups its slots. The command line puts them in force around the
     command's run; record them with :func:`kernel_metadata`."""
-    parser.add_argument(
-        "--expert-matmul",
-        choices=CHOICES,
-        default=os.environ.get(ENV_IMPL) or "auto",
-        help=f"the expert-matmul implementation (default: ${ENV_IMPL} if set, else auto: the measured fastest for "
-        f"this GPU and shape, else {FALLBACK_RULE})",
-    )
-    parser.add_argument(
-        "--attention",
-        choices=attention_choice.CHOICES,
-        default=os.environ.get(attention_choice.ENV) or "auto",
-        help=f"the softmax attention kernel of every model (default: ${attention_choice.ENV} if set, else auto: "
-        f"{attention_choice.AUTO_RULE})",
-    )
-    parser.add_argument(
-        "--routing",
-        choices=ROUTING_CHOICES,
-        default=os.environ.get(ENV_ROUTING) or "auto",
-        help=f"how routers group their slots by expert: a stable sort, or a count over few experts, which also ranks "
-        f"up to 8 experts without torch's top-k (default: ${ENV_ROUTING} if set, else auto: the sort)",
-    )
+    flags = (
+        ("--expert-matmul", CHOICES, ENV_IMPL, "the expert-matmul implementation",
+         f"the measured fastest for this GPU and shape, else {FALLBACK_RULE}"),
+        ("--attention", attention_choice.CHOICES, attention_choice.ENV, "the softmax attention kernel of every model",
+         attention_choice.AUTO_RULE),
+        ("--routing", ROUTING_CHOICES, ENV_ROUTING,
+         "how routers group their slots by expert: a stable sort, or a count over few experts, which also ranks up "
+         "to 8 experts without torch's top-k", "the sort"),
+    )  # fmt: skip
+    for flag, choices, env, what, auto in flags:
+        parser.add_argument(
+            flag,
+            choices=choices,
+            default=os.environ.get(env) or "auto",
+            help=f"{what} (default: ${env} if set, else auto: {auto})",
+        )
 
 
 @contextlib.contextmanager
