@@ -45,7 +45,8 @@ runpy.run_module("switchbench", run_name="__main__", alter_sys=True)
 # The timed runs are forked from a server that has imported torch and torch._dynamo (which the first call of a
 # custom op imports): 3.7 s of a 15 s run in a fresh interpreter. Never switchbench: each run imports its own, by
 # LAUNCH (so not multiprocessing's forkserver: one per process, whose preload the rehearsal sets to switchbench's
-# own command line). One request a line: [LAUNCH's arguments, environment, stdout file, stderr file]; the answer, the exit code.
+# own command line). One request a line: [LAUNCH's arguments, environment, stdout file, stderr file]; the answer,
+# the exit code.
 SERVER = """\
 import json, os, sys, traceback
 import torch, torch._dynamo

@@ -23,7 +23,7 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
     return scores, candidates.topk(k, dim=-1, sorted=False).indices
 
 
-# Routing without sorts (SWITCHBENCH_ROUTING=count) ranks up to this many experts by comparing every pair. CUDA's
+# Routing without sorts (--routing count) ranks up to this many experts by comparing every pair. CUDA's
 # top-k over rows of four experts (SwitchHead 262M) took 11.3 of the routing's 42.6 ms in a step at batch 64 on an
 # H200 (gatherTopK); torch.topk stays the reference, and auto's choice, until a GPU has timed both
 FEW_EXPERTS = 8
