@@ -324,23 +324,27 @@ def test_the_timed_routing_groups_each_tokens_top_k_of_each_group_by_expert(grou
     assert routing.offsets.tolist() == [sum(counts[:e]) for e in range(groups * experts + 1)]
 
 
-def test_the_moe_overhead_counts_the_routing_its_op_reads():
-    """A routed implementation pays for the top-k and the grouping of the slots, all_experts for the top-k alone."""
+def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
+    """A routed implementation pays for the top-k and the grouping of the slots, all_experts for the top-k alone;
+    two projections driven by one router (``shared_by``) pay half of its routing each."""
 
     def row(case, impl, ms, view="op", **more):
-        return {"case": case, "pass": "forward", "impl": impl, "view": view, "ms": ms} | more
+        shape = {"shape_groups": 2, "shape_experts_per_group": 4, "shape_shared_by": 2 if case == "c" else 1}
+        return {"case": case, "pass": "forward", "impl": impl, "view": view, "ms": ms} | shape | more
 
     rows = [
-        *(row(case, "routing", 3.0, "routing") for case in ("a", "b")),
-        *(row(case, "top-k", 1.0, "routing") for case in ("a", "b")),
-        *(row(case, "dense", 10.0, "dense") for case in ("a", "b")),
+        *(row(case, "routing", 3.0, "routing") for case in "abc"),
+        *(row(case, "top-k", 1.0, "routing") for case in "abc"),
+        *(row(case, "dense", 10.0, "dense") for case in "abc"),
         row("a", "triton", 12.0, chosen=True),
         row("b", "all_experts", 12.0, chosen=True),
+        row("c", "triton", 12.0, chosen=True),
     ]
     kernels.moe_overhead(rows)
-    routed, dense_all = rows[-2], rows[-1]
+    routed, dense_all, shared = rows[-3:]
     assert (routed["routing_ms"], routed["moe_overhead_ms"]) == (3.0, 5.0)
     assert (dense_all["routing_ms"], dense_all["moe_overhead_ms"]) == (1.0, 3.0)
+    assert (shared["routing_ms"], shared["moe_overhead_ms"]) == (1.5, 3.5)
 
 
 def test_the_routing_flag_is_in_force_and_recorded(tmp_path, monkeypatch, capsys):

@@ -6,15 +6,24 @@ import pytest
 import torch
 
 from switchbench.bench.kernels import tune as kernel_tune
+from switchbench.bench.kernels.bench import case_rows
 from switchbench.cli import main
 from switchbench.ops.expert_matmul import choice
+from switchbench.ops.expert_matmul.cases import Case
 
 BIG, SMALL = "65536x1024x112 bfloat16 gates", "8192x412x76 bfloat16 gates"
 
 
-def _row(bucket, case, impl, ms=None, what="forward+backward", status="ok"):
-    row = {"bucket": bucket, "case": case, "impl": impl, "pass": what, "status": status}
-    return row | ({"ms": ms} if ms is not None else {})
+def _row(
+    bucket, case, impl, ms=None, what="forward+backward", status="ok", view="op", experts=1, shared_by=1
+):
+    row = {"bucket": bucket, "case": case, "impl": impl, "pass": what, "status": status, "view": view}
+    shape = {"shape_groups": 1, "shape_experts_per_group": experts, "shape_shared_by": shared_by}
+    return row | shape | ({"ms": ms} if ms is not None else {})
+
+
+def _routed(case, impl, ms, view="op", shared_by=1):
+    return _row(BIG, case, impl, ms, view=view, experts=4, shared_by=shared_by)
 
 
 def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
@@ -31,6 +40,44 @@ def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
     ]
     table = kernel_tune.fastest(rows)
     assert table == {"choices": {BIG: "grouped_mm"}, "ms": {BIG: {"torch": 27.0, "grouped_mm": 12.0}}}
+
+
+def test_each_time_counts_the_share_of_routing_its_implementation_reads():
+    """A routed implementation pays for the top-k and the grouping of the slots, all_experts for the top-k alone;
+    a router's routing is split between the projections it drives. Here all_experts is slower op to op (5 ms
+    against 4) and faster with the routing (5 + 1/2 against 4 + 4/2 on the shared case, 5 + 1 against 4 + 4)."""
+    for shared_by, winner in ((1, "all_experts"), (2, "all_experts"), (8, "triton")):
+        rows = [
+            _routed("v", "routing", 4.0, "routing", shared_by),
+            _routed("v", "top-k", 1.0, "routing", shared_by),
+            _routed("v", "triton", 4.0, shared_by=shared_by),
+            _routed("v", "all_experts", 5.0, shared_by=shared_by),
+        ]
+        table = kernel_tune.fastest(rows)
+        expected = {"triton": 4.0 + 4.0 / shared_by, "all_experts": 5.0 + 1.0 / shared_by}
+        assert table == {"choices": {BIG: winner}, "ms": {BIG: expected}}
+    # a case with one expert routes nothing; a routed case whose routing was not timed counts for no one
+    rows = [_row(BIG, "one", "triton", 1.0), _row(BIG, "one", "all_experts", 2.0)]
+    assert kernel_tune.fastest(rows)["ms"] == {BIG: {"triton": 1.0, "all_experts": 2.0}}
+    assert kernel_tune.fastest([_routed("v", "triton", 1.0)]) == {"choices": {}, "ms": {}}
+
+
+def test_the_rows_kernel_tune_times_make_a_table(monkeypatch):
+    """Its timings as they are made (here on the CPU, which has no Triton): each implementation's op and the case's
+    two routings, and a table whose sums are each op's time plus the routing it reads, split by ``shared_by``."""
+    case = Case("v", 16, 1, 4, 2, 3, 2, 8, 8, True, shared_by=2)
+    monkeypatch.setattr(kernel_tune, "cases", lambda size, batch: [case])
+    monkeypatch.setattr(kernel_tune, "IMPLS", ("torch", "all_experts"))
+    on_cpu = lambda case, device, dtype, impls: case_rows(case, "cpu", dtype, impls)  # noqa: E731
+    monkeypatch.setattr(kernel_tune, "case_rows", on_cpu)
+    rows = kernel_tune.time_implementations(["47m"], [1], torch.float32)
+    ms = {(r["impl"], r["pass"]): r["ms"] for r in rows}
+    table = kernel_tune.fastest(rows)
+    (bucket,) = table["ms"]
+    routing = {"torch": ms["routing", "forward+backward"], "all_experts": ms["top-k", "forward+backward"]}
+    expected = {impl: ms[impl, "forward+backward"] + routing[impl] / 2 for impl in routing}
+    assert table["ms"][bucket] == pytest.approx(expected)
+    assert table["choices"] == {bucket: min(expected, key=expected.get)}
 
 
 def test_the_written_table_is_what_auto_reads(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ from torch.autograd.profiler_util import EventList, FunctionEvent
 from switchbench.bench.timing import benches, profile
 from switchbench.bench.timing.benches import model_benches
 from switchbench.cli import main
+from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
@@ -205,11 +206,11 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
 def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():
     """The cases the overhead's dense equivalent is timed on: none for dense; SwitchHead's V and O at 262M; SwitchAll's
     attention (SwitchHead's) and its sigma-MoE MLP; each at the batch asked for."""
-    assert profile.expert_cases("c4-262m-transformer-h16", 8) == ()
-    switchhead = profile.expert_cases("c4-262m-switchhead-h4", 8)
+    assert registry.layer_expert_matmuls(PRESETS["c4-262m-transformer-h16"], 8) == ()
+    switchhead = registry.layer_expert_matmuls(PRESETS["c4-262m-switchhead-h4"], 8)
     assert [c.name for c in switchhead] == ["switchhead-v", "switchhead-o"]
     assert switchhead[1].tokens == 8 * PRESETS["c4-262m-switchhead-h4"].T
-    switchall = [c.name for c in profile.expert_cases("tiny-switchall", 2)]
+    switchall = [c.name for c in registry.layer_expert_matmuls(PRESETS["tiny-switchall"], 2)]
     assert switchall == ["switchhead-v", "switchhead-o", "sigma-moe-up", "sigma-moe-down"]
 
 

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from small import make_lm, random_tokens, small_cfg
 
+from switchbench.models import family as registry
 from switchbench.ops.expert_matmul.op import ENV_ROUTING, route, routing_method, routing_selected
 
 ROUTED = ["switchhead", "switchall", "moa"]
@@ -73,3 +74,55 @@ def test_the_method_is_chosen_named_then_from_the_environment_and_auto_sorts(mon
         routing_method("cpu")
     with pytest.raises(ValueError, match="route by one of sort, count"):
         route(torch.zeros(2, 1, dtype=torch.long), 1, by="radix")
+
+
+@pytest.mark.parametrize(
+    "model, changes",
+    [
+        ("switchhead", {}),
+        ("switchhead", {"experts": "qkvo"}),
+        ("switchhead", {"experts": "kvo", "shared_selection": True}),
+        ("moa", {}),
+        ("switchall", {}),
+    ],
+)
+def test_a_family_declares_the_expert_matmuls_its_model_runs(model, changes, monkeypatch):
+    """Each family's declared cases (what kernel-bench, kernel-tune and profile time) against the calls a model makes
+    on its second chunk, the memory full: once a layer each, with its tokens, groups, slots, experts, widths and
+    gates, and ``shared_by`` the number of calls handed the same routing."""
+    from collections import Counter
+
+    from switchbench.models.families import moa, switchhead
+    from switchbench.models.layers import sigma_moe
+    from switchbench.ops.expert_matmul import op
+
+    calls = []
+
+    def recorded(x, weight, routing, scores=None, out_groups=None, impl=None):
+        s_out = routing.slots if out_groups is None else out_groups
+        shape = (*x.shape[:2], routing.slots, s_out, routing.n_experts, x.shape[2], weight.shape[2])
+        calls.append((*shape, scores is not None, routing))
+        return op.expert_matmul(x, weight, routing, scores, out_groups, impl)
+
+    cfg = small_cfg(model, **changes)
+    lm, batch = make_lm(cfg), 3
+    tokens = random_tokens(cfg, 2 * cfg.T, batch)
+    state = lm(tokens[:, : cfg.T]).state
+    for module in (switchhead, moa, sigma_moe):
+        monkeypatch.setattr(module, "expert_matmul", recorded)
+    lm(tokens[:, cfg.T :], state)
+    shared = Counter(id(call[-1]) for call in calls)
+    ran = Counter((*call[:-1], shared[id(call[-1])]) for call in calls)
+    fields = (
+        "tokens",
+        "in_groups",
+        "slots",
+        "out_groups",
+        "n_experts",
+        "d_in",
+        "d_out",
+        "gated",
+        "shared_by",
+    )
+    declared = [tuple(getattr(c, f) for f in fields) for c in registry.layer_expert_matmuls(cfg, batch)]
+    assert ran == Counter(declared * cfg.n_layers)

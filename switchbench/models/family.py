@@ -147,6 +147,15 @@ def get(name: str) -> Family:
     return _REGISTRY[name]
 
 
+def layer_expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
+    """One layer's expert matmuls of ``cfg`` at ``batch`` sequences: its attention's (SwitchAll's are SwitchHead's)
+    and its MLP's; none for a family without experts."""
+    family = get(cfg.model)
+    attention = next((f for f in families() if f.name == family.attention_kind), family)
+    owners = [attention] if attention is family else [attention, family]
+    return tuple(c for f in owners if f.expert_matmuls for c in f.expert_matmuls(cfg, batch))
+
+
 def names() -> tuple[str, ...]:
     return tuple(f.name for f in families())
 

@@ -10,8 +10,8 @@ matmul per expert on the same inputs before it is timed; throughput as TFLOP/s, 
 matmul's time and as a fraction of this device's matmul peak, measured in the same run.
 
 The routing is timed on its own (a router's sigmoid top-k and the grouping of the slots by expert), and each case's
-MoE overhead is what it costs beyond dense: routing plus the chosen implementation's whole op, less the dense
-matmul of the same useful MACs.
+MoE overhead is what it costs beyond dense: its share of the routing (a router's routing is split between the
+projections it drives) plus the chosen implementation's whole op, less the dense matmul of the same useful MACs.
 
 Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and O, sigma-MoE up and down, MoA Q
 and O) and one expert-sized matmul as the paper measured its kernel.
@@ -405,18 +405,34 @@ def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str
     return {p: statistics.median(times) for p, times in zip(PASSES, (forward, both), strict=True)}
 
 
+def routing_times(rows: list[dict]) -> dict[tuple[str, str, str], float]:
+    """{(case, pass, routing): ms} of the timed routing rows."""
+    return {(r["case"], r["pass"], r["impl"]): r["ms"] for r in rows if r["view"] == "routing" and "ms" in r}
+
+
+def routing_share(routings: dict[tuple[str, str, str], float], row: dict) -> float | None:
+    """The ms of routing that the op of ``row`` pays: what its implementation reads (the top-k, and the grouping
+    of the slots by expert where it reads that), split evenly between the projections its router drives, which
+    share one routing a step (``shared_by``). 0 for a case with one expert, which routes nothing; None where the
+    case's routing was not timed. ``routings``: :func:`routing_times`."""
+    if row["shape_groups"] * row["shape_experts_per_group"] == 1:
+        return 0.0
+    ms = routings.get((row["case"], row["pass"], "routing" if reads_grouping(row["impl"]) else "top-k"))
+    return None if ms is None else ms / row["shape_shared_by"]
+
+
 def moe_overhead(rows: list[dict]) -> None:
-    """On each chosen whole-op row of a routed case: ``routing_ms``, and ``moe_overhead_ms``, routing plus the op
-    less the dense matmul of the same useful MACs: what the case costs beyond dense, in ms (negative: it saves).
-    The routing is what the op reads: the top-k alone for an implementation of every expert."""
-    timed = {(r["case"], r["pass"], r["impl"]): r["ms"] for r in rows if r["view"] != "op" and "ms" in r}
+    """On each chosen whole-op row of a routed case: ``routing_ms``, its share of its router's routing
+    (:func:`routing_share`), and ``moe_overhead_ms``, that share plus the op less the dense matmul of the same
+    useful MACs: what the case costs beyond dense, in ms (negative: it saves)."""
+    routings = routing_times(rows)
+    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["view"] == "dense" and "ms" in r}
     for r in rows:
         if not (r.get("chosen") and "ms" in r):
             continue
-        routing = timed.get((r["case"], r["pass"], "routing" if reads_grouping(r["impl"]) else "top-k"))
-        dense = timed.get((r["case"], r["pass"], "dense"))
-        if routing is not None and dense is not None:
-            r["routing_ms"], r["moe_overhead_ms"] = routing, routing + r["ms"] - dense
+        routing, equivalent = routing_share(routings, r), dense.get((r["case"], r["pass"]))
+        if routing is not None and equivalent is not None:
+            r["routing_ms"], r["moe_overhead_ms"] = routing, routing + r["ms"] - equivalent
 
 
 def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
@@ -461,7 +477,7 @@ def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: li
     rows = []
     for size in sizes:
         for case in cases(size, batch):
-            rows += [r | {"bucket": bucket(case, dtype)} for r in _case_rows(case, device, dtype, impls)]
+            rows += [r | {"bucket": bucket(case, dtype)} for r in case_rows(case, device, dtype, impls)]
     dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
         key = (r["case"], r["pass"])
@@ -470,7 +486,9 @@ def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: li
     return rows
 
 
-def _case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+def case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+    """The rows of ``impls`` on ``case`` and, where it routes, of its routings (TIMED_ROUTINGS); "OOM" rows where
+    the case cannot fit or a call runs out of memory."""
     need, free = estimated_bytes(case), free_memory(device)
     if need > free:
         reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
@@ -555,7 +573,7 @@ def _run(args) -> int:
         print(
             f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
             f"of peak: of the measured matmul peak ({_tflops(peak)}); * = what --expert-matmul "
-            f"{args.expert_matmul} runs for the case; MoE overhead = routing + that op - dense"
+            f"{args.expert_matmul} runs for the case; MoE overhead = routing share + that op - dense"
         )
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]

@@ -10,7 +10,16 @@ from pathlib import Path
 import torch
 
 from switchbench.bench.command import DTYPES, device_from_args
-from switchbench.bench.kernels.bench import SIZES, bucket, cases, make_inputs, measure, outputs
+from switchbench.bench.kernels.bench import (
+    SIZES,
+    bucket,
+    case_rows,
+    cases,
+    make_inputs,
+    outputs,
+    routing_share,
+    routing_times,
+)
 from switchbench.core.results import replace_atomically, writable_file
 from switchbench.ops.expert_matmul import choice
 from switchbench.ops.expert_matmul.choice import IMPLS
@@ -40,34 +49,34 @@ def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, 
 
 def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtype) -> list[dict]:
     """kernel-bench's rows for the whole op of every implementation at every case and batch, each checked against
-    the float64 loop before it was timed, with the shape bucket it falls in."""
-    rows = []
-    for size in sizes:
-        for batch in batches:
-            for case in cases(size, batch):
-                references: dict = {}
-                for impl in IMPLS:
-                    rows += [
-                        r | {"bucket": bucket(case, dtype)}
-                        for r in measure(case, impl, "cuda", dtype, references)
-                    ]
-    return rows
+    the float64 loop before it was timed, and for the case's routings, each with the shape bucket it falls in."""
+    return [
+        r | {"bucket": bucket(case, dtype)}
+        for size in sizes
+        for batch in batches
+        for case in cases(size, batch)
+        for r in case_rows(case, "cuda", dtype, list(IMPLS))
+    ]
 
 
 def fastest(rows: list[dict]) -> dict[str, dict]:
     """Per shape bucket, the implementation whose forward+backward time summed over the bucket's cases is least,
     among those timed on every one of them (a wrong, skipped or OOM case rules an implementation out of its
-    bucket); and those sums in ms. A bucket no implementation covers gets no entry: auto falls back there."""
+    bucket); and those sums in ms. Each time counts the share of routing the implementation reads
+    (:func:`routing_share`): every expert computed needs no grouping of the slots, which a routed implementation
+    pays for. A bucket no implementation covers gets no entry: auto falls back there."""
+    routings = routing_times(rows)
     cases_of: dict[str, set] = {}
     total: dict[str, dict[str, float]] = {}
     timed: dict[tuple[str, str], set] = {}
     for r in rows:
-        if r["pass"] != "forward+backward":
+        if r["pass"] != "forward+backward" or r["view"] != "op":
             continue
         cases_of.setdefault(r["bucket"], set()).add(r["case"])
-        if "ms" in r:
+        share = routing_share(routings, r) if "ms" in r else None
+        if share is not None:
             total.setdefault(r["bucket"], {}).setdefault(r["impl"], 0.0)
-            total[r["bucket"]][r["impl"]] += r["ms"]
+            total[r["bucket"]][r["impl"]] += r["ms"] + share
             timed.setdefault((r["bucket"], r["impl"]), set()).add(r["case"])
     ms = {
         b: {impl: t for impl, t in sums.items() if timed[b, impl] == cases_of[b]} for b, sums in total.items()

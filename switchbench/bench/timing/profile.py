@@ -48,7 +48,6 @@ from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
-from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_KERNELS, WEIGHT_GRADIENT_LABEL
 
 EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
@@ -321,19 +320,10 @@ def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[
 MOE_SHARES = ("routing", EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT)
 
 
-def expert_cases(preset: str, batch: int) -> tuple[Case, ...]:
-    """One layer's expert matmuls of ``preset`` at ``batch`` sequences: its attention's (SwitchAll's are
-    SwitchHead's) and its MLP's; none for a family without experts."""
-    family = registry.get(PRESETS[preset].model)
-    attention = next((f for f in registry.families() if f.name == family.attention_kind), family)
-    owners = [attention] if attention is family else [attention, family]
-    return tuple(c for f in owners if f.expert_matmuls for c in f.expert_matmuls(PRESETS[preset], batch))
-
-
 def dense_equivalent(preset: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, float] | None:
     """Per pass, what dense matmuls of the same useful MACs as ``preset``'s expert matmuls take on this device: every
     layer's, each timed alone as kernel-bench's dense comparator. None for a model without experts."""
-    cases = expert_cases(preset, batch)
+    cases = registry.layer_expert_matmuls(PRESETS[preset], batch)
     if not cases:
         return None
     timed = [dense_equivalent_ms(c, device, dtype) for c in cases]

@@ -148,11 +148,11 @@ def paper_cost(cfg: ModelConfig, C: int | None = None) -> Cost:
 
 
 def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
-    """Q: each token's H slots from the pool of E; O: the slots summed, weighted by the router."""
+    """Q: each token's H slots from the pool of E; O: the slots summed, weighted by the router; one routing."""
     H, E, d, D, tokens = cfg.n_heads, cfg.n_experts, cfg.d_model, cfg.d_head, batch * cfg.T
     return (
-        Case("moa-q", tokens, 1, H, H, E, 1, d, D, False),
-        Case("moa-o", tokens, H, H, 1, E, 1, D, d, True),
+        Case("moa-q", tokens, 1, H, H, E, 1, d, D, False, shared_by=2),
+        Case("moa-o", tokens, H, H, 1, E, 1, D, d, True, shared_by=2),
     )
 
 

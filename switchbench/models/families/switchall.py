@@ -9,11 +9,11 @@ from switchbench.ops.expert_matmul.cases import Case
 
 
 def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
-    """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down, gated."""
+    """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down (one routing), gated."""
     NE, G, K, d, tokens = cfg.mlp_experts, cfg.mlp_expert_size, cfg.mlp_k, cfg.d_model, batch * cfg.T
     return (
-        Case("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False),
-        Case("sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True),
+        Case("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False, shared_by=2),
+        Case("sigma-moe-down", tokens, K, K, 1, NE, 1, G, d, True, shared_by=2),
     )
 
 

@@ -261,7 +261,10 @@ def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
         "v": (window, 1, H * k, H, E, H, d, D, True),
         "o": (tokens, H, H * k, 1, E, H, D, d, True),
     }
-    return tuple(Case(f"switchhead-{p}", *shapes[p]) for p in "qkvo" if p in cfg.experts)
+    # K and V share the source side's routing, Q and O the destination side's (with shared_selection too: the
+    # destination routes its own tokens again)
+    side = {p: len(set(cfg.experts) & set(s)) for s in ("kv", "qo") for p in s}
+    return tuple(Case(f"switchhead-{p}", *shapes[p], shared_by=side[p]) for p in "qkvo" if p in cfg.experts)
 
 
 FAMILY = register(

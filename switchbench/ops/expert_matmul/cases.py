@@ -32,10 +32,14 @@ class Case:
     routing: str = (
         "random"  # how the tests route it (ROUTINGS); the benchmarks draw k distinct experts per group
     )
+    # projections its router drives: they share one routing (top-k and grouping), made once a step
+    shared_by: int = 1
 
     def __post_init__(self):
         if self.routing not in ROUTINGS:
             raise ValueError(f"case {self.name}: routing must be one of {', '.join(ROUTINGS)}")
+        if self.shared_by < 1:
+            raise ValueError(f"case {self.name}: shared_by must be >= 1; got {self.shared_by}")
 
     @property
     def n_experts(self) -> int:
