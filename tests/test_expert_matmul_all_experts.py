@@ -8,6 +8,7 @@ import naive
 import pytest
 import torch
 
+from switchbench.ops.expert_matmul import op
 from switchbench.ops.expert_matmul.cases import CASES, float64_inputs
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
@@ -40,6 +41,13 @@ def test_neither_side_with_one_group_is_refused():
         ValueError, match="all_experts needs one input group or one output group; got 2 and 2"
     ):
         expert_matmul(x, weight, route(indices, weight.shape[0]), scores, case.out_groups, impl="all_experts")
+    # asked ahead, as kernel-bench asks before it times a case; the routed implementations take any groups
+    assert (
+        op.unavailable("all_experts", 2, 2)
+        == "all_experts needs one input group or one output group; got 2 and 2"
+    )
+    assert op.unavailable("all_experts", 1, 2) is None and op.unavailable("all_experts", 3, 1) is None
+    assert op.unavailable("torch", 2, 2) is None
 
 
 def _sorts(fn) -> int:

@@ -141,7 +141,9 @@ def test_unaligned_widths_are_padded_not_refused(monkeypatch):
     case = kernels.Case("odd", 8, 1, 2, 1, 3, 1, 146, 32, True)
     rows = kernels.measure(case, "grouped_mm", "cpu", torch.bfloat16)
     assert [r["status"] for r in rows] == ["ok", "ok"] and rows[0]["max_rel_error"] < 3e-2
-    monkeypatch.setattr(kernels.expert_matmul_grouped, "unavailable", lambda: "torch 2.3 has no grouped_mm")
+    monkeypatch.setattr(
+        kernels.expert_matmul_grouped, "unavailable", lambda *groups: "torch 2.3 has no grouped_mm"
+    )
     assert all(
         r["skipped"] == "torch 2.3 has no grouped_mm"
         for r in kernels.measure(case, "grouped_mm-kernel", "cpu", torch.bfloat16)
@@ -297,7 +299,9 @@ def test_op_and_kernel_rows_with_their_fractions_and_the_choice(tmp_path, monkey
 
 
 def test_the_choice_is_checked_where_it_is_given(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(kernels.expert_matmul_grouped, "unavailable", lambda: "torch 2.3 has no grouped_mm")
+    monkeypatch.setattr(
+        kernels.expert_matmul_grouped, "unavailable", lambda *groups: "torch 2.3 has no grouped_mm"
+    )
     assert main([*_cli(tmp_path), "--expert-matmul", "grouped_mm"]) == 2
     assert "--expert-matmul=grouped_mm: torch 2.3 has no grouped_mm" in capsys.readouterr().err
 

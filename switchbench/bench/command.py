@@ -4,7 +4,6 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
 from switchbench.models.presets import from_name
 from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
-from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul import op as expert_matmul_op
 from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
 from switchbench.ops.expert_matmul.op import ENV_ROUTING, ROUTING_CHOICES, routing_choice, routing_selected
 
@@ -138,14 +137,13 @@ def check_expert_matmul(choice: str | None, where: str) -> None:
         return
     if choice not in CHOICES:
         raise ValueError(f"{where}={choice}: must be one of {', '.join(CHOICES)}")
-    if choice == "triton" and importlib.util.find_spec("triton") is None:
-        raise ValueError(f"{where}=triton: triton is not installed")
+    reason = None if choice == "auto" else expert_matmul_op.unavailable(choice)
+    if reason:
+        raise ValueError(f"{where}={choice}: {reason}")
     if choice == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"{where}=triton needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
         )
-    if choice == "grouped_mm" and expert_matmul_grouped.unavailable():
-        raise ValueError(f"{where}=grouped_mm: {expert_matmul_grouped.unavailable()}")
 
 
 def kernel_metadata(expert_matmul: str, device: str) -> dict:

@@ -17,7 +17,6 @@ Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and
 and O) and one expert-sized matmul as the paper measured its kernel.
 """
 
-import importlib.util
 import math
 import statistics
 import sys
@@ -44,11 +43,10 @@ from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
-from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
-from switchbench.ops.expert_matmul.op import expert_matmul, reads_grouping, route, routing_method
+from switchbench.ops.expert_matmul.op import expert_matmul, reads_grouping, route, routing_method, unavailable
 from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
@@ -229,16 +227,13 @@ PEERS = {
 PASSES = ("forward", "forward+backward")
 
 
-def unsupported(impl: str, case: Case, dtype: torch.dtype) -> str | None:
-    """Why ``impl`` cannot run ``case`` here, or None. Widths the grouped GEMM cannot take are padded, not refused."""
+def unsupported(impl: str, case: Case) -> str | None:
+    """Why peer ``impl`` cannot run ``case`` here, or None. Widths the grouped GEMM cannot take are padded, not
+    refused."""
     implementation = PEERS[impl].implementation
-    if implementation == "grouped_mm":
-        return expert_matmul_grouped.unavailable()
-    if implementation == "triton" and importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
-    if implementation == "all_experts":
-        return expert_matmul_all_experts.unsupported(case.in_groups, case.out_groups)
-    return None
+    if implementation in ("", "loop"):  # the dense comparator and the loop run anywhere
+        return None
+    return unavailable(implementation, case.in_groups, case.out_groups)
 
 
 def timer(device: str) -> Callable[..., list[float]]:
@@ -338,7 +333,7 @@ def measure(
 ) -> list[dict]:
     """Forward and forward+backward timings (median and spread) of one timed call on one case, after its check
     against the float64 loop; a case that gives a wrong result is a "wrong" row with the error, and is not timed."""
-    reason = unsupported(impl, case, dtype)
+    reason = unsupported(impl, case)
     if reason:  # a row without "ms": strict JSON has no NaN
         return _untimed(case, impl, "skipped", skipped=reason)
     inputs = make_inputs(case, device, dtype)

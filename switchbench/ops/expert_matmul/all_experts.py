@@ -29,7 +29,7 @@ from torch import Tensor
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, group_sum, per_slot
 
 
-def unsupported(in_groups: int, out_groups: int) -> str | None:
+def unavailable(in_groups: int, out_groups: int) -> str | None:
     """Why the dense form cannot run an op of these groups, or None."""
     if in_groups != 1 and out_groups != 1:
         return f"all_experts needs one input group or one output group; got {in_groups} and {out_groups}"
@@ -39,7 +39,7 @@ def unsupported(in_groups: int, out_groups: int) -> str | None:
 def _by_input(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
     """Whether the form of one input group runs (else that of one output group): where both apply, the one whose
     [N, E, width] intermediate is narrower."""
-    reason = unsupported(in_groups, out_groups)
+    reason = unavailable(in_groups, out_groups)
     if reason:
         raise ValueError(reason)
     return in_groups == 1 and (out_groups != 1 or d_out <= d_in)
@@ -82,7 +82,7 @@ def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> 
     )
 
 
-# The interface of models.expert_matmul's implementations.
+# The interface of op.py's implementations: READS_GROUPING, unavailable (above), forward and backward.
 
 READS_GROUPING = False  # the indices alone: handed None for the order, experts and offsets
 

@@ -35,8 +35,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def unavailable() -> str | None:
-    """Why this torch cannot run the grouped GEMM, or None."""
+def unavailable(in_groups: int = 1, out_groups: int = 1) -> str | None:
+    """Why this torch cannot run the grouped GEMM (of any groups), or None."""
     if _grouped_mm is None:
         return f"torch {torch.__version__} has neither torch.nn.functional.grouped_mm nor torch._grouped_mm"
     return None
@@ -98,7 +98,7 @@ def _check(x: Tensor, weight: Tensor) -> None:
         )
 
 
-# The interface of models.expert_matmul's implementations.
+# The interface of op.py's implementations: READS_GROUPING, unavailable (above), forward and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
 

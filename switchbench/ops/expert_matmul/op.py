@@ -22,6 +22,7 @@ chosen per call (choice.py): ``impl=``, the choice in force (``--expert-matmul``
 ``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
 
+import importlib.util
 from dataclasses import dataclass, field
 
 import torch
@@ -233,6 +234,14 @@ def _backward(ctx, grad_out):
 _expert_matmul_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def unavailable(impl: str, in_groups: int = 1, out_groups: int = 1) -> str | None:
+    """Why implementation ``impl`` cannot run an op of ``in_groups`` input and ``out_groups`` output groups on this
+    machine, or None (the default groups, which every implementation takes, ask of the machine alone)."""
+    if impl == "triton" and importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    return _implementation(impl).unavailable(in_groups, out_groups)
+
+
 def reads_grouping(impl: str) -> bool:
     """Whether implementation ``impl`` reads the routing's grouping of slots by expert (else its indices alone, and
     a router none of whose projections reads it makes none)."""
@@ -255,6 +264,10 @@ def _implementation(impl: str):
 
 class TorchExpertMatmul:
     READS_GROUPING = True  # the routing's slots in expert order
+
+    @staticmethod
+    def unavailable(in_groups, out_groups):
+        return None
 
     @staticmethod
     def forward(x, weight, scores, indices, order, experts, offsets, s_out):

@@ -485,9 +485,15 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
     return dw
 
 
-# The interface of models.expert_matmul's implementations.
+# The interface of op.py's implementations: READS_GROUPING, unavailable, forward and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
+
+
+def unavailable(in_groups: int, out_groups: int) -> str | None:
+    """None: any groups (where it may run, on CUDA or in the interpreter, the command line checks)."""
+    return None
+
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
