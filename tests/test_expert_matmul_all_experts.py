@@ -2,6 +2,7 @@
 family's groupings (one input group or one output group), gated and not, uneven and empty experts, a token whose
 slots share an expert, fp32 and bf16; and its refusal where neither side has one group."""
 
+import math
 from dataclasses import replace
 
 import naive
@@ -56,6 +57,33 @@ def _sorts(fn) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         fn()
     return sum(e.name == "aten::sort" for e in prof.events())
+
+
+def _matmul_macs(fn) -> list[int]:
+    """The multiply-accumulates of each matrix product ``fn`` runs, as the CPU profiler records their shapes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        fn()
+    products = [e for e in prof.events() if e.name in ("aten::mm", "aten::bmm")]
+    return [math.prod(a) * b[-1] for e in products for a, b in [e.input_shapes[:2]]]
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
+def test_the_form_of_one_input_group_runs_three_gemms_as_a_dense_projection(gated):
+    """Forward and backward of SwitchHead's value projection: one GEMM over every expert each way and one for the
+    weight gradient, each of N x d_in x E d_out MACs; gated, its gates' gradient comes from the kept outputs, not a
+    fourth GEMM that computes them again."""
+    case = CASES["switchhead-v"]
+    x, weight, indices, scores, grad_out = float64_inputs(case)
+    x.requires_grad_(), weight.requires_grad_()
+    routing = route(indices, weight.shape[0])
+    gates = scores.requires_grad_() if gated else None
+
+    def step():
+        expert_matmul(x, weight, routing, gates, case.out_groups, impl="all_experts").backward(grad_out)
+
+    assert _matmul_macs(step) == [case.tokens * case.d_in * case.n_experts * case.d_out] * 3
 
 
 @pytest.mark.parametrize("impl", ["torch", "all_experts"])

@@ -11,16 +11,17 @@ inefficiency. Here every row is read once and the GEMMs run at cuBLAS's rate. ``
 Two forms, by which side of the op has one group:
 
 - one input group (S_in = 1: SwitchHead's V, K and Q, MoA's Q, the sigma-MoE up projection): every expert's output
-  is one GEMM, ``Y = x W_cat`` with ``W_cat`` [d_in, E d_out], and each slot reads its expert's columns, gated,
-  summed into its output group. Backward: ``dY`` holds each slot's gated output gradient in its expert's columns
-  (zero elsewhere), ``dx = dY W_cat^T``, ``dW = x^T dY``, and a gate's gradient is its slot's columns of ``Y``
-  (computed again) dotted with the output gradient;
+  is one GEMM, ``Y = x W_cat`` with ``W_cat`` [d_in, E d_out], and each slot reads its expert's columns. Backward:
+  ``dY`` holds each slot's output gradient in its expert's columns (zero elsewhere), ``dx = dY W_cat^T`` and
+  ``dW = x^T dY``. A gate's gradient is its slot's output dotted with the slot's output gradient: rather than
+  compute the outputs again (a fourth GEMM as large as the other three), this form gates outside the op
+  (:func:`gates_outside`), where autograd keeps the ungated slot outputs, [N, S, d_out];
 - one output group (S_out = 1: SwitchHead's O, MoA's O, the sigma-MoE down projection): the gated inputs are laid
   out by expert, ``X[n, e]`` the sum of the gated rows of token n's slots that chose e (zero if none), and
   ``out = X_cat W_flat`` with ``W_flat`` [E d_in, d_out]. Backward: ``dX = dout W_flat^T``, each slot's rows of
   ``dX`` gated back into its input group, a gate's gradient their dot with the slot's input, ``dW = X^T dout``.
 
-Nothing beyond the op's inputs is kept for the backward.
+Inside the op nothing beyond its inputs is kept for the backward.
 """
 
 import torch
@@ -34,6 +35,12 @@ def unavailable(in_groups: int, out_groups: int) -> str | None:
     if in_groups != 1 and out_groups != 1:
         return f"all_experts needs one input group or one output group; got {in_groups} and {out_groups}"
     return None
+
+
+def gates_outside(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
+    """Whether the op of these groups and widths is handed no gates, its slots gated by the caller instead: the form
+    of one input group, whose gate gradient needs the slots' outputs."""
+    return _by_input(in_groups, out_groups, d_in, d_out)
 
 
 def _by_input(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
@@ -61,6 +68,13 @@ def _columns(indices: Tensor, width: int) -> Tensor:
     return indices[..., None].expand(*indices.shape, width)
 
 
+def _ungated(scores: Tensor | None) -> None:
+    if scores is not None:
+        raise ValueError(
+            "all_experts' form of one input group takes no gates: they are applied outside the op"
+        )
+
+
 def _gates(scores: Tensor | None, indices: Tensor) -> Tensor | None:
     return None if scores is None else scores.gather(1, indices)[..., None]  # [N, S, 1]
 
@@ -82,18 +96,19 @@ def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> 
     )
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable (above), forward and backward.
+# The interface of op.py's implementations: READS_GROUPING, unavailable and gates_outside
+# (above), forward and backward.
 
 READS_GROUPING = False  # the indices alone: handed None for the order, experts and offsets
 
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     (n, s_in, d_in), (n_experts, _, d_out), slots = x.shape, weight.shape, indices.shape[1]
-    gates = _gates(scores, indices)
     if _by_input(s_in, s_out, d_in, d_out):
+        _ungated(scores)
         y = (x[:, 0] @ weight.permute(1, 0, 2).reshape(d_in, -1)).view(n, n_experts, d_out)
-        picked = y.gather(1, _columns(indices, d_out))  # [N, S, d_out]
-        return _group_sum(picked if gates is None else picked * gates, s_out)
+        return _group_sum(y.gather(1, _columns(indices, d_out)), s_out)  # [N, S, d_out] picked, summed
+    gates = _gates(scores, indices)
     rows = _per_slot(x, slots)
     laid_out = _scattered(rows if gates is None else rows * gates, indices, n_experts)  # [N, E, d_in]
     return (laid_out.view(n, n_experts * d_in) @ weight.reshape(-1, d_out)).view(n, 1, d_out)
@@ -104,13 +119,9 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     s_out, gates = grad_out.shape[1], _gates(scores, indices)
     grad_s = x.new_empty(0)
     if _by_input(s_in, s_out, d_in, d_out):
+        _ungated(scores)
         w_cat = weight.permute(1, 0, 2).reshape(d_in, -1)  # [d_in, E d_out]
-        grad_slots = _per_slot(grad_out, slots)  # [N, S, d_out], ungated
-        if scores is not None:
-            picked = (x[:, 0] @ w_cat).view(n, n_experts, d_out).gather(1, _columns(indices, d_out))
-            grad_s = _gate_grad(picked, grad_slots, scores, indices)
-            grad_slots = grad_slots * gates
-        grad_y = _scattered(grad_slots, indices, n_experts).view(n, n_experts * d_out)
+        grad_y = _scattered(_per_slot(grad_out, slots), indices, n_experts).view(n, n_experts * d_out)
         grad_x = (grad_y @ w_cat.t()).view(n, 1, d_in)
         with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
             grad_w = (x[:, 0].t() @ grad_y).view(d_in, n_experts, d_out).permute(1, 0, 2).contiguous()

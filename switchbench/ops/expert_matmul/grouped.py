@@ -98,9 +98,15 @@ def _check(x: Tensor, weight: Tensor) -> None:
         )
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable (above), forward and backward.
+# The interface of op.py's implementations: READS_GROUPING, unavailable (above), gates_outside,
+# forward and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
+
+
+def gates_outside(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
+    """False: the gates' gradient comes from the slots' input gradients and the inputs."""
+    return False
 
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):

@@ -8,7 +8,8 @@ input group ``s // (S / S_in)`` and adds into output group ``s // (S / S_out)``:
     out[n, s // (S/S_out)] += scores[n, indices[n, s]] * x[n, s // (S/S_in)] @ weight[indices[n, s]]
 
 The gate of a slot is read from the router's scores [N, E] inside the op, so the op saves the scores the router
-keeps anyway rather than k gates per token.
+keeps anyway rather than k gates per token; an implementation whose gate gradient would need the slots' outputs
+computed again has them gated outside instead (``gates_outside``), where autograd keeps them.
 
 The slots are grouped by expert once per router (:func:`route`), on first use, and the grouping is reused by
 every projection that router drives; where all of them compute every expert (all_experts) it is never made. The
@@ -164,6 +165,11 @@ def expert_matmul(
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
     grouped = routing.grouped if reads_grouping(impl) else (None, None, None)
+    if scores is not None and _implementation(impl).gates_outside(s_in, s_out, d_in, weight.shape[2]):
+        # each slot's output, ungated: autograd keeps it for the gates' gradient, which the op would compute again
+        y = torch.ops.switchbench.expert_matmul(x, weight, None, routing.indices, *grouped, slots, impl)
+        gated = y * scores.gather(1, routing.indices)[..., None]
+        return gated.view(n, s_out, slots // s_out, -1).sum(2)
     return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 
@@ -268,6 +274,10 @@ class TorchExpertMatmul:
     @staticmethod
     def unavailable(in_groups, out_groups):
         return None
+
+    @staticmethod
+    def gates_outside(in_groups, out_groups, d_in, d_out):
+        return False
 
     @staticmethod
     def forward(x, weight, scores, indices, order, experts, offsets, s_out):

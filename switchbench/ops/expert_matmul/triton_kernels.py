@@ -485,7 +485,8 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
     return dw
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable, forward and backward.
+# The interface of op.py's implementations: READS_GROUPING, unavailable, gates_outside, forward
+# and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
 
@@ -496,6 +497,11 @@ def unavailable(in_groups: int, out_groups: int) -> str | None:
 
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def gates_outside(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
+    """False: the gates' gradient comes from the input gradient's epilogue and the inputs."""
+    return False
 
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):
