@@ -13,9 +13,11 @@ import torch
 from torch.autograd.profiler_util import FunctionEvent
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.timing import benches as benches_module
 from switchbench.bench.timing import speed
 from switchbench.cli import main
+from switchbench.models.presets import PRESETS
 
 
 @pytest.mark.slow
@@ -452,7 +454,6 @@ def test_one_sort_per_router_per_training_step(preset, routers_per_layer, impl):
     Where every projection computes all experts, no router sorts."""
     from torch.profiler import ProfilerActivity, profile
 
-    from switchbench.models.presets import PRESETS
     from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 
     with expert_matmul_choice.selected(impl):
@@ -535,7 +536,6 @@ def test_a_context_sweep_member_is_timed_at_its_context_beside_its_floor_there(t
     """Presets named with a changed chunk length are timed at it, and the row's MAC floor is the exact count's
     ratio at that length (MoE attention pays off more as the context grows)."""
     from switchbench.bench.cost.accounting import exact_cost
-    from switchbench.models.presets import PRESETS
 
     pair = [f"{name}:T=64" for name in ("tiny-transformer-rope", "tiny-switchhead-rope")]
     argv = ["speed", "--presets", *pair, "--device", "cpu", "--scopes", "layer", "--batch", "1"]
@@ -565,3 +565,34 @@ def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)  # Adam's step would hide a factor
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
     assert any(not torch.equal(p, b) for p, b in zip(one[0].module.parameters(), before, strict=True))
+
+
+def test_a_model_on_all_experts_stands_beside_the_floor_it_executes(tmp_path, capsys):
+    """Computing every expert executes more than the useful MACs: SwitchHead's rows carry the ratio of executed
+    MACs, its useful floor plus, per layer, the products of the experts no slot chose, counted by hand (V over the
+    window of T tokens and T of memory, O over the T current ones); on a routed implementation there is none."""
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--scopes",
+        "model",
+    ]
+    argv += ["--batch", "1", "--rounds", "1", "--warmup", "0", "--out", str(tmp_path), "--json"]
+    cfg = PRESETS["tiny-switchhead"]
+    unchosen = cfg.n_heads * (cfg.n_experts - cfg.k)
+    per_layer = 2 * cfg.T * unchosen * cfg.d_model * cfg.d_head + cfg.T * unchosen * cfg.d_head * cfg.d_model
+    extra = cfg.n_layers * per_layer / model_macs(PRESETS["tiny-transformer"])
+    for impl in ("all_experts", "torch"):
+        assert main([*argv, "--expert-matmul", impl]) == 0
+        rows = json.loads(capsys.readouterr().out)["rows"]
+        rows = [r for r in rows if r["preset"] == "tiny-switchhead" and r["scope"] == "model"]
+        assert {r["what"] for r in rows} == {"train step", "forward"}
+        for r in rows:
+            if impl == "torch":
+                assert "ratio_macs_executed" not in r
+            else:
+                assert r["ratio_macs_executed"] == pytest.approx(r["ratio_macs"] + extra, rel=1e-12)

@@ -72,6 +72,7 @@ OPTIONAL_NUMBERS = (
     "ratio_time",
     "ratio_memory",
     "ratio_macs",
+    "ratio_macs_executed",
     "time_over_floor",
     "fraction_of_matmul_peak",
     "vs_dense",

@@ -164,10 +164,13 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
 
 
 def _against_floor(row: dict) -> str:
-    """'0.87 (MAC floor 0.76: 1.14x it; flash)': the ratio, what compute alone allows, and the kernel."""
+    """'0.87 (MAC floor 0.76: 1.14x it; flash)': the ratio, what compute alone allows (and what the model executed,
+    where more), and the kernel."""
     text = f"{row['ratio_time']:.2f}"
     if row.get("ratio_macs") is not None:
         text += f" (MAC floor {row['ratio_macs']:.2f}: {row['time_over_floor']:.2f}x it"
+        if row.get("ratio_macs_executed") is not None:
+            text += f"; {row['ratio_macs_executed']:.2f} executed"
         text += f"; {row['attention']})" if row.get("attention") else ")"
     return text
 

@@ -459,20 +459,14 @@ def default_impls(device: str, choice: str = "auto") -> list[str]:
     return [name for name, peer in PEERS.items() if device == "cuda" or peer.implementation != "triton"]
 
 
-def bucket(case: Case, dtype: torch.dtype) -> str:
-    """The shape bucket an expert matmul of ``case`` resolves ``auto`` by."""
-    return expert_matmul_choice.shape_bucket(
-        case.tokens * case.slots, case.d_in, case.d_out, dtype, case.gated
-    )
-
-
 def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
     """Every case and timed call; one too large for the free memory, or that runs out of it, is an "OOM" row,
     one that computes a wrong result a "wrong" row, and the sweep goes on."""
     rows = []
     for size in sizes:
         for case in cases(size, batch):
-            rows += [r | {"bucket": bucket(case, dtype)} for r in case_rows(case, device, dtype, impls)]
+            found = case_rows(case, device, dtype, impls)
+            rows += [r | {"bucket": expert_matmul_choice.case_bucket(case, dtype)} for r in found]
     dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
         key = (r["case"], r["pass"])

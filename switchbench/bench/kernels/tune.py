@@ -12,7 +12,6 @@ import torch
 from switchbench.bench.command import DTYPES, device_from_args
 from switchbench.bench.kernels.bench import (
     SIZES,
-    bucket,
     case_rows,
     cases,
     make_inputs,
@@ -51,7 +50,7 @@ def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtyp
     """kernel-bench's rows for the whole op of every implementation at every case and batch, each checked against
     the float64 loop before it was timed, and for the case's routings, each with the shape bucket it falls in."""
     return [
-        r | {"bucket": bucket(case, dtype)}
+        r | {"bucket": choice.case_bucket(case, dtype)}
         for size in sizes
         for batch in batches
         for case in cases(size, batch)

@@ -21,10 +21,13 @@ from switchbench.bench.cost.measure import (
 from switchbench.bench.cost.params import parameter_counts
 from switchbench.core import distributed, optim
 from switchbench.core.precision import autocast
+from switchbench.models import family as registry
+from switchbench.models.config import ModelConfig
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import from_name
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.ops.expert_matmul import op as expert_matmul
 
 T = TypeVar("T")
 
@@ -49,6 +52,8 @@ class Bench:
     expert_matmul: Callable[[], str | None] = lambda: None
     module: torch.nn.Module | None = None  # what run() calls, for tools that look inside it (profile)
     tokens: int = 0  # tokens one run() computes (per process)
+    # its floating-point operations as executed, where more than ``flops``: an expert matmul computing every expert
+    executed_flops: float | None = None
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ def model_benches(
         with mixed:
             return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
-    macs = batch * model_macs(cfg)
+    macs, executed = batch * model_macs(cfg), executed_macs(cfg, batch, device, dtype)
+    extra = executed != macs  # only then does the step execute more than its useful MACs
     kernels = functools.cache(lambda: _kernels(forward))
     attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
     return [
@@ -124,6 +130,7 @@ def model_benches(
             expert_matmul=experts,
             module=model,
             tokens=batch * cfg.T * mode.accumulation,
+            executed_flops=6 * executed * mode.accumulation if extra else None,
         ),
         Bench(
             preset,
@@ -136,8 +143,21 @@ def model_benches(
             expert_matmul=experts,
             module=model,
             tokens=batch * cfg.T,
+            executed_flops=2 * executed if extra else None,
         ),
     ]
+
+
+def executed_macs(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype) -> int:
+    """Forward MACs of the whole model on ``batch`` sequences as its expert matmuls execute them: the useful ones,
+    and the products of the experts no slot chose for each expert matmul whose implementation here (what the
+    choice in force resolves its shape to) computes every expert."""
+    extra = 0
+    for case in registry.layer_expert_matmuls(cfg, batch):
+        bucket = expert_matmul_choice.case_bucket(case, dtype)
+        impl = expert_matmul_choice.lookup(torch.device(device), bucket).impl
+        extra += expert_matmul.executed_macs(case, impl) - case.macs
+    return batch * model_macs(cfg) + cfg.n_layers * extra
 
 
 def layer_benches(

@@ -96,10 +96,11 @@ def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> 
     )
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable and gates_outside
-# (above), forward and backward.
+# The interface of op.py's implementations: READS_GROUPING, EVERY_EXPERT, unavailable, gates_outside,
+# forward and backward.
 
 READS_GROUPING = False  # the indices alone: handed None for the order, experts and offsets
+EVERY_EXPERT = True  # E / S times the routed products
 
 
 def forward(x, weight, scores, indices, order, experts, offsets, s_out):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from switchbench.core.choice import Choice, traced_once
+from switchbench.ops.expert_matmul.cases import Case
 
 IMPLS = ("torch", "triton", "grouped_mm", "all_experts")
 CHOICES = ("auto", *IMPLS)
@@ -58,6 +59,11 @@ def shape_bucket(slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: b
         return TRACED
     bucket = min(1 << max(slots - 1, 0).bit_length(), _BUCKET_CAP)
     return f"{bucket}x{d_in}x{d_out} {str(dtype).removeprefix('torch.')}" + (" gates" if gated else "")
+
+
+def case_bucket(case: Case, dtype: torch.dtype) -> str:
+    """The shape bucket an expert matmul of ``case`` in ``dtype`` resolves ``auto`` by."""
+    return shape_bucket(case.tokens * case.slots, case.d_in, case.d_out, dtype, case.gated)
 
 
 @functools.cache

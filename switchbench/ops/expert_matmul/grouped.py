@@ -98,10 +98,11 @@ def _check(x: Tensor, weight: Tensor) -> None:
         )
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable (above), gates_outside,
+# The interface of op.py's implementations: READS_GROUPING, EVERY_EXPERT, unavailable, gates_outside,
 # forward and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
+EVERY_EXPERT = False  # the routed slots' products alone
 
 
 def gates_outside(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:

@@ -32,6 +32,7 @@ from torch import Tensor
 from switchbench.core.choice import Choice, traced_once
 from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
+from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, per_slot
 
@@ -248,6 +249,14 @@ def unavailable(impl: str, in_groups: int = 1, out_groups: int = 1) -> str | Non
     return _implementation(impl).unavailable(in_groups, out_groups)
 
 
+def executed_macs(case: Case, impl: str) -> int:
+    """Forward MACs an expert matmul of ``case`` executes on implementation ``impl``: the useful ones, or every
+    expert's for one that computes them all (``EVERY_EXPERT``). The PyTorch path's padding to the busiest expert
+    depends on the routing and is not counted."""
+    experts = case.n_experts if _implementation(impl).EVERY_EXPERT else case.slots
+    return case.tokens * experts * case.d_in * case.d_out
+
+
 def reads_grouping(impl: str) -> bool:
     """Whether implementation ``impl`` reads the routing's grouping of slots by expert (else its indices alone, and
     a router none of whose projections reads it makes none)."""
@@ -270,6 +279,7 @@ def _implementation(impl: str):
 
 class TorchExpertMatmul:
     READS_GROUPING = True  # the routing's slots in expert order
+    EVERY_EXPERT = False  # the routed slots' products alone
 
     @staticmethod
     def unavailable(in_groups, out_groups):

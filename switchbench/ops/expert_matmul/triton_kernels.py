@@ -485,10 +485,11 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
     return dw
 
 
-# The interface of op.py's implementations: READS_GROUPING, unavailable, gates_outside, forward
-# and backward.
+# The interface of op.py's implementations: READS_GROUPING, EVERY_EXPERT, unavailable, gates_outside,
+# forward and backward.
 
 READS_GROUPING = True  # the routing's slots in expert order
+EVERY_EXPERT = False  # the routed slots' products alone
 
 
 def unavailable(in_groups: int, out_groups: int) -> str | None:
