@@ -96,6 +96,22 @@ def test_roofline_counts_by_hand():
     assert roofline.milliseconds(0, 989e12 / 2 / 1e3, "H100 SXM", "bf16") == pytest.approx(1.0)
 
 
+def test_all_experts_roofline_counts_by_hand():
+    """Three GEMMs over every expert, E / S times the routed MACs, in the form each side's groups give: with one
+    input group x W_cat, [4, 32] @ [32, 3 x 16]; with one output group the laid-out rows, [4, 3 x 32] @ [96, 16]."""
+    by_input = Case("v", 4, 1, 2, 2, 3, 1, 32, 16, True)
+    by_output = Case("o", 4, 2, 2, 1, 3, 1, 32, 16, True)
+    w = 3 * 32 * 16 * 2
+    for case, gemm in ((by_input, "forward GEMM"), (by_output, "forward GEMM")):
+        got = {name: (nbytes, macs) for name, nbytes, macs in roofline.all_experts_passes(case, 2)}
+        assert sum(macs for _, macs in got.values()) == 3 * 4 * 3 * 32 * 16  # every expert, three times
+        wide = 4 * 3 * (16 if case is by_input else 32) * 2  # Y [N, E d_out] or the laid-out X [N, E d_in]
+        edge = 4 * 32 * 2 if case is by_input else 4 * 16 * 2  # x read, or out written
+        assert got[f"all_experts: {gemm}"] == (edge + w + wide, 4 * 3 * 32 * 16)
+        assert all(macs == 0 for name, (_, macs) in got.items() if "GEMM" not in name)
+    assert roofline.all_experts_passes(Case("k-1", 4, 2, 2, 2, 3, 1, 32, 16, True), 2) == []
+
+
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     """The expert matmul's kernels to pipelined wgmma; the position bias's two copies to no MMA at all."""

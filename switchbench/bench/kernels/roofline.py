@@ -1,4 +1,5 @@
-"""Roofline estimate of the expert matmul's forward and backward, pass by pass, against one dense matmul.
+"""Roofline estimate of the expert matmul's forward and backward, pass by pass, against one dense matmul: the
+routed (Triton) kernels, and the dense GEMMs over every expert of ``all_experts``.
 
 Each pass (a kernel or an eager PyTorch op of the current implementation) moves bytes between DRAM and the chip
 and does MACs; its time is at least max(bytes / bandwidth, 2 * MACs / peak). Convention: every operand is read
@@ -10,6 +11,7 @@ arrays are counted; launch overheads, L2 hits on rows gathered twice and the gat
 import math
 
 from switchbench.bench.kernels.bench import Case, cases
+from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 
 # bandwidth bytes/s; dense tensor-core peak MAC/s x 2 = FLOP/s (fp32: FMA units, TF32 off), from the datasheets
 GPUS = {
@@ -58,6 +60,44 @@ def _slot_sum(width: int, slots: int, rows: int, b: int, name: str) -> list:
     return [(name, (slots * _padded(width) + rows * width) * b, 0)]
 
 
+def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
+    """(pass, bytes, MACs) of the all_experts implementation's forward and backward (``all_experts.py``), eager:
+    GEMMs over every expert at the model's widths, E / S times the routed MACs, and the elementwise passes around
+    them (each slot's row picked or placed in its expert's block, gates, slot sums) as separate reads and writes.
+    A case whose groups it cannot run has none."""
+    n, s, s_in, s_out, e = case.tokens, case.slots, case.in_groups, case.out_groups, case.n_experts
+    d_in, d_out, idx, gates = case.d_in, case.d_out, n * s * 8, n * s * b if case.gated else 0
+    weight, macs = e * d_in * d_out * b, n * e * d_in * d_out
+    if expert_matmul_all_experts.unavailable(s_in, s_out):
+        return []
+    if expert_matmul_all_experts.gates_outside(s_in, s_out, d_in, d_out):  # one input group: Y = x W_cat
+        wide, slot, out = n * e * d_out * b, n * s * d_out * b, n * s_out * d_out * b
+        steps = [
+            ("forward GEMM", n * d_in * b + weight + wide, macs),
+            ("forward: pick slots", 2 * slot + idx, 0),
+            ("forward: gate and slot sum", 3 * slot + gates + out if case.gated else slot + out, 0),
+            ("backward: gate gradients", out + gates + slot + out + slot + n * s * b if case.gated else 0, 0),
+            ("backward: place slots", wide + 2 * slot + idx, 0),
+            ("grad_x GEMM", wide + weight + n * d_in * b, macs),
+            ("grad_w GEMM", n * d_in * b + wide + 3 * weight, macs),  # and its expert-major copy
+        ]
+    else:  # one output group: out = X_cat W_flat, the gated input rows laid out by expert
+        wide, slot, rows = n * e * d_in * b, n * s * d_in * b, n * s_in * d_in * b
+        gated = 2 * slot + gates if case.gated else 0
+        steps = [
+            ("forward: slots and gates", rows + slot + gated, 0),
+            ("forward: lay out by expert", wide + 2 * slot + idx, 0),
+            ("forward GEMM", wide + weight + n * d_out * b, macs),
+            ("grad_x GEMM", n * d_out * b + weight + wide, macs),
+            ("backward: pick slots", wide + slot + idx, 0),
+            ("backward: gate gradients", 2 * slot + n * s * b + 2 * gated if case.gated else 0, 0),
+            ("backward: lay out by expert", rows + slot + wide + 2 * slot + idx, 0),
+            ("grad_w GEMM", wide + n * d_out * b + weight, macs),
+            ("backward: slot sum", slot + rows, 0),
+        ]
+    return [(f"all_experts: {name}", nbytes, m) for name, nbytes, m in steps if nbytes or m]
+
+
 def dense_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
     """The same useful MACs as one dense [N * S, d_in] @ [d_in, d_out], forward and backward."""
     m = case.tokens * case.slots
@@ -86,11 +126,13 @@ def table(sizes: list[str], batch: int, dtypes: list[str]) -> list[dict]:
         for size in sizes:
             for case in cases(size, batch)[:-1]:
                 steps = passes(case, BYTES[dtype])
-                dense = dense_passes(case, BYTES[dtype])
-                for name, nbytes, macs in steps:
+                every = all_experts_passes(case, BYTES[dtype])
+                for name, nbytes, macs in steps + every:
                     rows.append(_row(case, dtype, name, nbytes, macs))
                 rows.append(_total(case, dtype, "total", steps))
-                rows.append(_total(case, dtype, "dense total", dense))
+                if every:
+                    rows.append(_total(case, dtype, "all_experts total", every))
+                rows.append(_total(case, dtype, "dense total", dense_passes(case, BYTES[dtype])))
     return rows
 
 
