@@ -368,3 +368,26 @@ def test_a_bad_routing_in_the_environment_is_refused_in_one_line(monkeypatch, ca
     err = capsys.readouterr().err
     assert "SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count; got 'radix'" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_cuda_graphs_need_a_cuda_device(tmp_path, capsys):
+    assert main([*_cli(tmp_path), "--cuda-graphs"]) == 2
+    assert "--cuda-graphs needs a CUDA device" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*.json"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_each_call_replayed_from_a_cuda_graph_or_found_waiting_on_the_host(tmp_path, monkeypatch, capsys):
+    """With --cuda-graphs the host-free calls are timed from a graph; the PyTorch op (its capacity read back) and the
+    loop (its expert ends read back) cannot be captured, and say why instead of failing the run."""
+    monkeypatch.setattr(kernels, "cases", lambda size, batch: [TINY])
+    argv = ["kernel-bench", "--sizes", "47m", "--dtype", "bf16", "--device", "cuda", "--out", str(tmp_path)]
+    assert main([*argv, "--cuda-graphs", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {(r["impl"], r["pass"]): r for r in out["rows"]}
+    assert out["metadata"]["cuda_graphs"] and out["saved"].endswith("-graphs.json")
+    for what in kernels.PASSES:
+        for impl in ("torch", "loop"):
+            assert rows[impl, what]["status"] == "uncapturable" and rows[impl, what]["reason"]
+        for impl in ("triton", "grouped_mm", "all_experts", "triton-kernel", "dense", "routing", "top-k"):
+            assert rows[impl, what]["status"] == "ok" and rows[impl, what]["ms"] > 0

@@ -35,7 +35,7 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
-from switchbench.bench.cost.measure import free_memory
+from switchbench.bench.cost.measure import free_memory, is_oom
 from switchbench.bench.timing.benches import unless_oom
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
@@ -236,14 +236,19 @@ def unsupported(impl: str, case: Case) -> str | None:
     return unavailable(implementation, case.in_groups, case.out_groups)
 
 
-def timer(device: str) -> Callable[..., list[float]]:
+def timer(device: str, graphs: bool = False) -> Callable[..., list[float]]:
     """Milliseconds of each timed fn() call, with every tensor in ``grad_to_none`` reset before each call (not
     timed): triton's do_bench on a GPU (L2 flushed, warm-up excluded, its repeats chosen by time: a kernel of
-    microseconds needs hundreds), the suite's Timer on the CPU."""
+    microseconds needs hundreds), or with ``graphs`` its do_bench_cudagraph (the calls captured in one CUDA graph
+    and replayed: the GPU's time without the host's launches, L2 not flushed); the suite's Timer on the CPU."""
     if device == "cuda":
         import triton  # optional, and only installed where there is a GPU
 
         def gpu(fn, grad_to_none=()):
+            if graphs:
+                return triton.testing.do_bench_cudagraph(
+                    fn, 20, grad_to_none=list(grad_to_none), return_mode="all"
+                )
             return triton.testing.do_bench(fn, 25, 100, grad_to_none=list(grad_to_none), return_mode="all")
 
         return gpu
@@ -329,10 +334,17 @@ def estimated_bytes(case: Case) -> int:
 
 
 def measure(
-    case: Case, impl: str, device: str, dtype: torch.dtype, references: dict | None = None
+    case: Case,
+    impl: str,
+    device: str,
+    dtype: torch.dtype,
+    references: dict | None = None,
+    graphs: bool = False,
 ) -> list[dict]:
     """Forward and forward+backward timings (median and spread) of one timed call on one case, after its check
-    against the float64 loop; a case that gives a wrong result is a "wrong" row with the error, and is not timed."""
+    against the float64 loop; a case that gives a wrong result is a "wrong" row with the error, and is not timed.
+    With ``graphs`` each call is replayed from a CUDA graph; one that waits on the host cannot be captured and is
+    an "uncapturable" row with the reason."""
     reason = unsupported(impl, case)
     if reason:  # a row without "ms": strict JSON has no NaN
         return _untimed(case, impl, "skipped", skipped=reason)
@@ -348,9 +360,12 @@ def measure(
         checked = {"max_rel_error": error}
     out = peer.run(case, inputs)
     grad = torch.randn_like(out)
-    ms = timer(device)
-    forward = ms(lambda: peer.run(case, inputs))
-    both = ms(lambda: peer.run(case, inputs).backward(grad), grad_to_none=_leaves(inputs, peer.leaves))
+    ms, leaves = timer(device, graphs), _leaves(inputs, peer.leaves)
+    calls = (lambda: peer.run(case, inputs), lambda: peer.run(case, inputs).backward(grad))
+    reason = graphs and next(filter(None, map(host_wait, calls)), None)
+    if reason:
+        return _untimed(case, impl, "uncapturable", reason=reason)
+    forward, both = ms(calls[0]), ms(calls[1], grad_to_none=leaves)
     rows = []
     for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
         t = statistics.median(times)
@@ -372,14 +387,36 @@ def measure(
 TIMED_ROUTINGS = {"routing": True, "top-k": False}
 
 
-def routing_rows(case: Case, device: str, dtype: torch.dtype, name: str = "routing") -> list[dict]:
+def routing_rows(
+    case: Case, device: str, dtype: torch.dtype, name: str = "routing", graphs: bool = False
+) -> list[dict]:
     """The time of routing ``name`` (of TIMED_ROUTINGS) for ``case``, in a row for each pass: a router runs it once
     per step, and its backward (the gates') is in the op's."""
     logits = router_logits(case, device, dtype)
-    times = timer(device)(lambda: _routing(case, logits, TIMED_ROUTINGS[name]))
+    call = lambda: _routing(case, logits, TIMED_ROUTINGS[name])  # noqa: E731
+    reason = graphs and host_wait(call)
+    if reason:
+        return _untimed(case, name, "uncapturable", reason=reason)
+    times = timer(device, graphs)(call)
     row = {"impl": name, "view": "routing", "status": "ok", "ms": statistics.median(times)}
     method = {"method": routing_method(torch.device(device).type)}
     return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
+
+
+def host_wait(call: Callable) -> str | None:
+    """Why ``call()`` cannot be captured in a CUDA graph, found by running it once with CUDA's synchronising calls
+    made errors (a copy to the host, a value read back), or None. Out of memory is raised, not a reason."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        call()
+    except RuntimeError as error:
+        if is_oom(error):
+            raise
+        return str(error).strip().splitlines()[0]
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    return None
 
 
 def _spread(times: list[float]) -> dict:
@@ -435,7 +472,7 @@ def _untimed(case: Case, impl: str, status: str, **why) -> list[dict]:
         {
             "case": case.name,
             "impl": impl,
-            "view": PEERS[impl].view if impl in PEERS else impl,  # the routing's own view
+            "view": PEERS[impl].view if impl in PEERS else "routing",  # else one of TIMED_ROUTINGS
             "pass": p,
             "status": status,
             **why,
@@ -459,13 +496,15 @@ def default_impls(device: str, choice: str = "auto") -> list[str]:
     return [name for name, peer in PEERS.items() if device == "cuda" or peer.implementation != "triton"]
 
 
-def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+def run(
+    sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: list[str], graphs: bool = False
+) -> list[dict]:
     """Every case and timed call; one too large for the free memory, or that runs out of it, is an "OOM" row,
     one that computes a wrong result a "wrong" row, and the sweep goes on."""
     rows = []
     for size in sizes:
         for case in cases(size, batch):
-            found = case_rows(case, device, dtype, impls)
+            found = case_rows(case, device, dtype, impls, graphs)
             rows += [r | {"bucket": expert_matmul_choice.case_bucket(case, dtype)} for r in found]
     dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
     for r in rows:
@@ -475,18 +514,20 @@ def run(sizes: list[str], batch: int, device: str, dtype: torch.dtype, impls: li
     return rows
 
 
-def case_rows(case: Case, device: str, dtype: torch.dtype, impls: list[str]) -> list[dict]:
+def case_rows(
+    case: Case, device: str, dtype: torch.dtype, impls: list[str], graphs: bool = False
+) -> list[dict]:
     """The rows of ``impls`` on ``case`` and, where it routes, of its routings (TIMED_ROUTINGS); "OOM" rows where
-    the case cannot fit or a call runs out of memory."""
+    the case cannot fit or a call runs out of memory. ``graphs``: each call timed from a CUDA graph."""
     need, free = estimated_bytes(case), free_memory(device)
     if need > free:
         reason = f"needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
         return [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
     references = {}  # the float64 loop's results, shared by the implementations of the case
-    timed = {impl: lambda impl=impl: measure(case, impl, device, dtype, references) for impl in impls}
+    timed = {impl: lambda impl=impl: measure(case, impl, device, dtype, references, graphs) for impl in impls}
     if case.n_experts > 1:
         routings = {
-            name: lambda name=name: routing_rows(case, device, dtype, name) for name in TIMED_ROUTINGS
+            name: lambda name=name: routing_rows(case, device, dtype, name, graphs) for name in TIMED_ROUTINGS
         }
         timed = routings | timed
     rows = []
@@ -514,6 +555,11 @@ def register(commands) -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="time each call replayed from a CUDA graph: the GPU's time without the host's launches",
+    )
     add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)
@@ -525,8 +571,11 @@ def _run(args) -> int:
     batch = args.batch if args.batch is not None else 64 if device == "cuda" else 1
     if batch < 1:
         raise ValueError(f"batch must be >= 1; got {batch}")
+    if args.cuda_graphs and device != "cuda":
+        raise ValueError("--cuda-graphs needs a CUDA device: a CUDA graph captures one GPU's work")
     dtype = DTYPES[args.dtype]
-    rows = run(args.sizes, batch, device, dtype, default_impls(device, args.expert_matmul))
+    impls = default_impls(device, args.expert_matmul)
+    rows = run(args.sizes, batch, device, dtype, impls, args.cuda_graphs)
     by_case = mark_choice(rows, device, args.expert_matmul)
     moe_overhead(rows)
     peak = matmul_peak_tflops(device, dtype) if any("ms" in r for r in rows) else None
@@ -539,11 +588,13 @@ def _run(args) -> int:
         "precision": precision,
         "batch": batch,
         "sizes": args.sizes,
+        "cuda_graphs": args.cuda_graphs,
         "matmul_peak_tflops": peak,
         **kernel_metadata(args.expert_matmul, device),
         "expert_matmul_by_case": by_case,
     }
-    path = save_run(Path(args.out), f"{slug(metadata['device'])}-{args.dtype}-b{batch}", metadata, rows)
+    label = f"{slug(metadata['device'])}-{args.dtype}-b{batch}" + ("-graphs" if args.cuda_graphs else "")
+    path = save_run(Path(args.out), label, metadata, rows)
     table = [
         {
             "case": r["case"],
