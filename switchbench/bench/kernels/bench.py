@@ -360,15 +360,21 @@ def measure(
         checked = {"max_rel_error": error}
     out = peer.run(case, inputs)
     grad = torch.randn_like(out)
-    ms, leaves = timer(device, graphs), _leaves(inputs, peer.leaves)
-    calls = (lambda: peer.run(case, inputs), lambda: peer.run(case, inputs).backward(grad))
-    reason = graphs and next(filter(None, map(host_wait, calls)), None)
+
+    def forward():
+        return peer.run(case, inputs)
+
+    def both():
+        peer.run(case, inputs).backward(grad)
+
+    reason = (host_wait(forward) or host_wait(both)) if graphs else None
     if reason:
         return _untimed(case, impl, "uncapturable", reason=reason)
-    forward, both = ms(calls[0]), ms(calls[1], grad_to_none=leaves)
+    ms = timer(device, graphs)
+    times = ms(forward), ms(both, grad_to_none=_leaves(inputs, peer.leaves))
     rows = []
-    for what, times, macs in zip(PASSES, (forward, both), (case.macs, 3 * case.macs), strict=True):
-        t = statistics.median(times)
+    for what, timed, macs in zip(PASSES, times, (case.macs, 3 * case.macs), strict=True):
+        t = statistics.median(timed)
         row = {
             "case": case.name,
             "impl": impl,
@@ -378,7 +384,7 @@ def measure(
             "ms": t,
             "tflops": 2 * macs / t / 1e9,
         }
-        rows.append(row | _spread(times) | checked | _shape(case))
+        rows.append(row | _spread(timed) | checked | _shape(case))
     return rows
 
 
@@ -393,8 +399,11 @@ def routing_rows(
     """The time of routing ``name`` (of TIMED_ROUTINGS) for ``case``, in a row for each pass: a router runs it once
     per step, and its backward (the gates') is in the op's."""
     logits = router_logits(case, device, dtype)
-    call = lambda: _routing(case, logits, TIMED_ROUTINGS[name])  # noqa: E731
-    reason = graphs and host_wait(call)
+
+    def call():
+        return _routing(case, logits, TIMED_ROUTINGS[name])
+
+    reason = host_wait(call) if graphs else None
     if reason:
         return _untimed(case, name, "uncapturable", reason=reason)
     times = timer(device, graphs)(call)

@@ -9,7 +9,8 @@ from switchbench.ops.expert_matmul.cases import Case
 
 
 def expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
-    """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down (one routing), gated."""
+    """The sigma-MoE MLP's (its attention's are SwitchHead's): K of N_E experts of size G, up then down, one routing
+    for both, gated."""
     NE, G, K, d, tokens = cfg.mlp_experts, cfg.mlp_expert_size, cfg.mlp_k, cfg.d_model, batch * cfg.T
     return (
         Case("sigma-moe-up", tokens, 1, K, K, NE, 1, d, G, False, shared_by=2),
