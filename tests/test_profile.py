@@ -20,6 +20,7 @@ from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import op as expert_matmul
+from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL as GATES
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL
 from switchbench.reports.report import load_profile, render
 
@@ -114,6 +115,18 @@ def test_each_part_of_a_switchhead_step_lands_in_its_share():
     assert all(dense[name] == 0 for name in (*profile.SHARES[:3], "routing"))
 
 
+def test_the_gates_all_experts_applies_outside_its_op_land_in_the_expert_matmul_shares():
+    """On all_experts SwitchHead's value projection is gated outside the op: those products and sums, and their
+    backward, are the expert matmul's (forward, input gradient), not the routing of the module around them."""
+    with expert_matmul_choice.selected("all_experts"):
+        rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 1, 1, 200)
+    kernels = [r for r in rows if r["kind"] == "kernel"]
+    products = {r["share"] for r in kernels if r["name"] == "aten::mul"}
+    assert {profile.EXPERT_FORWARD, profile.EXPERT_INPUT} <= products
+    summed = {r["share"] for r in kernels if r["name"] == "aten::sum"}
+    assert profile.EXPERT_FORWARD in summed and "routing" not in summed
+
+
 def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsys):
     """On grouped_mm the forward, input-gradient and weight-gradient GEMMs each land in their share; the choice is
     recorded in the run's metadata."""
@@ -155,6 +168,17 @@ def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsy
             "copies and casts",
         ),
         (profile.Unit(1, "k", "aten::sigmoid", (profile.MODULE_LABEL + "moe", "aten::sigmoid")), "routing"),
+        # gates applied outside the op (all_experts' value projection), forward and in the backward
+        (
+            profile.Unit(1, "k", "aten::mul", (profile.MODULE_LABEL + "moe", GATES, "aten::mul")),
+            profile.EXPERT_FORWARD,
+        ),
+        (
+            profile.Unit(
+                1, "k", "aten::mul", (profile.MODULE_LABEL + "moe", GATES, f"{profile.BACKWARD_NODE}: M")
+            ),
+            profile.EXPERT_INPUT,
+        ),
         (profile.Unit(1, "k", "aten::add", ("aten::add",)), "norms and elementwise"),
         (profile.Unit(1, "k", "", ("cudaMemsetAsync",)), "other"),
     ],

@@ -48,7 +48,11 @@ from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import PRESETS
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_KERNELS, WEIGHT_GRADIENT_LABEL
+from switchbench.ops.expert_matmul.slot_rows import (
+    GATES_LABEL,
+    WEIGHT_GRADIENT_KERNELS,
+    WEIGHT_GRADIENT_LABEL,
+)
 
 EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT = (
     "expert matmul: forward",
@@ -71,6 +75,7 @@ SHARES = (
 STEP_LABEL = "switchbench.profile.step"
 MODULE_LABEL = "switchbench.module:"  # + role
 EXPERT_OP, EXPERT_BACKWARD_OP = "switchbench::expert_matmul", "switchbench::expert_matmul_backward"
+BACKWARD_NODE = "autograd::engine::evaluate_function"  # the range of one autograd node's backward
 OPERATORS = ("aten::", "switchbench::")  # dispatcher operators; other events are labels and autograd's own
 
 GEMMS = {
@@ -177,9 +182,7 @@ def _chain(event: FunctionEvent) -> list[FunctionEvent]:
 
 
 def _backward_node(chain: list[FunctionEvent]) -> FunctionEvent | None:
-    return next(
-        (e for e in reversed(chain) if e.name.startswith("autograd::engine::evaluate_function")), None
-    )
+    return next((e for e in reversed(chain) if e.name.startswith(BACKWARD_NODE)), None)
 
 
 def _forward_contexts(events: Iterable[FunctionEvent]) -> dict[tuple[int, int], tuple[str, ...]]:
@@ -191,7 +194,7 @@ def _forward_contexts(events: Iterable[FunctionEvent]) -> dict[tuple[int, int], 
             continue
         chain = _chain(event)
         if _backward_node(chain) is None:
-            names = tuple(e.name for e in chain if e.name.startswith((MODULE_LABEL, EXPERT_OP)))
+            names = tuple(e.name for e in chain if e.name.startswith((MODULE_LABEL, EXPERT_OP, GATES_LABEL)))
             contexts[(event.thread, event.sequence_nr)] = names
     return contexts
 
@@ -260,6 +263,10 @@ def share(unit: Unit) -> str:
         return "optimizer"
     roles = [name[len(MODULE_LABEL) :] for name in context if name.startswith(MODULE_LABEL)]
     role = roles[-1] if roles else None
+    if (
+        GATES_LABEL in context
+    ):  # gates applied outside the op, forward or (its nodes inherit the label) backward
+        return EXPERT_INPUT if any(name.startswith(BACKWARD_NODE) for name in context) else EXPERT_FORWARD
     if EXPERT_BACKWARD_OP in context or EXPERT_OP in context:
         if op in GATHER_OPS:
             return "routing"  # the expert matmul's own gather and scatter (the PyTorch path)

@@ -23,18 +23,20 @@ chosen per call (choice.py): ``impl=``, the choice in force (``--expert-matmul``
 ``auto``: the measured fastest for this device and shape, else Triton on CUDA and PyTorch elsewhere.
 """
 
+import contextlib
 import importlib.util
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from switchbench.core.choice import Choice, traced_once
 from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, per_slot
+from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT_LABEL, per_slot
 
 
 @dataclass(eq=False)
@@ -169,8 +171,10 @@ def expert_matmul(
     if scores is not None and _implementation(impl).gates_outside(s_in, s_out, d_in, weight.shape[2]):
         # each slot's output, ungated: autograd keeps it for the gates' gradient, which the op would compute again
         y = torch.ops.switchbench.expert_matmul(x, weight, None, routing.indices, *grouped, slots, impl)
-        gated = y * scores.gather(1, routing.indices)[..., None]
-        return gated.view(n, s_out, slots // s_out, -1).sum(2)
+        # the label only where a profiler can see it: torch.compile drops it, with a warning
+        with contextlib.nullcontext() if torch.compiler.is_compiling() else record_function(GATES_LABEL):
+            gated = y * scores.gather(1, routing.indices)[..., None]
+            return gated.view(n, s_out, slots // s_out, -1).sum(2)
     return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 

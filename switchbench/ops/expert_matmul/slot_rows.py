@@ -10,6 +10,10 @@ from torch import Tensor
 # A profiler range around each implementation's weight-gradient pass, so a profile can tell it from the input
 # gradient (both run inside the one backward op); free when no profiler runs.
 WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
+# A profiler range around the gates an implementation has applied outside the op (all_experts' form of one input
+# group), forward, which the backward's nodes inherit: a profile counts them with the expert matmul, as it does gates
+# applied inside the op, not with the routing of the module around them
+GATES_LABEL = "switchbench.expert_matmul.gates"
 # The Triton weight-gradient kernel, by name: on an H100 its launch was not seen inside the label above (a Triton
 # launch goes through the driver, not the runtime call the profiler links kernels by)
 WEIGHT_GRADIENT_KERNELS = ("_grouped_outer_kernel",)
