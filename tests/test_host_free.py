@@ -6,15 +6,13 @@ whose CUDA kernel reads a value back to the host. The compiler alone let MoA's `
 output from its largest value, and an H100 refused to capture MoA's step in a CUDA graph. On CUDA a step runs under
 ``torch.cuda.set_sync_debug_mode("error")``, which raises at any synchronisation."""
 
-import contextlib
-import warnings
-
 import pytest
 import torch
 from small import SEQ, TIGHT, T, random_tokens, small_cfg
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from switchbench.core import optim
+from switchbench.core.sync import syncs_raise
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.ops.attention import choice as attention_choice
@@ -136,17 +134,3 @@ def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, attention):
         torch.cuda.synchronize()
         with syncs_raise():
             step()
-
-
-@contextlib.contextmanager
-def syncs_raise():
-    """Any synchronisation raises inside: the mode is reset whatever happens, since it is the process's (left on,
-    it failed every later CUDA test of an H200's pytest worker at their first ``.to("cuda")``). torch warns once
-    that the mode is a prototype; the suite's warnings are errors, and that one comes after the mode is set."""
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Synchronization debug mode is a prototype", UserWarning)
-            torch.cuda.set_sync_debug_mode("error")
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode("default")

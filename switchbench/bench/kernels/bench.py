@@ -40,6 +40,7 @@ from switchbench.bench.timing.benches import unless_oom
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
 from switchbench.core.results import nothing_measured, save_run, writable_folder
+from switchbench.core.sync import syncs_raise
 from switchbench.models import family as registry
 from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
@@ -415,16 +416,13 @@ def routing_rows(
 def host_wait(call: Callable) -> str | None:
     """Why ``call()`` cannot be captured in a CUDA graph, found by running it once with CUDA's synchronising calls
     made errors (a copy to the host, a value read back), or None. Out of memory is raised, not a reason."""
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
     try:
-        call()
+        with syncs_raise():
+            call()
     except RuntimeError as error:
         if is_oom(error):
             raise
         return str(error).strip().splitlines()[0]
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
     return None
 
 
