@@ -84,7 +84,7 @@ class Family:
     # Transformer-XL) needs neither: its forward re-projects them at every step.
     kv_cache: Callable[[ModelConfig], tuple[CacheEntry, ...]] | None = None
     # Its expert matmuls at ``batch`` sequences, as switchbench::expert_matmul takes them (the cases registry's
-    # Case), for kernel-bench and kernel-tune
+    # Case), for kernel-bench, kernel-tune, profile and speed (layer_expert_matmuls)
     expert_matmuls: Callable[[ModelConfig, int], tuple[Case, ...]] | None = None
     # The paper's cost convention, and the equation it prints, where the paper has the family (else None)
     paper_cost: Callable[[ModelConfig, int | None], Cost] | None = None
