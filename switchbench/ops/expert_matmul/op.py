@@ -173,8 +173,7 @@ def expert_matmul(
         y = torch.ops.switchbench.expert_matmul(x, weight, None, routing.indices, *grouped, slots, impl)
         # the label only where a profiler can see it: torch.compile drops it, with a warning
         with contextlib.nullcontext() if torch.compiler.is_compiling() else record_function(GATES_LABEL):
-            gated = y * scores.gather(1, routing.indices)[..., None]
-            return gated.view(n, s_out, slots // s_out, -1).sum(2)
+            return _group_sum(y * scores.gather(1, routing.indices)[..., None], n, s_out)
     return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 
@@ -345,7 +344,7 @@ def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tenso
 
 
 def _group_sum(t: Tensor, n: int, groups: int) -> Tensor:
-    """[N * S, d] -> [N, groups, d]: the sum over each group's slots."""
+    """[N * S, d] (or [N, S, d]) -> [N, groups, d]: the sum over each group's slots."""
     return t.view(n, groups, -1, t.shape[-1]).sum(2)
 
 

@@ -490,14 +490,12 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
 
 READS_GROUPING = True  # the routing's slots in expert order
 EVERY_EXPERT = False  # the routed slots' products alone
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def unavailable(in_groups: int, out_groups: int) -> str | None:
     """None: any groups (where it may run, on CUDA or in the interpreter, the command line checks)."""
     return None
-
-
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def gates_outside(in_groups: int, out_groups: int, d_in: int, d_out: int) -> bool:
