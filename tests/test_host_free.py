@@ -17,6 +17,7 @@ from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+from switchbench.ops.expert_matmul.op import routing_selected
 
 FAMILIES = registry.names()
 CASES = [(model, "xl") for model in FAMILIES] + [("transformer", "rope"), ("switchhead", "rope")]
@@ -65,6 +66,28 @@ def model_and_batch(model: str, pos: str, device: str = "cpu", dtype=torch.float
 @pytest.mark.parametrize(("model", "pos"), CASES)
 def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
     lm, tokens, state = model_and_batch(model, pos)
+    compiles_whole_and_equals_eager(lm, tokens, state)
+
+    # AdamW's step: torch's own step wrapper puts a graph break around it on purpose (its no_grad boundary), so
+    # fullgraph cannot be asked of it; dynamo's account must show no break inside
+    optimizer = optim.adamw(lm.parameters(), 1e-3, "cpu")
+    before = {n: p.detach().clone() for n, p in lm.named_parameters()}
+    explanation = torch._dynamo.explain(optimizer.step)()
+    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
+    assert any(not torch.equal(p, before[n]) for n, p in lm.named_parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["switchhead", "switchall", "moa"])
+def test_a_step_routed_by_the_triton_kernels_compiles_whole_and_equals_eager(model):
+    """The Triton top-k and grouping (custom ops, run by the interpreter here) trace into the one graph."""
+    lm, tokens, state = model_and_batch(model, "xl")
+    with routing_selected("triton"):
+        compiles_whole_and_equals_eager(lm, tokens, state)
+
+
+def compiles_whole_and_equals_eager(lm, tokens, state) -> None:
+    """The loss of ``lm`` on ``tokens`` compiles into one graph (fullgraph) whose loss and gradients are eager's."""
 
     def loss(x):
         return lm(x, state).loss(x)
@@ -80,14 +103,6 @@ def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
     torch.testing.assert_close(got, expected, **TIGHT)
     for name, grad in eager_grads.items():
         torch.testing.assert_close(dict(lm.named_parameters())[name].grad, grad, **TIGHT)
-
-    # AdamW's step: torch's own step wrapper puts a graph break around it on purpose (its no_grad boundary), so
-    # fullgraph cannot be asked of it; dynamo's account must show no break inside
-    optimizer = optim.adamw(lm.parameters(), 1e-3, "cpu")
-    before = {n: p.detach().clone() for n, p in lm.named_parameters()}
-    explanation = torch._dynamo.explain(optimizer.step)()
-    assert explanation.graph_count == 1 and explanation.graph_break_count == 0, explanation.break_reasons
-    assert any(not torch.equal(p, before[n]) for n, p in lm.named_parameters())
 
 
 @pytest.mark.parametrize("impl", ["grouped_mm", "all_experts"])

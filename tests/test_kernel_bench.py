@@ -351,22 +351,23 @@ def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
     assert (shared["routing_ms"], shared["moe_overhead_ms"]) == (1.5, 3.5)
 
 
-def test_the_routing_flag_is_in_force_and_recorded(tmp_path, monkeypatch, capsys):
-    """--routing count: the timed routing ranks and groups by counting, and the run says so."""
+@pytest.mark.parametrize("method", ["count", "triton"])
+def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch, capsys):
+    """--routing count (or triton): the timed routing ranks and groups by counting, and the run says so."""
     monkeypatch.delenv("SWITCHBENCH_ROUTING", raising=False)
     monkeypatch.setattr(kernels, "cases", lambda size, batch: [TINY])
     monkeypatch.setattr(kernels, "default_impls", lambda device, choice="auto": ["torch", "dense"])
-    assert main([*_cli(tmp_path), "--routing", "count"]) == 0
+    assert main([*_cli(tmp_path), "--routing", method]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["metadata"]["routing"] == "count"
-    assert {r["method"] for r in out["rows"] if r["view"] == "routing"} == {"count"}
+    assert out["metadata"]["routing"] == method
+    assert {r["method"] for r in out["rows"] if r["view"] == "routing"} == {method}
 
 
 def test_a_bad_routing_in_the_environment_is_refused_in_one_line(monkeypatch, capsys):
     monkeypatch.setenv("SWITCHBENCH_ROUTING", "radix")
     assert main(["presets"]) == 2
     err = capsys.readouterr().err
-    assert "SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count; got 'radix'" in err
+    assert "SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count, triton; got 'radix'" in err
     assert len(err.strip().splitlines()) == 1
 
 

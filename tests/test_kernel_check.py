@@ -114,15 +114,26 @@ def test_all_experts_roofline_counts_by_hand():
 
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
-    """The expert matmul's kernels to pipelined wgmma; the position bias's two copies to no MMA at all."""
+    """The expert matmul's kernels to pipelined wgmma; the position bias's two copies and each router's Triton
+    routing (the top-k for SwitchHead's four experts a head, the count and placement for every router) to no MMA
+    at all."""
     assert main(["kernel-check", "--arch", "sm_90", "--dtype", "bf16", "--sizes", "262m", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["rows"]
-    assert {r["case"] for r in rows} == {c.name for c in cases("262m", 1)[:-1]} | {"262m position bias"}
+    routers = {"262m switchhead-v", "262m switchhead-o", "262m moa-q", "262m sigma-moe-up"}
+    assert {r["case"] for r in rows} == {c.name for c in cases("262m", 1)[:-1]} | {"262m position bias"} | {
+        f"{name} routing" for name in routers
+    }
     position = [r for r in rows if r["case"] == "262m position bias"]
     assert sorted(r["kernel"] for r in position) == ["gather (backward)", "spread (forward)"]
-    assert all(r["compiled"] and not r["spill_bytes"] and r["mma"] == "none" for r in position)
-    matmuls = [r for r in rows if r not in position]
+    routing = [r for r in rows if r["case"].endswith(" routing")]
+    kernels = {(r["case"], r["kernel"]) for r in routing}
+    grouping = {(f"{name} routing", k) for name in routers for k in ("count (count)", "place (place)")}
+    ranking = {(f"262m switchhead-{side} routing", "top_k (top-k)") for side in "vo"}
+    assert kernels == grouping | ranking
+    copies = position + routing
+    assert all(r["compiled"] and not r["spill_bytes"] and r["mma"] == "none" for r in copies)
+    matmuls = [r for r in rows if r not in copies]
     bad = [r for r in matmuls if not r["compiled"] or r["spill_bytes"] or r["mma"] != "wgmma"]
     assert not bad, bad[:3]
     assert out["failed"] == 0 and all(r["pipelined"] for r in matmuls)

@@ -27,7 +27,7 @@ from switchbench.models.layers.router import FEW_EXPERTS, entropy_regularizer, s
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window
 from switchbench.ops.expert_matmul.cases import Case, indices, reference
-from switchbench.ops.expert_matmul.op import expert_matmul, route, routing_selected
+from switchbench.ops.expert_matmul.op import expert_matmul, route, routing_selected, top_k_by_rank
 
 F64 = torch.float64
 TOL = dict(rtol=1e-9, atol=1e-11)
@@ -684,20 +684,22 @@ def test_sigmoid_topk(k, expert_dropout):
                 assert gate == pytest.approx(1 / (1 + math.exp(-logits[n, g, e].item())), rel=1e-12)
 
 
+@pytest.mark.parametrize("routing", ["count", "triton"])
 @pytest.mark.parametrize("E", range(1, 10))  # past FEW_EXPERTS (8): torch's top-k
-def test_top_k_of_few_experts_by_rank_is_torch_top_k(E):
-    """Routing without sorts: the k largest, largest first, torch.topk's experts in its order (distinct values);
-    ties go to the lower id, and experts hidden by dropout (-inf) come last."""
+def test_top_k_of_few_experts_by_rank_is_torch_top_k(E, routing):
+    """Routing without sorts, in elementwise kernels or Triton's: the k largest, largest first, torch.topk's experts
+    in its order (distinct values); ties go to the lower id, and experts hidden by dropout (-inf) come last."""
     for k in range(1, E + 1):
         candidates = torch.sigmoid(_randn(E * 10 + k, 64, 3, E, scale=3.0))
-        with routing_selected("count"):
+        with routing_selected(routing):
             _, chosen = sigmoid_topk(torch.logit(candidates), k)
         picked = candidates.gather(-1, chosen)
         if E > FEW_EXPERTS:  # torch.topk unsorted: the same experts, in its own order
             picked = picked.sort(-1, descending=True).values
         assert torch.equal(picked, candidates.topk(k, dim=-1).values)
     tied = torch.tensor([[0.5, 0.9, 0.5, float("-inf"), 0.9, 0.1, float("-inf"), 0.5]], dtype=F64)
-    assert top_by_rank(tied, 8).tolist() == [[1, 4, 0, 2, 7, 5, 3, 6]]
+    ranked = top_by_rank if routing == "count" else top_k_by_rank
+    assert ranked(tied, 8).tolist() == [[1, 4, 0, 2, 7, 5, 3, 6]]
 
 
 def _hand_entropy_term(rows: list[list[float]]) -> float:

@@ -425,6 +425,21 @@ def test_expert_matmul_choice_is_checked_first(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("named", ["flag", "environment"])
+def test_triton_routing_off_cuda_without_its_interpreter_is_refused_first(
+    named, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = ["speed", "--device", "cpu", "--out", str(tmp_path / "out")]
+    if named == "flag":
+        argv += ["--routing", "triton"]
+    else:
+        monkeypatch.setenv("SWITCHBENCH_ROUTING", "triton")
+    where = "--routing" if named == "flag" else "SWITCHBENCH_ROUTING"
+    fails_cleanly(capsys, argv, says=f"{where}=triton needs a CUDA device, or TRITON_INTERPRET=1")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_triton_under_its_interpreter_is_accepted(monkeypatch, capsys):
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -1,16 +1,25 @@
-"""Grouping token slots by expert: the sort-free count against the stable sort it replaces, op by op and through
-every routed family (outputs and every gradient: the count's top-k by rank included), and the choice of method."""
+"""Grouping token slots by expert: the sort-free count and the Triton kernels (under TRITON_INTERPRET=1 without a
+GPU) against the stable sort they replace, op by op and through every routed family (outputs and every gradient:
+their top-k by rank included), and the choice of method."""
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from small import make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
-from switchbench.ops.expert_matmul.op import ENV_ROUTING, route, routing_method, routing_selected
+from switchbench.ops.expert_matmul.op import (
+    ENV_ROUTING,
+    MAX_GROUPED,
+    ROUTINGS,
+    route,
+    routing_method,
+    routing_selected,
+)
 
 ROUTED = ["switchhead", "switchall", "moa"]
+SORT_FREE = [by for by in ROUTINGS if by != "sort"]
 
 
 def _grouped_by_loop(indices: torch.Tensor, n_experts: int) -> tuple[list[int], list[int]]:
@@ -21,44 +30,72 @@ def _grouped_by_loop(indices: torch.Tensor, n_experts: int) -> tuple[list[int], 
     return order, [sum(counts[:e]) for e in range(n_experts + 1)]
 
 
+@settings(deadline=None)  # the Triton interpreter's first launch of a kernel builds it
 @given(
     tokens=st.integers(0, 40),
     slots=st.integers(1, 6),
     experts=st.integers(1, 12),
     seed=st.integers(0, 2**16),
 )
-def test_both_methods_group_slots_as_a_loop_does(tokens, slots, experts, seed):
+def test_every_method_groups_slots_as_a_loop_does(tokens, slots, experts, seed):
     indices = torch.randint(experts, (tokens, slots), generator=torch.Generator().manual_seed(seed))
     order, offsets = _grouped_by_loop(indices, experts)
-    for by in ("sort", "count"):
+    for by in ROUTINGS:
         routing = route(indices, experts, by=by)
         assert routing.order.tolist() == order and routing.offsets.tolist() == offsets, by
         assert routing.experts.tolist() == sorted(indices.reshape(-1).tolist()), by
         assert routing.order.dtype == routing.offsets.dtype == torch.long
 
 
-def test_the_count_takes_a_strided_view_and_one_expert_for_everything():
+@pytest.mark.parametrize("by", SORT_FREE)
+def test_a_sort_free_method_takes_a_strided_view_and_one_expert_for_everything(by):
     indices = torch.randint(6, (9, 8))[:, ::2]  # not contiguous
-    assert torch.equal(route(indices, 6, by="count").order, route(indices, 6, by="sort").order)
+    assert torch.equal(route(indices, 6, by=by).order, route(indices, 6, by="sort").order)
     same = torch.full((5, 3), 2)
-    assert route(same, 4, by="count").offsets.tolist() == [0, 0, 0, 15, 15]
+    assert route(same, 4, by=by).offsets.tolist() == [0, 0, 0, 15, 15]
 
 
+@pytest.mark.parametrize(
+    ("tokens", "slots", "experts", "programs"),
+    [
+        (1024, 8, 16, None),  # SwitchHead 262M's V (4 heads x 4 experts): a program a block of slots
+        (
+            700,
+            3,
+            MAX_GROUPED,
+            40,
+        ),  # the most it counts, 66 blocks over 33 programs, each reading 2 tiles of counts
+        (50, 4, MAX_GROUPED + 1, None),  # past it: sorted
+    ],
+)
+def test_the_triton_grouping_past_its_tiles_is_the_sort(tokens, slots, experts, programs, monkeypatch):
+    from switchbench.ops.expert_matmul import routing_kernels
+
+    if programs:
+        monkeypatch.setattr(routing_kernels, "_SPANS", programs)
+    indices = torch.randint(experts, (tokens, slots), generator=torch.Generator().manual_seed(tokens))
+    indices[0] = experts - 1  # the last expert taken
+    triton, sort = route(indices, experts, "triton").grouped, route(indices, experts, "sort").grouped
+    for got, want in zip(triton, sort, strict=True):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("method", SORT_FREE)
 @pytest.mark.parametrize("model", ROUTED)
-def test_every_routed_family_computes_the_same_with_either_method(model):
+def test_every_routed_family_computes_the_same_with_every_method(model, method):
     """Float64 logits and every parameter's gradient, bit for bit: the methods give one order, so every op after
     them sees the same tensors."""
     cfg = small_cfg(model)
     tokens = random_tokens(cfg, 2 * cfg.T)
     results = {}
-    for by in ("sort", "count"):
+    for by in ("sort", method):
         lm = make_lm(cfg).train()
         with routing_selected(by):
             out = lm(tokens)
             out.loss(tokens.roll(-1, 1)).backward()
         results[by] = [out.logits.detach()] + [p.grad for p in lm.parameters() if p.grad is not None]
     assert len(results["sort"]) > 1
-    for a, b in zip(results["sort"], results["count"], strict=True):
+    for a, b in zip(results["sort"], results[method], strict=True):
         assert torch.equal(a, b)
 
 
@@ -70,9 +107,11 @@ def test_the_method_is_chosen_named_then_from_the_environment_and_auto_sorts(mon
     with routing_selected("sort"):
         assert routing_method("cuda") == "sort"
     monkeypatch.setenv(ENV_ROUTING, "radix")
-    with pytest.raises(ValueError, match="SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count"):
+    with pytest.raises(
+        ValueError, match="SWITCHBENCH_ROUTING: the routing must be one of auto, sort, count, triton"
+    ):
         routing_method("cpu")
-    with pytest.raises(ValueError, match="route by one of sort, count"):
+    with pytest.raises(ValueError, match="route by one of sort, count, triton"):
         route(torch.zeros(2, 1, dtype=torch.long), 1, by="radix")
 
 

@@ -4,6 +4,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 from collections.abc import Iterator
@@ -80,9 +81,9 @@ def device_from_args(choice: str | None) -> str:
 
 def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
     """``--expert-matmul auto|torch|triton|grouped_mm|all_experts``, ``--attention auto|explicit|sdpa|flex`` and
-    ``--routing auto|sort|count``: what every expert matmul and every softmax attention of the command runs on, and
-    how every router ranks its experts and groups its slots. The command line puts them in force around the
-    command's run; record them with :func:`kernel_metadata`."""
+    ``--routing auto|sort|count|triton``: what every expert matmul and every softmax attention of the command runs
+    on, and how every router ranks its experts and groups its slots. The command line puts them in force around
+    the command's run; record them with :func:`kernel_metadata`."""
     flags = (
         ("--expert-matmul", CHOICES, ENV_IMPL, "the expert-matmul implementation",
          f"the measured fastest for this GPU and shape, else {FALLBACK_RULE}"),
@@ -90,7 +91,7 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
          attention_choice.AUTO_RULE),
         ("--routing", ROUTING_CHOICES, ENV_ROUTING,
          "how routers group their slots by expert: a stable sort, or a count over few experts, which also ranks up "
-         "to 8 experts without torch's top-k", "the sort"),
+         "to 8 experts without torch's top-k, in elementwise kernels (count) or Triton's (triton)", "the sort"),
     )  # fmt: skip
     for flag, choices, env, what, auto in flags:
         parser.add_argument(
@@ -111,7 +112,7 @@ def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
     attention = getattr(args, "attention", None)
     check_attention(attention, getattr(args, "device", None))
     routing = getattr(args, "routing", None)
-    routing_choice()  # the environment's choice checked, whatever the flag
+    check_routing(routing, getattr(args, "device", None))
     with (
         expert_matmul_choice.selected(choice),
         attention_choice.selected(attention),
@@ -131,6 +132,26 @@ def check_attention(choice: str | None, device: str | None) -> None:
         raise ValueError(f"--attention {choice} needs a CUDA device: {why} (use sdpa or explicit there)")
 
 
+def check_routing(choice: str | None, device: str | None) -> None:
+    """``--routing`` (None: the command has no such flag) and ``SWITCHBENCH_ROUTING`` name a routing the command's
+    device can run; else a ValueError. The Triton kernels need CUDA, or Triton's interpreter."""
+    routing_choice()  # the environment's choice checked, whatever the flag
+    for where, named in ((ENV_ROUTING, os.environ.get(ENV_ROUTING)), ("--routing", choice)):
+        if named == "triton":
+            reason = _triton_unavailable(device_from_args(device))
+            if reason:
+                raise ValueError(f"{where}=triton {reason}")
+
+
+def _triton_unavailable(device: str) -> str | None:
+    """Why Triton's kernels cannot run on ``device`` here, or None."""
+    if importlib.util.find_spec("triton") is None:
+        return "needs triton, which is not installed"
+    if device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return "needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
+    return None
+
+
 def check_expert_matmul(choice: str | None, where: str) -> None:
     """``choice`` (None: nothing chosen) names an implementation this machine can run; else a ValueError."""
     if not choice:
@@ -141,9 +162,7 @@ def check_expert_matmul(choice: str | None, where: str) -> None:
     if reason:
         raise ValueError(f"{where}={choice}: {reason}")
     if choice == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"{where}=triton needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
-        )
+        raise ValueError(f"{where}=triton {_triton_unavailable('cpu')}")
 
 
 def kernel_metadata(expert_matmul: str, device: str) -> dict:

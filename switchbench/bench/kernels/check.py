@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the suite's Triton kernels for a named GPU, without one.
 
-Each kernel launch of the expert matmul's forward and backward, and of the position bias's (Transformer-XL's
-relative term as SDPA reads it), is recorded on meta tensors of a preset's shapes, then compiled with
+Each kernel launch of the expert matmul's forward and backward, of the position bias's (Transformer-XL's
+relative term as SDPA reads it) and of routing's Triton top-k and grouping, is recorded on meta tensors of a preset's shapes, then compiled with
 ``triton.compile`` for ``GPUTarget("cuda", cc, 32)`` once per autotune configuration the launcher offers, with the
 ptxas that ships in the triton wheel. The arguments are specialised the way the JIT
 specialises them (an integer 1 becomes a constant, multiples of 16 and tensor pointers are marked 16-divisible).
@@ -29,6 +29,7 @@ from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import roofline
 from switchbench.bench.kernels.bench import SIZES, Case, cases
 from switchbench.models import family as registry
+from switchbench.models.layers.router import FEW_EXPERTS
 from switchbench.models.presets import PRESETS
 
 ARCHS = {"sm_90": 90, "sm_80": 80}
@@ -37,11 +38,14 @@ _POINTER = {
     torch.float16: "*fp16",
     torch.float32: "*fp32",
     torch.int64: "*i64",
+    torch.int32: "*i32",
     torch.uint8: "*u8",
 }
 EXPERT_KERNELS = "switchbench.ops.expert_matmul.triton_kernels"
 POSITION_KERNELS = "switchbench.ops.attention.position_kernels"
-MATMUL_FREE = ("spread", "gather")  # the position bias's kernels: memory-bound copies, no MMA to expect
+ROUTING_KERNELS = "switchbench.ops.expert_matmul.routing_kernels"
+# kernels with no MMA to expect: the position bias's memory-bound copies, routing's comparisons and counts
+MATMUL_FREE = ("spread", "gather", "top_k", "count", "place")
 JIT_DEFAULTS = {"num_warps": 4, "num_stages": 3}  # how a kernel launched without a configuration compiles
 COLUMNS = [
     "kernel",
@@ -60,7 +64,7 @@ COLUMNS += ["mma", "pipelined"]
 def register(commands) -> None:
     parser = commands.add_parser(
         "kernel-check",
-        help="compile the Triton kernels (expert matmul, position bias) for a GPU, no GPU needed",
+        help="compile the Triton kernels (expert matmul, position bias, routing) for a GPU, no GPU needed",
     )
     parser.add_argument("--arch", nargs="+", choices=list(ARCHS), default=["sm_90"])
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"])
@@ -167,11 +171,13 @@ def _jobs(archs, dtypes, sizes) -> list[tuple[dict, tuple]]:
 
 def _launches(size: str, dtype: torch.dtype):
     """(case, module, pass, kernel, arguments, constexprs, configuration) of every launch to compile at ``size``:
-    each autotune configuration of the expert matmul's cases, and the position bias at the dense preset's window
-    with the configuration the JIT gives a launch that names none."""
+    each autotune configuration of the expert matmul's cases; the position bias at the dense preset's window and
+    each router's Triton routing (``--routing triton``), with the configuration the JIT gives a launch that names
+    none."""
     import triton
 
     from switchbench.ops.attention import position_kernels
+    from switchbench.ops.expert_matmul import routing_kernels
 
     for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
         for phase, fn, tuned, args, constants in launches(case, dtype):
@@ -182,6 +188,15 @@ def _launches(size: str, dtype: torch.dtype):
     for phase, fn, args, constants in position_kernels.launches(t, S, dtype):
         config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
         yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
+    routings: dict[tuple, str] = {}  # each router's shape, named by the first case it drives
+    for c in cases(size, batch=1):
+        if c.n_experts > 1:
+            routings.setdefault((c.tokens, c.groups, c.experts_per_group, c.slots), c.name)
+    for (tokens, groups, experts, slots), name in routings.items():
+        ranked = experts <= FEW_EXPERTS  # more are ranked by torch's top-k
+        for phase, fn, args, constants in routing_kernels.launches(tokens, groups, experts, slots, ranked):
+            config = triton.Config(constants, **JIT_DEFAULTS)
+            yield f"{name} routing", ROUTING_KERNELS, phase, fn, args, {}, config
 
 
 def _configs(tuned, fn, args, constants) -> list:

@@ -5,7 +5,7 @@ import math
 import torch
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.op import routing_method
+from switchbench.ops.expert_matmul.op import routing_method, top_k_by_rank
 
 
 def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[Tensor, Tensor]:
@@ -18,14 +18,15 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
     candidates = scores
     if expert_dropout > 0:
         candidates = scores.masked_fill(torch.rand_like(scores) < expert_dropout, float("-inf"))
-    if candidates.shape[-1] <= FEW_EXPERTS and routing_method(candidates.device.type) == "count":
-        return scores, top_by_rank(candidates, k)
+    method = routing_method(candidates.device.type)
+    if candidates.shape[-1] <= FEW_EXPERTS and method in RANKED:
+        return scores, RANKED[method](candidates, k)
     return scores, candidates.topk(k, dim=-1, sorted=False).indices
 
 
-# Routing without sorts (--routing count) ranks up to this many experts by comparing every pair. CUDA's
+# Routing without sorts (--routing count, triton) ranks up to this many experts by comparing every pair. CUDA's
 # top-k over rows of four experts (SwitchHead 262M) took 11.3 of the routing's 42.6 ms in a step at batch 64 on an
-# H200 (gatherTopK); torch.topk stays the reference, and auto's choice, until a GPU has timed both
+# H200 (gatherTopK); torch.topk stays the reference, and auto's choice, until a GPU has timed them
 FEW_EXPERTS = 8
 
 
@@ -39,6 +40,10 @@ def top_by_rank(candidates: Tensor, k: int) -> Tensor:
     ahead = (other > mine) | ((other == mine) & (ids < ids[:, None]))
     rank = ahead.sum(-1)  # [..., E], a permutation of 0..E-1
     return (rank[..., None, :] == ids[:k, None]).to(torch.uint8).argmax(-1)  # [..., k]: the expert of rank r
+
+
+# How each sort-free routing ranks few experts: in a few elementwise kernels, or in one Triton launch
+RANKED = {"count": top_by_rank, "triton": top_k_by_rank}
 
 
 def full_precision(logits: Tensor) -> Tensor:

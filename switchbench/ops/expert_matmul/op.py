@@ -81,10 +81,12 @@ class Routing:
         return self.grouped[2]
 
 
-ROUTINGS = ("sort", "count")
+ROUTINGS = ("sort", "count", "triton")
+# the most experts the Triton grouping counts in registers (its one-hot tiles are slots x experts); more are sorted
+MAX_GROUPED = 128
 ENV_ROUTING = "SWITCHBENCH_ROUTING"
 # auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
-# 11x at 4,096 x 8 over 32), and on a GPU it has not been measured yet
+# 11x at 4,096 x 8 over 32), and on a GPU neither the count nor the Triton kernels have been measured yet
 ROUTING_CHOICES = ("auto", *ROUTINGS)
 _ROUTING = Choice("routing", ENV_ROUTING, ROUTING_CHOICES)
 routing_selected = _ROUTING.selected
@@ -108,8 +110,9 @@ def route(indices: Tensor, n_experts: int, by: str | None = None) -> Routing:
     ``count`` finds each slot's place from a running count of the slots per expert: a comparison with every expert
     id, one cumulative sum over the expert-major one-hot and a scatter, a few kernels of O(N S E) elementwise work
     with static shapes. A router chooses among few experts (SwitchHead 262M: 4 heads x 4), where that is less work
-    than a general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100. ``sort``
-    is the stable sort, kept as the reference the tests hold ``count`` to.
+    than a general sort, whose radix passes were the largest kernels of SwitchHead's routing on an H100.
+    ``triton`` counts the same way in two Triton launches (routing_kernels.py) for up to MAX_GROUPED experts, and
+    sorts past that. ``sort`` is the stable sort, kept as the reference the tests hold the others to.
     """
     by = by or routing_method(indices.device.type)
     if by not in ROUTINGS:
@@ -119,7 +122,9 @@ def route(indices: Tensor, n_experts: int, by: str | None = None) -> Routing:
 
 def _group(flat: Tensor, n_experts: int, by: str) -> tuple[Tensor, Tensor, Tensor]:
     """(order, experts, offsets) of the slots ``flat`` [M] grouped by expert, :func:`route`'s way ``by``."""
-    if by == "sort":
+    if by == "triton" and n_experts <= MAX_GROUPED:
+        return tuple(torch.ops.switchbench.group_slots(flat, n_experts))
+    if by in ("sort", "triton"):
         experts, order = flat.sort(stable=True)
         # each expert's run starts where a binary search of the sorted ids puts it: a count by scatter_add's atomics
         # on a few addresses was 5.2 ms of SwitchHead's 262M step on an H200 (batch 64), longer than the sort
@@ -178,6 +183,36 @@ def expert_matmul(
 
 
 # Custom ops
+
+
+@torch.library.custom_op("switchbench::group_slots", mutates_args=())
+def _group_slots_op(flat: Tensor, n_experts: int) -> tuple[Tensor, Tensor, Tensor]:
+    from switchbench.ops.expert_matmul import routing_kernels
+
+    return routing_kernels.group(flat, n_experts)
+
+
+@_group_slots_op.register_fake
+def _(flat, n_experts):
+    return torch.empty_like(flat), torch.empty_like(flat), flat.new_empty(n_experts + 1)
+
+
+@torch.library.custom_op("switchbench::top_k_by_rank", mutates_args=())
+def _top_k_by_rank_op(candidates: Tensor, k: int) -> Tensor:
+    from switchbench.ops.expert_matmul import routing_kernels
+
+    return routing_kernels.top_k(candidates, k)
+
+
+@_top_k_by_rank_op.register_fake
+def _(candidates, k):
+    return candidates.new_empty(*candidates.shape[:-1], k, dtype=torch.long)
+
+
+def top_k_by_rank(candidates: Tensor, k: int) -> Tensor:
+    """router.py's ``top_by_rank`` in one Triton launch, over [..., E] for few experts (it compares every pair): the
+    experts of the k largest, largest first, ties to the lower id."""
+    return torch.ops.switchbench.top_k_by_rank(candidates.detach(), k)
 
 
 @torch.library.custom_op("switchbench::expert_matmul", mutates_args=())
