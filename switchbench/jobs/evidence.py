@@ -483,13 +483,16 @@ def _decode(group: str) -> Callable[[Context], object]:
 def _speed_per_implementation(ctx: Context):
     """The 262M dense and SwitchHead pair as a practitioner trains it (SDPA, CUDA graphs, batch 64 where it fits) on
     the fixed expert-matmul implementations other than ``auto``'s fallback (Triton, which speed-practitioner-262m
-    ran): all_experts, never timed in a step on a GPU, then with the count's routing too, where SwitchHead's step
-    has neither a sort nor torch's top-k, then grouped_mm. The rehearsal runs the tiny pair, the CPU's padded
-    implementation last."""
-    runs = [("all_experts", "auto"), ("all_experts", "count"), ("grouped_mm", "auto")]
+    ran, its slots sorted): all_experts, never timed in a step on a GPU, then with Triton's routing too, where
+    SwitchHead's step has neither a sort nor torch's top-k, then grouped_mm, then Triton's matmul with Triton's
+    routing (the slots grouped by count, against the sort of the first step). The rehearsal runs the tiny pair,
+    the count for Triton's routing and the CPU's padded implementation for Triton's matmul."""
+    sort_free = _sort_free_routing(ctx)
+    runs = [("all_experts", "auto"), ("all_experts", sort_free), ("grouped_mm", "auto")]
+    runs.append(("triton", sort_free) if ctx.gpu else ("torch", "auto"))
     pair = GPU_PROFILE if ctx.gpu else ("tiny-transformer", "tiny-switchhead")
     practitioner = ("--attention", "sdpa", *(_PRACTITIONER_GPU if ctx.gpu else ()))
-    for impl, routing in runs if ctx.gpu else [*runs, ("torch", "auto")]:
+    for impl, routing in runs:
         flags = ("--expert-matmul", impl, "--routing", routing)
         _speed_group(ctx, None, "--presets", *pair, *flags, *practitioner)
 
@@ -501,8 +504,16 @@ def _profile(ctx: Context):
     extra = ["--fit-from", "64", "--top", "60"] if ctx.gpu else ["--steps", "1", "--warmup", "0"]
     where = ["--device", ctx.device, "--out", str(ctx.results / "profile"), *extra]
     ctx.switchbench("profile", *presets, "--forward", *where)
-    # SwitchHead's step with neither a sort nor torch's top-k: every expert computed, the experts ranked by count
-    ctx.switchbench("profile", presets[1], "--expert-matmul", "all_experts", "--routing", "count", *where)
+    # SwitchHead's step with neither a sort nor torch's top-k: every expert computed, the experts ranked by Triton's
+    # one launch a router
+    routing = ("--routing", _sort_free_routing(ctx))
+    ctx.switchbench("profile", presets[1], "--expert-matmul", "all_experts", *routing, *where)
+
+
+def _sort_free_routing(ctx: Context) -> str:
+    """Routing without a sort or torch's top-k: Triton's kernels on a GPU; the rehearsal's CPU counts in elementwise
+    kernels instead (Triton runs there only in its interpreter)."""
+    return "triton" if ctx.gpu else "count"
 
 
 def _gate_baseline(ctx: Context):
@@ -632,8 +643,8 @@ STEPS = (
     ),
     Step(
         "speed-expert-matmul",
-        "the 262M dense and SwitchHead pair as a practitioner trains it on all_experts (sorted, counted) and grouped_mm",
-        200,  # three runs of the pair, never run on a GPU
+        "the 262M dense and SwitchHead pair as a practitioner trains it on all_experts, grouped_mm and Triton's routing",
+        260,  # four runs of the pair, never run on a GPU
         _speed_per_implementation,
     ),
     _speed_step("262m", 110),
