@@ -8,6 +8,8 @@ from switchbench.models.lm import LanguageModel
 T = 8
 SEQ = 2 * T + 3
 TIGHT = dict(rtol=1e-10, atol=1e-10)
+# Where a Triton kernel runs: the GPU, else the CPU in Triton's interpreter (conftest.py)
+TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def small_cfg(model: str, pos: str = "xl", **changes) -> ModelConfig:

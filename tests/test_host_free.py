@@ -8,7 +8,7 @@ output from its largest value, and an H100 refused to capture MoA's step in a CU
 
 import pytest
 import torch
-from small import SEQ, TIGHT, T, random_tokens, small_cfg
+from small import SEQ, TIGHT, TRITON_DEVICE, T, random_tokens, small_cfg
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from switchbench.core import optim
@@ -81,7 +81,7 @@ def test_every_familys_step_compiles_whole_and_equals_eager(model, pos):
 @pytest.mark.parametrize("model", ["switchhead", "switchall", "moa"])
 def test_a_step_routed_by_the_triton_kernels_compiles_whole_and_equals_eager(model):
     """The Triton top-k and grouping (custom ops, run by the interpreter here) trace into the one graph."""
-    lm, tokens, state = model_and_batch(model, "xl")
+    lm, tokens, state = model_and_batch(model, "xl", TRITON_DEVICE)
     with routing_selected("triton"):
         compiles_whole_and_equals_eager(lm, tokens, state)
 

@@ -357,7 +357,10 @@ def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch
     monkeypatch.delenv("SWITCHBENCH_ROUTING", raising=False)
     monkeypatch.setattr(kernels, "cases", lambda size, batch: [TINY])
     monkeypatch.setattr(kernels, "default_impls", lambda device, choice="auto": ["torch", "dense"])
-    assert main([*_cli(tmp_path), "--routing", method]) == 0
+    argv = _cli(tmp_path)
+    if method == "triton" and torch.cuda.is_available():  # Triton runs on the CPU in its interpreter alone
+        argv[argv.index("--device") + 1] = "cuda"
+    assert main([*argv, "--routing", method]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["metadata"]["routing"] == method
     assert {r["method"] for r in out["rows"] if r["view"] == "routing"} == {method}

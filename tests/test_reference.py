@@ -13,6 +13,7 @@ pytest.importorskip("hypothesis")  # a GPU node without it skips this module, na
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from small import TRITON_DEVICE
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.families import switchhead as switchhead_module
@@ -692,14 +693,20 @@ def test_top_k_of_few_experts_by_rank_is_torch_top_k(E, routing):
     for k in range(1, E + 1):
         candidates = torch.sigmoid(_randn(E * 10 + k, 64, 3, E, scale=3.0))
         with routing_selected(routing):
-            _, chosen = sigmoid_topk(torch.logit(candidates), k)
+            _, chosen = sigmoid_topk(torch.logit(candidates).to(_device(routing)), k)
+        chosen = chosen.cpu()
         picked = candidates.gather(-1, chosen)
         if E > FEW_EXPERTS:  # torch.topk unsorted: the same experts, in its own order
             picked = picked.sort(-1, descending=True).values
         assert torch.equal(picked, candidates.topk(k, dim=-1).values)
     tied = torch.tensor([[0.5, 0.9, 0.5, float("-inf"), 0.9, 0.1, float("-inf"), 0.5]], dtype=F64)
     ranked = top_by_rank if routing == "count" else top_k_by_rank
-    assert ranked(tied, 8).tolist() == [[1, 4, 0, 2, 7, 5, 3, 6]]
+    assert ranked(tied.to(_device(routing)), 8).tolist() == [[1, 4, 0, 2, 7, 5, 3, 6]]
+
+
+def _device(routing: str) -> str:
+    """Where ``routing``'s top-k runs: Triton's where its kernels run."""
+    return TRITON_DEVICE if routing == "triton" else "cpu"
 
 
 def _hand_entropy_term(rows: list[list[float]]) -> float:
