@@ -127,9 +127,12 @@ def test_the_probe_sees_a_read_back():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("attention", ["sdpa", "flex"])
-@pytest.mark.parametrize("impl", ["triton", "grouped_mm", "all_experts"])
+@pytest.mark.parametrize(
+    ("impl", "routing"),
+    [("triton", "auto"), ("triton", "triton"), ("grouped_mm", "auto"), ("all_experts", "auto")],
+)
 @pytest.mark.parametrize(("model", "pos"), CASES)
-def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, attention):
+def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, routing, attention):
     from switchbench.ops.expert_matmul import grouped
 
     if impl == "grouped_mm" and grouped.unavailable():
@@ -144,7 +147,11 @@ def test_no_host_sync_in_a_cuda_training_step(model, pos, impl, attention):
         loss.backward()
         optimizer.step()
 
-    with expert_matmul_choice.selected(impl), attention_choice.selected(attention):
+    with (
+        expert_matmul_choice.selected(impl),
+        attention_choice.selected(attention),
+        routing_selected(routing),
+    ):
         step()  # lazy initialisation, autotuning and compilation may synchronise; a step after them may not
         torch.cuda.synchronize()
         with syncs_raise():
