@@ -27,13 +27,16 @@ def outputs(impl, x, weight, indices, scores, s_out, grad_out, device="cpu"):
     return [t.detach().double().cpu() for t in (y, *(leaf.grad for leaf in leaves))]
 
 
-def assert_matches_float64(impl: str, case: Case, gated: bool, dtype: torch.dtype, atol: float) -> None:
-    """``impl`` on ``case``'s inputs in ``dtype`` against the PyTorch path in float64: the output and every gradient."""
+def assert_matches_float64(
+    impl: str, case: Case, gated: bool, dtype: torch.dtype, atol: float, device: str = "cpu"
+) -> None:
+    """``impl`` on ``case``'s inputs in ``dtype`` (on ``device``) against the PyTorch path in float64 on the CPU: the
+    output and every gradient."""
     x, weight, indices, scores, grad_out = float64_inputs(case)
     scores = scores if gated else None
     exact = outputs("torch", x, weight, indices, scores, case.out_groups, grad_out)
     inputs = [None if t is None else t.to(dtype) for t in (x, weight, scores)]
-    got = outputs(impl, inputs[0], inputs[1], indices, inputs[2], case.out_groups, grad_out)
+    got = outputs(impl, inputs[0], inputs[1], indices, inputs[2], case.out_groups, grad_out, device)
     assert_close_scaled(got, exact, atol)
 
 

@@ -1,15 +1,18 @@
 """The expert matmul as dense GEMMs over every expert against a float64 loop: output and every gradient, for every
 family's groupings (one input group or one output group), gated and not, uneven and empty experts, a token whose
-slots share an expert, fp32 and bf16; and its refusal where neither side has one group."""
+slots share an expert, fp32 and bf16, the passes around its GEMMs as Triton kernels and as eager PyTorch; and its
+refusal where neither side has one group."""
 
 import math
+import os
 from dataclasses import replace
 
 import naive
 import pytest
 import torch
+from small import TRITON_DEVICE
 
-from switchbench.ops.expert_matmul import op
+from switchbench.ops.expert_matmul import all_experts, op
 from switchbench.ops.expert_matmul.cases import CASES, float64_inputs
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
@@ -18,19 +21,39 @@ ONE_SIDE = {name: c for name, c in naive.FAMILY_CASES.items() if 1 in (c.in_grou
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-6, torch.bfloat16: 3e-2}
 
 
+@pytest.fixture(params=["triton", "torch"])
+def passes(request, monkeypatch):
+    """The passes around the GEMMs as Triton kernels (on the GPU, or in Triton's interpreter without one) or as
+    eager PyTorch (the CPU's)."""
+    if request.param == "torch":
+        monkeypatch.setattr(all_experts, "fused", lambda t: False)
+    elif not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("Triton runs here on a GPU or in its interpreter")
+    return request.param
+
+
+def device(passes: str) -> str:
+    """Where the op runs for ``passes``: Triton's where its kernels run."""
+    return TRITON_DEVICE if passes == "triton" else "cpu"
+
+
 @pytest.mark.parametrize("dtype", list(TOLERANCE), ids=["fp64", "fp32", "bf16"])
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
 @pytest.mark.parametrize("case", list(ONE_SIDE))
-def test_all_experts_matches_float64(case, gated, dtype):
-    naive.assert_matches_float64("all_experts", ONE_SIDE[case], gated, dtype, TOLERANCE[dtype])
+def test_all_experts_matches_float64(case, gated, dtype, passes):
+    naive.assert_matches_float64(
+        "all_experts", ONE_SIDE[case], gated, dtype, TOLERANCE[dtype], device(passes)
+    )
 
 
-def test_slots_that_share_an_expert_add_up():
+def test_slots_that_share_an_expert_add_up(passes):
     """Two slots of one token on one expert (the op allows it; top-k never does): both forms add both."""
     for case in (CASES["switchhead-v"], CASES["switchhead-o"]):
         x, weight, indices, scores, grad_out = float64_inputs(replace(case, routing="one-expert"))
         exact = naive.outputs("torch", x, weight, indices, scores, case.out_groups, grad_out)
-        got = naive.outputs("all_experts", x, weight, indices, scores, case.out_groups, grad_out)
+        got = naive.outputs(
+            "all_experts", x, weight, indices, scores, case.out_groups, grad_out, device(passes)
+        )
         for a, ref in zip(got, exact, strict=True):
             torch.testing.assert_close(a, ref, rtol=1e-12, atol=1e-12)
 

@@ -98,7 +98,8 @@ def test_roofline_counts_by_hand():
 
 def test_all_experts_roofline_counts_by_hand():
     """Three GEMMs over every expert, E / S times the routed MACs, in the form each side's groups give: with one
-    input group x W_cat, [4, 32] @ [32, 3 x 16]; with one output group the laid-out rows, [4, 3 x 32] @ [96, 16]."""
+    input group x W_cat, [4, 32] @ [32, 3 x 16]; with one output group the laid-out rows, [4, 3 x 32] @ [96, 16];
+    and the pass that lays rows out by expert."""
     by_input = Case("v", 4, 1, 2, 2, 3, 1, 32, 16, True)
     by_output = Case("o", 4, 2, 2, 1, 3, 1, 32, 16, True)
     w = 3 * 32 * 16 * 2
@@ -109,21 +110,27 @@ def test_all_experts_roofline_counts_by_hand():
         edge = 4 * 32 * 2 if case is by_input else 4 * 16 * 2  # x read, or out written
         assert got[f"all_experts: {gemm}"] == (edge + w + wide, 4 * 3 * 32 * 16)
         assert all(macs == 0 for name, (_, macs) in got.items() if "GEMM" not in name)
+        # the Triton lay-out: each slot's row (its gate and expert id) read once, every place of [N, E, d] written
+        width = 16 if case is by_input else 32
+        slot_rows, gates, ids = 4 * 2 * width * 2, (0 if case is by_input else 4 * 2 * 2), 4 * 2 * 8
+        laid_out = "backward: lay out by expert" if case is by_input else "forward: lay out by expert"
+        assert got[f"all_experts: {laid_out}"] == (slot_rows + gates + ids + wide, 0)
     assert roofline.all_experts_passes(Case("k-1", 4, 2, 2, 2, 3, 1, 32, 16, True), 2) == []
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
-    """The expert matmul's kernels to pipelined wgmma; the position bias's two copies and each router's Triton
-    routing (the top-k for SwitchHead's four experts a head, the count and placement for every router) to no MMA
-    at all."""
+    """The expert matmul's kernels to pipelined wgmma; the position bias's two copies, each router's Triton
+    routing (the top-k for SwitchHead's four experts a head, the count and placement for every router) and
+    all_experts' passes around its GEMMs to no tensor-core MMA."""
     assert main(["kernel-check", "--arch", "sm_90", "--dtype", "bf16", "--sizes", "262m", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = out["rows"]
     routers = {"262m switchhead-v", "262m switchhead-o", "262m moa-q", "262m sigma-moe-up"}
-    assert {r["case"] for r in rows} == {c.name for c in cases("262m", 1)[:-1]} | {"262m position bias"} | {
+    expert_cases = {c.name for c in cases("262m", 1)[:-1]}
+    assert {r["case"] for r in rows} == expert_cases | {"262m position bias"} | {
         f"{name} routing" for name in routers
-    }
+    } | {f"{name} all_experts" for name in expert_cases}
     position = [r for r in rows if r["case"] == "262m position bias"]
     assert sorted(r["kernel"] for r in position) == ["gather (backward)", "spread (forward)"]
     routing = [r for r in rows if r["case"].endswith(" routing")]
@@ -131,8 +138,16 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     grouping = {(f"{name} routing", k) for name in routers for k in ("count (count)", "place (place)")}
     ranking = {(f"262m switchhead-{side} routing", "top_k (top-k)") for side in "vo"}
     assert kernels == grouping | ranking
-    copies = position + routing
-    assert all(r["compiled"] and not r["spill_bytes"] and r["mma"] == "none" for r in copies)
+    passes = [r for r in rows if r["case"].endswith(" all_experts")]
+    assert {(r["case"], r["kernel"]) for r in passes if "switchhead" in r["case"]} == {
+        ("262m switchhead-v all_experts", "gate_sum (forward)"),
+        ("262m switchhead-v all_experts", "gate_sum_backward (backward)"),
+        ("262m switchhead-v all_experts", "lay_out (backward)"),
+        ("262m switchhead-o all_experts", "lay_out (forward)"),
+    }
+    copies = position + routing + passes
+    # no tensor-core MMA (the gating's multiply-adds are plain FMA)
+    assert all(r["compiled"] and not r["spill_bytes"] and r["mma"] in ("none", "fma") for r in copies)
     matmuls = [r for r in rows if r not in copies]
     bad = [r for r in matmuls if not r["compiled"] or r["spill_bytes"] or r["mma"] != "wgmma"]
     assert not bad, bad[:3]

@@ -44,8 +44,10 @@ _POINTER = {
 EXPERT_KERNELS = "switchbench.ops.expert_matmul.triton_kernels"
 POSITION_KERNELS = "switchbench.ops.attention.position_kernels"
 ROUTING_KERNELS = "switchbench.ops.expert_matmul.routing_kernels"
-# kernels with no MMA to expect: the position bias's memory-bound copies, routing's comparisons and counts
-MATMUL_FREE = ("spread", "gather", "top_k", "count", "place")
+SLOT_KERNELS = "switchbench.ops.expert_matmul.slot_kernels"
+# kernels with no MMA to expect: the position bias's memory-bound copies, routing's comparisons and counts,
+# all_experts' passes around its GEMMs
+MATMUL_FREE = ("spread", "gather", "top_k", "count", "place", "lay_out", "gate_sum")
 JIT_DEFAULTS = {"num_warps": 4, "num_stages": 3}  # how a kernel launched without a configuration compiles
 COLUMNS = [
     "kernel",
@@ -133,6 +135,39 @@ def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, 
     return [("forward", *launch) for launch in forward] + [("backward", *launch) for launch in backward]
 
 
+def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
+    """(pass, kernel, args, constexprs) of the Triton passes all_experts runs around its GEMMs on CUDA at ``case``'s
+    shapes: in the form of one input group the gating and its gradients (gated) and the output gradient laid out by
+    expert; in that of one output group the (gated) input rows laid out, in the forward and again for the weight
+    gradient. None for groups it cannot run."""
+    from switchbench.ops.expert_matmul import all_experts, slot_kernels
+
+    n, s, e, d_in, d_out = case.tokens, case.slots, case.n_experts, case.d_in, case.d_out
+    if all_experts.unavailable(case.in_groups, case.out_groups):
+        return []
+    meta = {"dtype": dtype, "device": "meta"}
+    indices = torch.empty(n, s, dtype=torch.long, device="meta")
+    scores = torch.empty(n, e, **meta) if case.gated else None
+    by_input = all_experts.gates_outside(case.in_groups, case.out_groups, d_in, d_out)
+    with slot_kernels.recording() as forward:
+        if not by_input:
+            slot_kernels.lay_out(torch.empty(n, case.in_groups, d_in, **meta), indices, e, scores)
+        elif scores is not None:
+            slot_kernels.gate_sum(torch.empty(n, s, d_out, **meta), scores, indices, case.out_groups)
+    with (
+        slot_kernels.recording() as backward
+    ):  # one output group: the weight gradient's lay-out is the forward's
+        if by_input:
+            grad = torch.empty(n, s if case.gated else case.out_groups, d_out, **meta)  # the op's output's
+            if scores is not None:
+                y = torch.empty(n, s, d_out, **meta)
+                slot_kernels.gate_sum_backward(
+                    torch.empty(n, case.out_groups, d_out, **meta), y, scores, indices
+                )
+            slot_kernels.lay_out(grad, indices, e)
+    return [("forward", *launch) for launch in forward] + [("backward", *launch) for launch in backward]
+
+
 def _specialise(fn, args: tuple, constants: dict) -> tuple[dict, dict, dict]:
     """signature, constexprs and 16-divisible arguments as the JIT would derive them from these arguments."""
     values = dict(zip(fn.arg_names, args, strict=False)) | constants
@@ -183,6 +218,9 @@ def _launches(size: str, dtype: torch.dtype):
         for phase, fn, tuned, args, constants in launches(case, dtype):
             for config in _configs(tuned, fn, args, constants):
                 yield case.name, EXPERT_KERNELS, phase, fn, args, constants, config
+        for phase, fn, args, constants in all_experts_launches(case, dtype):
+            config = triton.Config({k: constants.pop(k) for k in ("TOKENS", "WIDTH")}, **JIT_DEFAULTS)
+            yield f"{case.name} all_experts", SLOT_KERNELS, phase, fn, args, constants, config
     cfg = PRESETS[registry.get("transformer").roles[size]]
     t, S = cfg.T, cfg.T * (1 + cfg.context_blocks)
     for phase, fn, args, constants in position_kernels.launches(t, S, dtype):

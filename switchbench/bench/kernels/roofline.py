@@ -61,10 +61,11 @@ def _slot_sum(width: int, slots: int, rows: int, b: int, name: str) -> list:
 
 
 def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
-    """(pass, bytes, MACs) of the all_experts implementation's forward and backward (``all_experts.py``), eager:
-    GEMMs over every expert at the model's widths, E / S times the routed MACs, and the elementwise passes around
-    them (each slot's row picked or placed in its expert's block, gates, slot sums) as separate reads and writes.
-    A case whose groups it cannot run has none."""
+    """(pass, bytes, MACs) of the all_experts implementation's forward and backward (``all_experts.py``) on CUDA:
+    GEMMs over every expert at the model's widths, E / S times the routed MACs, and the passes around them, each a
+    separate read and write: torch's gathers of slot rows and gate gradients, and the Triton kernels that lay rows
+    out by expert (every place written, no zero fill) and gate and sum slots (``slot_kernels.py``). A case whose
+    groups it cannot run has none."""
     n, s, s_in, s_out, e = case.tokens, case.slots, case.in_groups, case.out_groups, case.n_experts
     d_in, d_out, idx, gates = case.d_in, case.d_out, n * s * 8, n * s * b if case.gated else 0
     weight, macs = e * d_in * d_out * b, n * e * d_in * d_out
@@ -75,9 +76,9 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         steps = [
             ("forward GEMM", n * d_in * b + weight + wide, macs),
             ("forward: pick slots", 2 * slot + idx, 0),
-            ("forward: gate and slot sum", 3 * slot + gates + out if case.gated else slot + out, 0),
-            ("backward: gate gradients", out + gates + slot + out + slot + n * s * b if case.gated else 0, 0),
-            ("backward: place slots", wide + 2 * slot + idx, 0),
+            ("forward: gate and slot sum", slot + gates + out if case.gated else slot + out, 0),
+            ("backward: gate gradients", out + gates + 2 * slot + n * s * b if case.gated else 0, 0),
+            ("backward: lay out by expert", slot + idx + wide, 0),
             ("grad_x GEMM", wide + weight + n * d_in * b, macs),
             ("grad_w GEMM", n * d_in * b + wide + 3 * weight, macs),  # and its expert-major copy
         ]
@@ -85,13 +86,12 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         wide, slot, rows = n * e * d_in * b, n * s * d_in * b, n * s_in * d_in * b
         gated = 2 * slot + gates if case.gated else 0
         steps = [
-            ("forward: slots and gates", rows + slot + gated, 0),
-            ("forward: lay out by expert", wide + 2 * slot + idx, 0),
+            ("forward: lay out by expert", slot + gates + idx + wide, 0),
             ("forward GEMM", wide + weight + n * d_out * b, macs),
             ("grad_x GEMM", n * d_out * b + weight + wide, macs),
             ("backward: pick slots", wide + slot + idx, 0),
             ("backward: gate gradients", 2 * slot + n * s * b + 2 * gated if case.gated else 0, 0),
-            ("backward: lay out by expert", rows + slot + wide + 2 * slot + idx, 0),
+            ("backward: lay out by expert", slot + gates + idx + wide, 0),
             ("grad_w GEMM", wide + n * d_out * b + weight, macs),
             ("backward: slot sum", slot + rows, 0),
         ]

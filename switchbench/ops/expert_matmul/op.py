@@ -178,7 +178,7 @@ def expert_matmul(
         y = torch.ops.switchbench.expert_matmul(x, weight, None, routing.indices, *grouped, slots, impl)
         # the label only where a profiler can see it: torch.compile drops it, with a warning
         with contextlib.nullcontext() if torch.compiler.is_compiling() else record_function(GATES_LABEL):
-            return _group_sum(y * scores.gather(1, routing.indices)[..., None], n, s_out)
+            return expert_matmul_all_experts.gate_sum(y, scores, routing.indices, s_out)
     return torch.ops.switchbench.expert_matmul(x, weight, scores, routing.indices, *grouped, s_out, impl)
 
 

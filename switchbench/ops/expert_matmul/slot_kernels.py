@@ -1,0 +1,226 @@
+"""Triton kernels of all_experts' passes around its GEMMs, for CUDA tensors (and CPU tensors under
+TRITON_INTERPRET=1): each one memory-bound pass where eager PyTorch makes two to four, and none materialises a
+[N, S, d] intermediate it does not return.
+
+A token's slots s = 0..S-1 choose experts ``indices[n, s]`` of a flat axis of E; slot s belongs to group
+``s // (S / G)`` of a side with G groups. A slot's gate is its expert's score, ``scores[n, indices[n, s]]``, so
+slots of one token that share an expert share a gate.
+
+- ``lay_out``: [N, G, d] rows -> [N, E, d], each expert's place the sum of the (gated) rows of the token's slots
+  that chose it, zero where none did: the input of the GEMM over every expert (the form of one output group) and
+  the output gradient of the GEMM (the form of one input group). Every place is written, so no zero fill.
+- ``gate_sum``: ungated slot outputs [N, S, d] -> [N, G, d], each group's slots gated and summed.
+- ``gate_sum_backward``: its gradients in one pass: each slot's output gradient (its group's, gated) and each
+  score's, the dot of the group's output gradient with the slots' outputs that read it.
+
+Each accumulates in fp32 (fp64 for fp64 inputs).
+"""
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+_TOKENS = 32  # tokens a program takes
+_WIDTH = 128  # features a program (or one step of its loop) takes
+
+
+@triton.jit
+def _lay_out_kernel(
+    rows_ptr,
+    scores_ptr,
+    indices_ptr,
+    out_ptr,
+    N,
+    E,
+    d,
+    S: tl.constexpr,
+    PER: tl.constexpr,  # slots a group of rows: S / G
+    GATED: tl.constexpr,
+    TOKENS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    ACC: tl.constexpr,  # the accumulator's type: fp32, fp64 for fp64
+):
+    n = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    e = tl.program_id(1)
+    c = tl.program_id(2) * WIDTH + tl.arange(0, WIDTH)
+    token, column = n < N, c < d
+    acc = tl.zeros((TOKENS, WIDTH), dtype=ACC)
+    for s in range(S):
+        chose = tl.load(indices_ptr + n * S + s, mask=token, other=-1) == e
+        row = tl.load(
+            rows_ptr + (n * (S // PER) + s // PER)[:, None] * d + c[None, :],
+            mask=chose[:, None] & column[None, :],
+            other=0.0,
+        )
+        acc += row.to(ACC)
+    if GATED:
+        acc *= tl.load(scores_ptr + n * E + e, mask=token, other=0.0).to(ACC)[:, None]
+    tl.store(
+        out_ptr + (n * E + e)[:, None] * d + c[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=token[:, None] & column[None, :],
+    )
+
+
+@triton.jit
+def _gate_sum_kernel(
+    y_ptr,
+    scores_ptr,
+    indices_ptr,
+    out_ptr,
+    N,
+    E,
+    d,
+    S: tl.constexpr,
+    PER: tl.constexpr,
+    TOKENS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    ACC: tl.constexpr,  # the accumulator's type: fp32, fp64 for fp64
+):
+    n = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    g = tl.program_id(1)
+    c = tl.program_id(2) * WIDTH + tl.arange(0, WIDTH)
+    token, column = n < N, c < d
+    both = token[:, None] & column[None, :]
+    acc = tl.zeros((TOKENS, WIDTH), dtype=ACC)
+    for j in range(PER):
+        s = g * PER + j
+        expert = tl.load(indices_ptr + n * S + s, mask=token, other=0)
+        gate = tl.load(scores_ptr + n * E + expert, mask=token, other=0.0).to(ACC)
+        y = tl.load(y_ptr + (n * S + s)[:, None] * d + c[None, :], mask=both, other=0.0)
+        acc += gate[:, None] * y.to(ACC)
+    tl.store(
+        out_ptr + (n * (S // PER) + g)[:, None] * d + c[None, :], acc.to(out_ptr.dtype.element_ty), mask=both
+    )
+
+
+@triton.jit
+def _gate_sum_backward_kernel(
+    grad_ptr,
+    y_ptr,
+    scores_ptr,
+    indices_ptr,
+    grad_y_ptr,
+    grad_scores_ptr,
+    N,
+    E,
+    d,
+    S: tl.constexpr,
+    PER: tl.constexpr,
+    TOKENS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    ACC: tl.constexpr,  # the accumulator's type: fp32, fp64 for fp64
+    BLOCK_E: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    token = n < N
+    experts = tl.arange(0, BLOCK_E)
+    grad_scores = tl.zeros((TOKENS, BLOCK_E), dtype=ACC)
+    for s in range(S):
+        expert = tl.load(indices_ptr + n * S + s, mask=token, other=0)
+        gate = tl.load(scores_ptr + n * E + expert, mask=token, other=0.0).to(ACC)
+        dot = tl.zeros((TOKENS,), dtype=ACC)
+        for c0 in range(0, d, WIDTH):
+            c = c0 + tl.arange(0, WIDTH)
+            both = token[:, None] & (c < d)[None, :]
+            grad = tl.load(
+                grad_ptr + (n * (S // PER) + s // PER)[:, None] * d + c[None, :], mask=both, other=0.0
+            )
+            y = tl.load(y_ptr + (n * S + s)[:, None] * d + c[None, :], mask=both, other=0.0)
+            dot += tl.sum(grad.to(ACC) * y.to(ACC), 1)
+            grad_y = (gate[:, None] * grad.to(ACC)).to(grad_y_ptr.dtype.element_ty)
+            tl.store(grad_y_ptr + (n * S + s)[:, None] * d + c[None, :], grad_y, mask=both)
+        grad_scores += tl.where(experts[None, :] == expert[:, None], dot[:, None], 0.0)
+    out = grad_scores_ptr + n[:, None] * E + experts[None, :]
+    tl.store(
+        out, grad_scores.to(grad_scores_ptr.dtype.element_ty), mask=token[:, None] & (experts < E)[None, :]
+    )
+
+
+def lay_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | None = None) -> Tensor:
+    """rows [N, G, d] -> [N, E, d]: each expert's place the sum of the rows of the token's slots that chose it
+    (``indices`` [N, S]), times its score [N, E] if given; zero where no slot did."""
+    (n, groups, d), slots = rows.shape, indices.shape[1]
+    out = rows.new_empty(n, n_experts, d)
+    grid = (triton.cdiv(n, _TOKENS), n_experts, triton.cdiv(d, _WIDTH))
+    constants = {
+        "S": slots,
+        "PER": slots // groups,
+        "GATED": scores is not None,
+        "TOKENS": _TOKENS,
+        "WIDTH": _WIDTH,
+    }
+    _launch(_lay_out_kernel, grid, rows, scores, indices, out, n, n_experts, d, **constants)
+    return out
+
+
+def gate_sum(y: Tensor, scores: Tensor, indices: Tensor, groups: int) -> Tensor:
+    """Ungated slot outputs y [N, S, d] -> [N, groups, d]: each group's slots times their gates, summed."""
+    (n, slots, d), n_experts = y.shape, scores.shape[1]
+    out = y.new_empty(n, groups, d)
+    grid = (triton.cdiv(n, _TOKENS), groups, triton.cdiv(d, _WIDTH))
+    constants = {"S": slots, "PER": slots // groups, "TOKENS": _TOKENS, "WIDTH": _WIDTH}
+    _launch(_gate_sum_kernel, grid, y, scores, indices, out, n, n_experts, d, **constants)
+    return out
+
+
+def gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
+    """The gradients of :func:`gate_sum` for its output's ``grad`` [N, G, d]: (of y [N, S, d], of scores [N, E])."""
+    (n, slots, d), n_experts = y.shape, scores.shape[1]
+    grad_y, grad_scores = torch.empty_like(y), torch.empty_like(scores)
+    constants = {
+        "S": slots,
+        "PER": slots // grad.shape[1],
+        "TOKENS": _TOKENS,
+        "WIDTH": min(_WIDTH // 2, triton.next_power_of_2(d)),
+    }
+    constants["BLOCK_E"] = triton.next_power_of_2(n_experts)
+    grid = (triton.cdiv(n, _TOKENS),)
+    _launch(
+        _gate_sum_backward_kernel,
+        grid,
+        grad,
+        y,
+        scores,
+        indices,
+        grad_y,
+        grad_scores,
+        n,
+        n_experts,
+        d,
+        **constants,
+    )
+    return grad_y, grad_scores
+
+
+_recorded: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect (kernel, arguments, constexprs) of each launch instead of running it: kernel-check compiles the
+    launches of meta tensors ahead of time."""
+    global _recorded
+    _recorded = []
+    try:
+        yield _recorded
+    finally:
+        _recorded = None
+
+
+def _launch(kernel, grid, first: Tensor, *args, **constants) -> None:
+    """One launch of ``kernel`` over ``grid`` (none for an empty one), accumulating in fp32 (fp64 for fp64); every
+    tensor argument dense and row-major (a missing one, unread, stands in as ``first``)."""
+    constants["ACC"] = tl.float64 if first.dtype == torch.float64 else tl.float32
+    tensors = (
+        first.contiguous(),
+        *(first if a is None else a.contiguous() if isinstance(a, Tensor) else a for a in args),
+    )
+    if _recorded is not None:
+        _recorded.append((kernel, tensors, constants))
+    elif min(grid):
+        with torch.cuda.device_of(first):
+            kernel[grid](*tensors, **constants)
