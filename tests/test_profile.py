@@ -1,5 +1,6 @@
 """``switchbench profile``: shares that add up to the step, each unit of time counted once and put where it ran."""
 
+import collections
 import inspect
 import json
 import threading
@@ -18,6 +19,7 @@ from switchbench.cli import main
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
+from switchbench.ops.expert_matmul import all_experts
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import op as expert_matmul
 from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL as GATES
@@ -115,16 +117,27 @@ def test_each_part_of_a_switchhead_step_lands_in_its_share():
     assert all(dense[name] == 0 for name in (*profile.SHARES[:3], "routing"))
 
 
-def test_the_gates_all_experts_applies_outside_its_op_land_in_the_expert_matmul_shares():
-    """On all_experts SwitchHead's value projection is gated outside the op: those products and sums, and their
-    backward, are the expert matmul's (forward, input gradient), not the routing of the module around them."""
+@pytest.mark.parametrize("passes", ["triton", "torch"])
+def test_the_gates_all_experts_applies_outside_its_op_land_in_the_expert_matmul_shares(passes, monkeypatch):
+    """On all_experts SwitchHead's value projection is gated outside the op: that gating and its backward (a Triton
+    kernel each way, or eager products and sums) are the expert matmul's (forward, input gradient), not the routing
+    of the module around them."""
+    if passes == "torch":
+        monkeypatch.setattr(all_experts, "fused", lambda t: False)
+    elif not all_experts.fused(torch.empty(0)):
+        pytest.skip("Triton runs on the CPU only in its interpreter")
     with expert_matmul_choice.selected("all_experts"):
         rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 1, 1, 200)
-    kernels = [r for r in rows if r["kind"] == "kernel"]
-    products = {r["share"] for r in kernels if r["name"] == "aten::mul"}
-    assert {profile.EXPERT_FORWARD, profile.EXPERT_INPUT} <= products
-    summed = {r["share"] for r in kernels if r["name"] == "aten::sum"}
-    assert profile.EXPERT_FORWARD in summed and "routing" not in summed
+    shares = collections.defaultdict(set)
+    for r in rows:
+        if r["kind"] == "kernel":
+            shares[r["name"]].add(r["share"])
+    if passes == "triton":
+        assert shares["switchbench::gate_sum"] == {profile.EXPERT_FORWARD}
+        assert shares["switchbench::gate_sum_backward"] == {profile.EXPERT_INPUT}
+        return
+    assert {profile.EXPERT_FORWARD, profile.EXPERT_INPUT} <= shares["aten::mul"]
+    assert profile.EXPERT_FORWARD in shares["aten::sum"] and "routing" not in shares["aten::sum"]
 
 
 def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsys):
