@@ -90,6 +90,8 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
     assert {r["impl"] for r in saved["rows"]} == {
         "routing",
         "top-k",
+        "routing (count)",  # the other method beside the one in force (Triton's off a GPU is not timed)
+        "top-k (count)",
         "torch",
         "grouped_mm",
         "all_experts",
@@ -353,7 +355,8 @@ def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
 
 @pytest.mark.parametrize("method", ["count", "triton"])
 def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch, capsys):
-    """--routing count (or triton): the timed routing ranks and groups by counting, and the run says so."""
+    """--routing count (or triton): the timed routing ranks and groups by counting, and the run says so; the other
+    methods are timed beside it, each row named by its method."""
     monkeypatch.delenv("SWITCHBENCH_ROUTING", raising=False)
     monkeypatch.setattr(kernels, "cases", lambda size, batch: [TINY])
     monkeypatch.setattr(kernels, "default_impls", lambda device, choice="auto": ["torch", "dense"])
@@ -363,7 +366,15 @@ def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch
     assert main([*argv, "--routing", method]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["metadata"]["routing"] == method
-    assert {r["method"] for r in out["rows"] if r["view"] == "routing"} == {method}
+    routings = {r["impl"]: r["method"] for r in out["rows"] if r["view"] == "routing"}
+    assert {routings["routing"], routings["top-k"]} == {method}  # the ones an op's routing share reads
+    # and every other method this device times, beside it
+    others = {
+        m for m in ("sort", "count", "triton") if m != method and (m != "triton" or torch.cuda.is_available())
+    }
+    assert {impl: m for impl, m in routings.items() if "(" in impl} == {
+        f"{name} ({m})": m for m in others for name in ("routing", "top-k")
+    }
 
 
 def test_a_bad_routing_in_the_environment_is_refused_in_one_line(monkeypatch, capsys):

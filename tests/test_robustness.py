@@ -225,8 +225,9 @@ def test_kernel_bench_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsy
     assert main(argv) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     status = {(r["case"], r["impl"], r["pass"]): r["status"] for r in rows}
-    # the three cases are routed: each times its routings
-    impls = [*kernels.TIMED_ROUTINGS, *kernels.default_impls("cpu")]
+    # the three cases are routed: each times its routings, by the sort in force and by the count beside it
+    routings = [kernels.routing_name(n, m) for m in (None, "count") for n in kernels.TIMED_ROUTINGS]
+    impls = [*routings, *kernels.default_impls("cpu")]
     assert len(status) == 3 * len(impls) * 2
     assert {k for k, v in status.items() if v == "OOM"} == {
         ("47m switchhead-o", impl, p) for impl in impls for p in kernels.PASSES

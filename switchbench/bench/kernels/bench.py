@@ -47,7 +47,15 @@ from switchbench.models.presets import PRESETS
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
-from switchbench.ops.expert_matmul.op import expert_matmul, reads_grouping, route, routing_method, unavailable
+from switchbench.ops.expert_matmul.op import (
+    ROUTINGS,
+    expert_matmul,
+    reads_grouping,
+    route,
+    routing_method,
+    routing_selected,
+    unavailable,
+)
 from switchbench.ops.expert_matmul.slot_rows import aligned
 
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
@@ -394,22 +402,42 @@ def measure(
 TIMED_ROUTINGS = {"routing": True, "top-k": False}
 
 
+def routing_methods(device: str) -> list[str]:
+    """The routing methods timed side by side on ``device``: every one, Triton's on a GPU alone (off one it runs in
+    its interpreter: correct, not worth timing)."""
+    return [m for m in ROUTINGS if m != "triton" or device == "cuda"]
+
+
+def routing_name(name: str, method: str | None) -> str:
+    """The implementation name of routing ``name`` by ``method``: the method in force (None) gives NAME, the one
+    an op's routing share reads; another "NAME (METHOD)", beside it."""
+    return name if method is None else f"{name} ({method})"
+
+
 def routing_rows(
-    case: Case, device: str, dtype: torch.dtype, name: str = "routing", graphs: bool = False
+    case: Case,
+    device: str,
+    dtype: torch.dtype,
+    name: str = "routing",
+    graphs: bool = False,
+    method: str | None = None,
 ) -> list[dict]:
     """The time of routing ``name`` (of TIMED_ROUTINGS) for ``case``, in a row for each pass: a router runs it once
-    per step, and its backward (the gates') is in the op's."""
+    per step, and its backward (the gates') is in the op's. ``method``: routed that way (its rows named
+    "NAME (METHOD)") rather than by the method in force (named NAME, the ones an op's routing share reads)."""
     logits = router_logits(case, device, dtype)
+    impl = routing_name(name, method)
 
     def call():
-        return _routing(case, logits, TIMED_ROUTINGS[name])
+        with routing_selected(method):
+            return _routing(case, logits, TIMED_ROUTINGS[name])
 
     reason = host_wait(call) if graphs else None
     if reason:
-        return _untimed(case, name, "uncapturable", reason=reason)
+        return _untimed(case, impl, "uncapturable", reason=reason)
     times = timer(device, graphs)(call)
-    row = {"impl": name, "view": "routing", "status": "ok", "ms": statistics.median(times)}
-    method = {"method": routing_method(torch.device(device).type)}
+    row = {"impl": impl, "view": "routing", "status": "ok", "ms": statistics.median(times)}
+    method = {"method": method or routing_method(torch.device(device).type)}
     return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
 
 
@@ -532,9 +560,15 @@ def case_rows(
         return [r for impl in impls for r in _untimed(case, impl, "OOM", reason=reason)]
     references = {}  # the float64 loop's results, shared by the implementations of the case
     timed = {impl: lambda impl=impl: measure(case, impl, device, dtype, references, graphs) for impl in impls}
-    if case.n_experts > 1:
+    if case.n_experts > 1:  # its routings: by the method in force, then by each other one beside it
+        in_force = routing_method(torch.device(device).type)
+        methods = [None, *(m for m in routing_methods(device) if m != in_force)]
         routings = {
-            name: lambda name=name: routing_rows(case, device, dtype, name, graphs) for name in TIMED_ROUTINGS
+            routing_name(name, method): lambda name=name, method=method: routing_rows(
+                case, device, dtype, name, graphs, method
+            )
+            for method in methods
+            for name in TIMED_ROUTINGS
         }
         timed = routings | timed
     rows = []
