@@ -170,7 +170,8 @@ def gate_sum(y: Tensor, scores: Tensor, indices: Tensor, groups: int) -> Tensor:
 def gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
     """The gradients of :func:`gate_sum` for its output's ``grad`` [N, G, d]: (of y [N, S, d], of scores [N, E])."""
     (n, slots, d), n_experts = y.shape, scores.shape[1]
-    grad_y, grad_scores = torch.empty_like(y), torch.empty_like(scores)
+    grad_y = y.new_empty(y.shape)  # row-major whatever y's strides: the kernel writes it so
+    grad_scores = scores.new_empty(scores.shape)
     constants = {
         "S": slots,
         "PER": slots // grad.shape[1],
@@ -212,8 +213,9 @@ def recording():
 
 
 def _launch(kernel, grid, first: Tensor, *args, **constants) -> None:
-    """One launch of ``kernel`` over ``grid`` (none for an empty one), accumulating in fp32 (fp64 for fp64); every
-    tensor argument dense and row-major (a missing one, unread, stands in as ``first``)."""
+    """One launch of ``kernel`` over ``grid`` (none for an empty one), accumulating in fp32 (fp64 for fp64). The
+    kernels index every tensor as row-major: inputs are made so here (outputs, allocated so by the caller, pass
+    through as themselves). A missing tensor, unread, stands in as ``first``."""
     constants["ACC"] = tl.float64 if first.dtype == torch.float64 else tl.float32
     tensors = (
         first.contiguous(),
