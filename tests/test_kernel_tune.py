@@ -18,12 +18,23 @@ def _row(
     bucket, case, impl, ms=None, what="forward+backward", status="ok", view="op", experts=1, shared_by=1
 ):
     row = {"bucket": bucket, "case": case, "impl": impl, "pass": what, "status": status, "view": view}
-    shape = {"shape_groups": 1, "shape_experts_per_group": experts, "shape_shared_by": shared_by}
+    shape = {
+        "shape_tokens": 64,
+        "shape_groups": 1,
+        "shape_experts_per_group": experts,
+        "shape_shared_by": shared_by,
+    }
     return row | shape | ({"ms": ms} if ms is not None else {})
 
 
 def _routed(case, impl, ms, view="op", shared_by=1):
     return _row(BIG, case, impl, ms, view=view, experts=4, shared_by=shared_by)
+
+
+def _routing(case, name, method, ms, what="forward+backward", tokens=64, in_force="sort"):
+    """A routing row as kernel-bench names it: by its routing alone for the method in force, else with its method."""
+    row = _routed(case, name if method == in_force else f"{name} ({method})", ms, "routing")
+    return row | {"routing": name, "method": method, "pass": what, "shape_tokens": tokens}
 
 
 def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
@@ -48,8 +59,8 @@ def test_each_time_counts_the_share_of_routing_its_implementation_reads():
     against 4) and faster with the routing (5 + 1/2 against 4 + 4/2 on the shared case, 5 + 1 against 4 + 4)."""
     for shared_by, winner in ((1, "all_experts"), (2, "all_experts"), (8, "triton")):
         rows = [
-            _routed("v", "routing", 4.0, "routing", shared_by),
-            _routed("v", "top-k", 1.0, "routing", shared_by),
+            _routing("v", "routing", "sort", 4.0) | {"shape_shared_by": shared_by},
+            _routing("v", "top-k", "sort", 1.0) | {"shape_shared_by": shared_by},
             _routed("v", "triton", 4.0, shared_by=shared_by),
             _routed("v", "all_experts", 5.0, shared_by=shared_by),
         ]
@@ -60,6 +71,27 @@ def test_each_time_counts_the_share_of_routing_its_implementation_reads():
     rows = [_row(BIG, "one", "triton", 1.0), _row(BIG, "one", "all_experts", 2.0)]
     assert kernel_tune.fastest(rows)["ms"] == {BIG: {"triton": 1.0, "all_experts": 2.0}}
     assert kernel_tune.fastest([_routed("v", "triton", 1.0)]) == {"choices": {}, "ms": {}}
+
+
+def test_the_fastest_routing_is_timed_on_every_case_and_its_times_are_the_shares():
+    """The method whose routings (each case's top-k and grouping, and top-k alone, at each batch, once: they have
+    no backward) sum to least, among those timed on all; the implementations' shares are then that method's."""
+    rows = [
+        _routing("v", name, method, base * scale * tokens / 64, what, tokens)
+        for name, base in (("routing", 4.0), ("top-k", 1.0))
+        for method, scale in (("sort", 1.0), ("count", 0.5), ("triton", 0.25))
+        for tokens in (64, 128)
+        for what in ("forward", "forward+backward")
+        if not (method == "triton" and tokens == 128 and name == "top-k")  # one routing untimed: ruled out
+    ]
+    rows += [_routed("v", "triton", 4.0), _routed("v", "all_experts", 5.0)]
+    table = kernel_tune.fastest(rows)
+    assert table["routing"] == "count" and table["routing_ms"] == pytest.approx({"sort": 15.0, "count": 7.5})
+    # the ops' shares: the count's routing at 64 tokens (2.0) and top-k (0.5), the rows' batch
+    assert table["ms"] == {BIG: pytest.approx({"triton": 6.0, "all_experts": 5.5})}
+    assert "routing" not in kernel_tune.fastest(
+        [_routed("v", "triton", 4.0)]
+    )  # nothing routed, nothing chosen
 
 
 def test_the_rows_kernel_tune_times_make_a_table(monkeypatch):
@@ -92,6 +124,30 @@ def test_the_written_table_is_what_auto_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(choice, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     assert choice.lookup(torch.device("cuda", 0), BIG, "auto") == choice.Resolution("triton", "measured")
     assert choice.lookup(torch.device("cuda", 0), SMALL, "auto").reason == "fallback"
+
+
+def test_auto_routes_by_the_method_measured_fastest_on_this_gpu(monkeypatch):
+    from switchbench.ops.expert_matmul.op import (
+        ENV_ROUTING,
+        routing_method,
+        routing_resolutions,
+        routing_selected,
+    )
+
+    monkeypatch.delenv(ENV_ROUTING, raising=False)
+    tables = ({"device": H100, "choices": {}, "routing": "triton"}, {"device": A100, "choices": {}})
+    monkeypatch.setattr(choice, "auto_tables", lambda: tables)
+    for gpu, method in (
+        (H100, "triton"),
+        (A100, "sort"),
+        ("NVIDIA B200", "sort"),
+    ):  # no routing timed: the sort
+        monkeypatch.setattr(choice, "device_name", lambda device, gpu=gpu: gpu)
+        with routing_selected("auto"):
+            assert routing_method("cuda") == method
+            assert routing_resolutions() == {"cuda": method}  # what the run's metadata records
+        with routing_selected("count"):
+            assert routing_method("cuda") == "count"
 
 
 def test_the_package_tables_are_where_the_models_read_them():

@@ -19,7 +19,13 @@ from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import op as expert_matmul_op
 from switchbench.ops.expert_matmul.choice import CHOICES, ENV_IMPL, FALLBACK_RULE
-from switchbench.ops.expert_matmul.op import ENV_ROUTING, ROUTING_CHOICES, routing_choice, routing_selected
+from switchbench.ops.expert_matmul.op import (
+    ENV_ROUTING,
+    ROUTING_CHOICES,
+    routing_choice,
+    routing_resolutions,
+    routing_selected,
+)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _CHOICES = {"pos": POSITIONS, "moa_gating": MOA_GATINGS}
@@ -91,7 +97,8 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
          attention_choice.AUTO_RULE),
         ("--routing", ROUTING_CHOICES, ENV_ROUTING,
          "how routers group their slots by expert: a stable sort, or a count over few experts, which also ranks up "
-         "to 8 experts without torch's top-k, in elementwise kernels (count) or Triton's (triton)", "the sort"),
+         "to 8 experts without torch's top-k, in elementwise kernels (count) or Triton's (triton)",
+         "the method kernel-tune measured fastest on this GPU, else the sort"),
     )  # fmt: skip
     for flag, choices, env, what, auto in flags:
         parser.add_argument(
@@ -178,13 +185,14 @@ def kernel_metadata(expert_matmul: str, device: str) -> dict:
         "attention": attention_choice.choice(),
         "attention_resolved": attention_choice.resolutions(),
         "attention_auto_rule": attention_choice.AUTO_RULE,
-        "routing": routing_choice(),  # --routing: how slots were grouped by expert (auto: sorted)
+        "routing": routing_choice(),  # --routing: how slots were grouped by expert
+        "routing_resolved": routing_resolutions(),  # per device type, the method it ran as (auto: measured, or sort)
     }
 
 
 def describe_kernels(metadata: dict) -> str:
     """One line for a run's heading: ``expert matmul auto -> torch (fallback: ...) for 2 shapes; attention auto ->
-    explicit (cpu | position bias)``."""
+    explicit (cpu | position bias); routing auto -> sort (cpu)``."""
     counts = collections.Counter(
         (r["impl"], r["reason"]) for r in metadata["expert_matmul_resolved"].values()
     )
@@ -200,7 +208,13 @@ def describe_kernels(metadata: dict) -> str:
     attention = ", ".join(
         f"{backend} ({call})" for call, backend in sorted(metadata["attention_resolved"].items())
     )
-    return f"{line}; attention {metadata['attention']}" + (f" -> {attention}" if attention else "")
+    line = f"{line}; attention {metadata['attention']}" + (f" -> {attention}" if attention else "")
+    if "routing_resolved" not in metadata:  # a run recorded before the routing was resolved by measurement
+        return line
+    routed = ", ".join(
+        f"{method} ({device})" for device, method in sorted(metadata["routing_resolved"].items())
+    )
+    return f"{line}; routing {metadata['routing']}" + (f" -> {routed}" if routed else "")
 
 
 def format_table(rows: list[dict]) -> str:

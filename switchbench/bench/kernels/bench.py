@@ -436,7 +436,7 @@ def routing_rows(
     if reason:
         return _untimed(case, impl, "uncapturable", reason=reason)
     times = timer(device, graphs)(call)
-    row = {"impl": impl, "view": "routing", "status": "ok", "ms": statistics.median(times)}
+    row = {"impl": impl, "routing": name, "view": "routing", "status": "ok", "ms": statistics.median(times)}
     method = {"method": method or routing_method(torch.device(device).type)}
     return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
 
@@ -472,19 +472,27 @@ def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str
     return {p: statistics.median(times) for p, times in zip(PASSES, (forward, both), strict=True)}
 
 
-def routing_times(rows: list[dict]) -> dict[tuple[str, str, str], float]:
-    """{(case, pass, routing): ms} of the timed routing rows."""
-    return {(r["case"], r["pass"], r["impl"]): r["ms"] for r in rows if r["view"] == "routing" and "ms" in r}
+def routing_times(rows: list[dict], method: str | None = None) -> dict[tuple, float]:
+    """{(case, tokens, pass, routing): ms} of the timed routing rows by ``method`` (default: the method in force,
+    whose rows are named by their routing alone). The tokens tell a case's batches apart (kernel-tune's)."""
+    return {
+        (r["case"], r["shape_tokens"], r["pass"], r["routing"]): r["ms"]
+        for r in rows
+        if r["view"] == "routing"
+        and "ms" in r
+        and (r["impl"] == r["routing"] if method is None else r["method"] == method)
+    }
 
 
-def routing_share(routings: dict[tuple[str, str, str], float], row: dict) -> float | None:
+def routing_share(routings: dict[tuple, float], row: dict) -> float | None:
     """The ms of routing that the op of ``row`` pays: what its implementation reads (the top-k, and the grouping
     of the slots by expert where it reads that), split evenly between the projections its router drives, which
     share one routing a step (``shared_by``). 0 for a case with one expert, which routes nothing; None where the
     case's routing was not timed. ``routings``: :func:`routing_times`."""
     if row["shape_groups"] * row["shape_experts_per_group"] == 1:
         return 0.0
-    ms = routings.get((row["case"], row["pass"], "routing" if reads_grouping(row["impl"]) else "top-k"))
+    routing = "routing" if reads_grouping(row["impl"]) else "top-k"
+    ms = routings.get((row["case"], row["shape_tokens"], row["pass"], routing))
     return None if ms is None else ms / row["shape_shared_by"]
 
 

@@ -1,7 +1,8 @@
 """``switchbench kernel-tune``: on this GPU, at the presets' expert-matmul shapes, autotune the Triton kernels and
 time every implementation of the op; keep both as package data. Later runs on a GPU of the same name skip
 autotuning (a first SwitchHead training step on a fresh H100 took 55 s, all of it autotuning), and
-``--expert-matmul auto`` runs each shape bucket on the implementation measured fastest there."""
+``--expert-matmul auto`` runs each shape bucket on the implementation measured fastest there, ``--routing auto``
+every router on the method measured fastest over the cases."""
 
 import datetime
 import json
@@ -58,13 +59,35 @@ def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtyp
     ]
 
 
-def fastest(rows: list[dict]) -> dict[str, dict]:
-    """Per shape bucket, the implementation whose forward+backward time summed over the bucket's cases is least,
-    among those timed on every one of them (a wrong, skipped or OOM case rules an implementation out of its
-    bucket); and those sums in ms. Each time counts the share of routing the implementation reads
-    (:func:`routing_share`): every expert computed needs no grouping of the slots, which a routed implementation
-    pays for. A bucket no implementation covers gets no entry: auto falls back there."""
-    routings = routing_times(rows)
+def fastest(rows: list[dict]) -> dict:
+    """The routing method whose routings summed over every case are least (:func:`fastest_routing`), and per shape
+    bucket the implementation whose forward+backward time summed over the bucket's cases is least, among those
+    timed on every one of them (a wrong, skipped or OOM case rules an implementation out of its bucket); and those
+    sums in ms. Each time counts the share of that routing the implementation reads (:func:`routing_share`):
+    every expert computed needs no grouping of the slots, which a routed implementation pays for. A bucket no
+    implementation covers gets no entry: auto falls back there."""
+    routing = fastest_routing(rows)
+    return routing | fastest_implementations(rows, routing.get("routing"))
+
+
+def fastest_routing(rows: list[dict]) -> dict:
+    """``routing``: the method whose timed routings (top-k and grouping, and top-k alone: each case's, once) sum to
+    least, among the methods timed on all of them; ``routing_ms``: those sums. Empty where nothing was routed."""
+    once = [r for r in rows if r["view"] == "routing" and r["pass"] == "forward" and "ms" in r]  # no backward
+    wanted = {(r["case"], r["shape_tokens"], r["routing"]) for r in once}
+    totals: dict[str, float] = {}
+    timed: dict[str, set] = {}
+    for r in once:
+        totals[r["method"]] = totals.get(r["method"], 0.0) + r["ms"]
+        timed.setdefault(r["method"], set()).add((r["case"], r["shape_tokens"], r["routing"]))
+    ms = {method: t for method, t in sorted(totals.items()) if timed[method] == wanted}
+    return {"routing": min(ms, key=ms.get), "routing_ms": ms} if ms else {}
+
+
+def fastest_implementations(rows: list[dict], routing: str | None) -> dict[str, dict]:
+    """:func:`fastest`'s per-bucket choice, each time with its share of routing by ``routing`` (None: the method in
+    force)."""
+    routings = routing_times(rows, routing)
     cases_of: dict[str, set] = {}
     total: dict[str, dict[str, float]] = {}
     timed: dict[tuple[str, str], set] = {}
@@ -144,7 +167,8 @@ def _run(args) -> int:
     auto = fastest(time_implementations(args.sizes, args.batches, dtype))
     _update(auto_out, gpu, auto)
     print(
-        f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu} written to {auto_out}"
+        f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu}, and the fastest routing "
+        f"({auto.get('routing', 'none timed')}), written to {auto_out}"
     )
     return 0
 

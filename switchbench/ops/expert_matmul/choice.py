@@ -3,7 +3,7 @@
 A call's implementation is, first to last: the ``impl=`` it is given; the choice in force (:func:`selected`, which
 the command line's ``--expert-matmul`` sets); ``SWITCHBENCH_EXPERT_MATMUL``; ``auto``. ``auto`` looks the call up
 in a table of measured winners kept as package data (``data/expert_matmul_auto.json``, written by ``switchbench
-kernel-tune``), by device name and shape bucket. Without an entry it falls back to the rule that held before the
+kernel-tune``), by device name and shape bucket; the same table holds each GPU's fastest routing method. Without an entry it falls back to the rule that held before the
 table: Triton on CUDA (PyTorch for float64), PyTorch elsewhere, and records that it fell back.
 
 Every resolution is recorded in the logs opened by :func:`recording`, so a run can say what it ran on. Nothing
@@ -84,6 +84,12 @@ def measured_entries(device: torch.device) -> int:
     """How many shape buckets the table holds for ``device``."""
     name = device_name(device)
     return sum(len(t["choices"]) for t in auto_tables() if t["device"] == name)
+
+
+def measured_routing(device: torch.device) -> str | None:
+    """The routing method ``kernel-tune`` measured fastest on ``device``'s GPU (the table's ``routing``), or None."""
+    name = device_name(device)
+    return next((t["routing"] for t in auto_tables() if t["device"] == name and "routing" in t), None)
 
 
 def lookup(device: torch.device, bucket: str, named: str | None = None) -> Resolution:

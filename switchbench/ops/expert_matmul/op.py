@@ -35,7 +35,7 @@ from switchbench.core.choice import Choice, traced_once
 from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
-from switchbench.ops.expert_matmul.choice import IMPLS, resolve, shape_bucket
+from switchbench.ops.expert_matmul.choice import IMPLS, measured_routing, resolve, shape_bucket
 from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT_LABEL, per_slot
 
 
@@ -85,19 +85,22 @@ ROUTINGS = ("sort", "count", "triton")
 # the most experts the Triton grouping counts in registers (its one-hot tiles are slots x experts); more are sorted
 MAX_GROUPED = 128
 ENV_ROUTING = "SWITCHBENCH_ROUTING"
-# auto is the sort: on the CPU the count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts,
-# 11x at 4,096 x 8 over 32), and on a GPU neither the count nor the Triton kernels have been measured yet
+# auto is the method kernel-tune measured fastest on this GPU (choice.py's table), else the sort: on the CPU the
+# count was slower (one thread: 1.4x at 1,024 tokens x 4 slots over 10 experts, 11x at 4,096 x 8 over 32), and on a
+# GPU neither the count nor the Triton kernels have been measured yet
 ROUTING_CHOICES = ("auto", *ROUTINGS)
 _ROUTING = Choice("routing", ENV_ROUTING, ROUTING_CHOICES)
 routing_selected = _ROUTING.selected
 routing_choice = _ROUTING.choice
+routing_resolutions = _ROUTING.resolutions  # {device type: the method the choice in force ran as}
 
 
 @traced_once
 def routing_method(device_type: str) -> str:
-    """How :func:`route` groups slots here: the choice in force (``SWITCHBENCH_ROUTING``), auto being the sort."""
+    """How :func:`route` groups slots here: the choice in force (``SWITCHBENCH_ROUTING``), auto being the method
+    measured fastest on this GPU, else the sort."""
     named = _ROUTING.choice()
-    method = "sort" if named == "auto" else named
+    method = named if named != "auto" else measured_routing(torch.device(device_type)) or "sort"
     _ROUTING.record(device_type, method)
     return method
 
