@@ -177,6 +177,8 @@ def test_a_wrong_row_is_recorded_and_the_command_exits_1(tmp_path, monkeypatch, 
     assert {(r["impl"], r["status"]) for r in rows} == {
         ("routing", "ok"),
         ("top-k", "ok"),
+        ("routing (count)", "ok"),
+        ("top-k (count)", "ok"),
         ("loop", "wrong"),
         ("dense", "ok"),
     }
@@ -336,11 +338,13 @@ def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
 
     def row(case, impl, ms, view="op", **more):
         shape = {"shape_groups": 2, "shape_experts_per_group": 4, "shape_shared_by": 2 if case == "c" else 1}
+        shape |= {"shape_tokens": 64}
         return {"case": case, "pass": "forward", "impl": impl, "view": view, "ms": ms} | shape | more
 
     rows = [
-        *(row(case, "routing", 3.0, "routing") for case in "abc"),
-        *(row(case, "top-k", 1.0, "routing") for case in "abc"),
+        *(row(case, "routing", 3.0, "routing", routing="routing") for case in "abc"),
+        *(row(case, "top-k", 1.0, "routing", routing="top-k") for case in "abc"),
+        *(row(case, "routing (count)", 0.1, "routing", routing="routing") for case in "abc"),  # not in force
         *(row(case, "dense", 10.0, "dense") for case in "abc"),
         row("a", "triton", 12.0, chosen=True),
         row("b", "all_experts", 12.0, chosen=True),
