@@ -85,13 +85,13 @@ def _gates(scores: Tensor | None, indices: Tensor) -> Tensor | None:
     return None if scores is None else scores.gather(1, indices)[..., None]  # [N, S, 1]
 
 
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
 def fused(t: Tensor) -> bool:
     """Whether the passes around the GEMMs run as Triton kernels for ``t``: on CUDA, and on the CPU under Triton's
     interpreter (the tests); else, or without triton, as eager PyTorch, which the tests hold them to."""
     return (t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1") and _HAS_TRITON
-
-
-_HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 def _laid_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | None = None) -> Tensor:

@@ -43,7 +43,7 @@ from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT
 class Routing:
     """A router's choice, ``indices`` [N, S]: the expert (of ``n_experts``) of each token's S slots, and the slots
     grouped by expert: ``order`` lists flat slot ids n*S + s expert by expert, ``experts`` the expert of each,
-    ``offsets`` [E+1] where each expert's run starts. The grouping (``by`` the sort or the count, :func:`route`) is
+    ``offsets`` [E+1] where each expert's run starts. The grouping (``by`` one of ROUTINGS, :func:`route`) is
     made on first use, once for every projection the router drives, and not at all where none reads it: the
     all-experts implementation reads ``indices`` alone."""
 

@@ -7,10 +7,10 @@ experts (SwitchHead 262M) was the routing's largest kernel on an H200, and :func
 top_by_rank`, which it equals, a handful.
 
 ``group``: where a stable sort of the flat expert ids would put each slot, in two launches. ``_count_kernel``: each
-program counts its span of slots per expert. ``_place_kernel``: each program reads every span's counts (a few KiB),
-so it knows where each expert's run starts and how many of its slots come from earlier spans, then places its own slots
-by a running count along its span. The radix sort it replaces ran eight passes over 64-bit keys of which four bits
-differ (288 launches in an H100 step at batch 8).
+program counts its span of slots per expert. ``_place_kernel``: each program reads every span's counts (a few
+KiB), so it knows where each expert's run starts and how many of its slots come from earlier spans, then places
+its own slots by a running count along its span. The sort it replaces, cub's radix sort, made 288 launches in SwitchHead's 262M
+step at batch 8 on an H100.
 """
 
 import torch
@@ -34,9 +34,8 @@ def _top_k_kernel(
     mine, other = value[:, :, None], value[:, None, :]  # [rows, expert, another]
     lower = e[None, None, :] < e[None, :, None]
     ahead = (other > mine) | ((other == mine) & lower)
-    rank = tl.sum(
-        ahead.to(tl.int32), 2
-    )  # a padded expert (-inf, past the last id) ranks after every real one
+    # a padded expert (-inf, past the last id) ranks after every real one
+    rank = tl.sum(ahead.to(tl.int32), 2)
     for j in tl.static_range(K):
         expert = tl.sum(tl.where(rank == j, e[None, :], 0), 1)
         tl.store(out_ptr + r * K + j, expert.to(tl.int64), mask=r < rows)

@@ -179,21 +179,8 @@ def gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) 
         "WIDTH": min(_WIDTH // 2, triton.next_power_of_2(d)),
     }
     constants["BLOCK_E"] = triton.next_power_of_2(n_experts)
-    grid = (triton.cdiv(n, _TOKENS),)
-    _launch(
-        _gate_sum_backward_kernel,
-        grid,
-        grad,
-        y,
-        scores,
-        indices,
-        grad_y,
-        grad_scores,
-        n,
-        n_experts,
-        d,
-        **constants,
-    )
+    args = (grad, y, scores, indices, grad_y, grad_scores, n, n_experts, d)
+    _launch(_gate_sum_backward_kernel, (triton.cdiv(n, _TOKENS),), *args, **constants)
     return grad_y, grad_scores
 
 
