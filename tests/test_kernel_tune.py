@@ -100,7 +100,8 @@ def test_the_rows_kernel_tune_times_make_a_table(monkeypatch):
     case = Case("v", 16, 1, 4, 2, 3, 2, 8, 8, True, shared_by=2)
     monkeypatch.setattr(kernel_tune, "cases", lambda size, batch: [case])
     monkeypatch.setattr(kernel_tune, "IMPLS", ("torch", "all_experts"))
-    on_cpu = lambda case, device, dtype, impls: case_rows(case, "cpu", dtype, impls)  # noqa: E731
+    # on a GPU each call is replayed from a CUDA graph; the CPU times it eagerly
+    on_cpu = lambda case, device, dtype, impls, graphs: case_rows(case, "cpu", dtype, impls)  # noqa: E731
     monkeypatch.setattr(kernel_tune, "case_rows", on_cpu)
     rows = kernel_tune.time_implementations(["47m"], [1], torch.float32)
     ms = {(r["impl"], r["pass"]): r["ms"] for r in rows}
