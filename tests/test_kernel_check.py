@@ -144,6 +144,7 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
         ("262m switchhead-v all_experts", "gate_sum_backward (backward)"),
         ("262m switchhead-v all_experts", "lay_out (backward)"),
         ("262m switchhead-o all_experts", "lay_out (forward)"),
+        ("262m switchhead-o all_experts", "pick (backward)"),
     }
     copies = position + routing + passes
     # no tensor-core MMA (the gating's multiply-adds are plain FMA)

@@ -47,7 +47,7 @@ ROUTING_KERNELS = "switchbench.ops.expert_matmul.routing_kernels"
 SLOT_KERNELS = "switchbench.ops.expert_matmul.slot_kernels"
 # kernels with no MMA to expect: the position bias's memory-bound copies, routing's comparisons and counts,
 # all_experts' passes around its GEMMs
-MATMUL_FREE = ("spread", "gather", "top_k", "count", "place", "lay_out", "gate_sum")
+MATMUL_FREE = ("spread", "gather", "top_k", "count", "place", "lay_out", "gate_sum", "pick")
 JIT_DEFAULTS = {"num_warps": 4, "num_stages": 3}  # how a kernel launched without a configuration compiles
 COLUMNS = [
     "kernel",
@@ -138,8 +138,8 @@ def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, 
 def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     """(pass, kernel, args, constexprs) of the Triton passes all_experts runs around its GEMMs on CUDA at ``case``'s
     shapes: in the form of one input group the gating and its gradients (gated) and the output gradient laid out by
-    expert; in that of one output group the (gated) input rows laid out, in the forward and again for the weight
-    gradient. None for groups it cannot run."""
+    expert; in that of one output group the (gated) input rows laid out (in the forward, and the same again for the
+    weight gradient) and the input gradient picked back from the experts' places. None for groups it cannot run."""
     from switchbench.ops.expert_matmul import all_experts, slot_kernels
 
     n, s, e, d_in, d_out = case.tokens, case.slots, case.n_experts, case.d_in, case.d_out
@@ -148,22 +148,22 @@ def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, obje
     meta = {"dtype": dtype, "device": "meta"}
     indices = torch.empty(n, s, dtype=torch.long, device="meta")
     scores = torch.empty(n, e, **meta) if case.gated else None
+    x = torch.empty(n, case.in_groups, d_in, **meta)
+    y = torch.empty(n, s, d_out, **meta)  # the slots' ungated outputs, where the gates are applied outside
+    grad = torch.empty(n, case.out_groups, d_out, **meta)
     by_input = all_experts.gates_outside(case.in_groups, case.out_groups, d_in, d_out)
     with slot_kernels.recording() as forward:
         if not by_input:
-            slot_kernels.lay_out(torch.empty(n, case.in_groups, d_in, **meta), indices, e, scores)
+            slot_kernels.lay_out(x, indices, e, scores)
         elif scores is not None:
-            slot_kernels.gate_sum(torch.empty(n, s, d_out, **meta), scores, indices, case.out_groups)
-    with (
-        slot_kernels.recording() as backward
-    ):  # one output group: the weight gradient's lay-out is the forward's
-        if by_input:
-            grad = torch.empty(n, s if case.gated else case.out_groups, d_out, **meta)  # the op's output's
-            if scores is not None:
-                y = torch.empty(n, s, d_out, **meta)
-                slot_kernels.gate_sum_backward(
-                    torch.empty(n, case.out_groups, d_out, **meta), y, scores, indices
-                )
+            slot_kernels.gate_sum(y, scores, indices, case.out_groups)
+    with slot_kernels.recording() as backward:
+        if not by_input:
+            slot_kernels.pick(torch.empty(n, e, d_in, **meta), indices, case.in_groups, scores, x)
+        elif scores is not None:
+            slot_kernels.gate_sum_backward(grad, y, scores, indices)
+            slot_kernels.lay_out(y, indices, e)  # the op's output gradient: a row a slot
+        else:
             slot_kernels.lay_out(grad, indices, e)
     return [("forward", *launch) for launch in forward] + [("backward", *launch) for launch in backward]
 

@@ -84,16 +84,14 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         ]
     else:  # one output group: out = X_cat W_flat, the gated input rows laid out by expert
         wide, slot, rows = n * e * d_in * b, n * s * d_in * b, n * s_in * d_in * b
-        gated = 2 * slot + gates if case.gated else 0
+        score_grads = (rows + n * e * b) if case.gated else 0  # x read, once a group; the scores' gradient written
         steps = [
             ("forward: lay out by expert", slot + gates + idx + wide, 0),
             ("forward GEMM", wide + weight + n * d_out * b, macs),
             ("grad_x GEMM", n * d_out * b + weight + wide, macs),
-            ("backward: pick slots", wide + slot + idx, 0),
-            ("backward: gate gradients", 2 * slot + n * s * b + 2 * gated if case.gated else 0, 0),
+            ("backward: pick, gate and sum", slot + gates + idx + rows + score_grads, 0),
             ("backward: lay out by expert", slot + gates + idx + wide, 0),
             ("grad_w GEMM", wide + n * d_out * b + weight, macs),
-            ("backward: slot sum", slot + rows, 0),
         ]
     return [(f"all_experts: {name}", nbytes, m) for name, nbytes, m in steps if nbytes or m]
 

@@ -22,9 +22,10 @@ Two forms, by which side of the op has one group:
   ``dX`` gated back into its input group, a gate's gradient their dot with the slot's input, ``dW = X^T dout``.
 
 Inside the op nothing beyond its inputs is kept for the backward. The passes around the GEMMs (laying rows out by
-expert, gating and summing slots, and their gradients) are one Triton kernel each on CUDA (slot_kernels.py; on the
-CPU under TRITON_INTERPRET=1), where eager PyTorch makes two to four passes over [N, S, d] and [N, E, d] tensors:
-about 40% of the value projection's bound at 262M, batch 64 on an H100, before.
+expert and picking them back, gating and summing slots, and the gates' gradients) are one Triton kernel each on
+CUDA (slot_kernels.py; on the CPU under TRITON_INTERPRET=1), where eager PyTorch makes two to seven passes over
+[N, S, d] and [N, E, d] tensors: by the roofline, 0.44 of the value projection's 1.17 ms at 262M, batch 64 on an
+H100, and 0.27 of the output projection's 0.78, before.
 """
 
 import importlib.util
@@ -108,6 +109,23 @@ def _laid_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | No
     return rows.new_zeros(n, n_experts, d).scatter_add_(1, _columns(indices, d), slot_rows)
 
 
+def _picked(
+    grad_laid: Tensor, indices: Tensor, groups: int, scores: Tensor | None, x: Tensor
+) -> tuple[Tensor, Tensor | None]:
+    """The form of one output group's input gradient from ``grad_laid`` [N, E, d_in]: each input group's sum of its
+    slots' rows, each its expert's, gated; and the scores' gradient (None without scores), each slot's ungated row
+    dotted with its input row of ``x``."""
+    if fused(grad_laid):
+        from switchbench.ops.expert_matmul import slot_kernels
+
+        return slot_kernels.pick(grad_laid, indices, groups, scores, x)
+    grad_rows = grad_laid.gather(1, _columns(indices, grad_laid.shape[2]))  # [N, S, d_in], ungated
+    if scores is None:
+        return _group_sum(grad_rows, groups), None
+    grad_scores = _gate_grad(grad_rows, _per_slot(x, indices.shape[1]), scores, indices)
+    return _group_sum(grad_rows * _gates(scores, indices), groups), grad_scores
+
+
 def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> Tensor:
     """[N, E]: each slot's row dot (in at least fp32) added into its expert's score."""
     wide = torch.promote_types(scores.dtype, torch.float32)
@@ -137,9 +155,8 @@ def forward(x, weight, scores, indices, order, experts, offsets, s_out):
 
 
 def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
-    (n, s_in, d_in), (n_experts, _, d_out), slots = x.shape, weight.shape, indices.shape[1]
-    s_out, gates = grad_out.shape[1], _gates(scores, indices)
-    grad_s = x.new_empty(0)
+    (n, s_in, d_in), (n_experts, _, d_out), s_out = x.shape, weight.shape, grad_out.shape[1]
+    no_scores = x.new_empty(0)
     if _by_input(s_in, s_out, d_in, d_out):
         _ungated(scores)
         w_cat = weight.permute(1, 0, 2).reshape(d_in, -1)  # [d_in, E d_out]
@@ -147,16 +164,13 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         grad_x = (grad_y @ w_cat.t()).view(n, 1, d_in)
         with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
             grad_w = (x[:, 0].t() @ grad_y).view(d_in, n_experts, d_out).permute(1, 0, 2).contiguous()
-        return grad_x, grad_w, grad_s
+        return grad_x, grad_w, no_scores
     grad_laid = (grad_out[:, 0] @ weight.reshape(-1, d_out).t()).view(n, n_experts, d_in)
-    grad_rows = grad_laid.gather(1, _columns(indices, d_in))  # [N, S, d_in], ungated
-    if scores is not None:
-        grad_s = _gate_grad(grad_rows, _per_slot(x, slots), scores, indices)
-        grad_rows = grad_rows * gates
+    grad_x, grad_scores = _picked(grad_laid, indices, s_in, scores, x)
     with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
         laid_out = _laid_out(x, indices, n_experts, scores).view(n, n_experts * d_in)  # gated
         grad_w = (laid_out.t() @ grad_out[:, 0]).view(n_experts, d_in, d_out)
-    return _group_sum(grad_rows, s_in), grad_w, grad_s
+    return grad_x, grad_w, no_scores if grad_scores is None else grad_scores
 
 
 # The gating of the form of one input group, outside the op (``gates_outside``): a custom op of its own, one Triton

@@ -12,6 +12,8 @@ slots of one token that share an expert share a gate.
 - ``gate_sum``: ungated slot outputs [N, S, d] -> [N, G, d], each group's slots gated and summed.
 - ``gate_sum_backward``: its gradients in one pass: each slot's output gradient (its group's, gated) and each
   score's, the dot of the group's output gradient with the slots' outputs that read it.
+- ``pick``: [N, E, d] -> [N, G, d], each group's sum of its slots' (gated) rows, each slot reading its expert's,
+  and the scores' gradient from the same rows: the input gradient of the form of one output group.
 
 Each accumulates in fp32 (fp64 for fp64 inputs).
 """
@@ -140,6 +142,57 @@ def _gate_sum_backward_kernel(
     )
 
 
+@triton.jit
+def _pick_kernel(
+    src_ptr,
+    x_ptr,
+    scores_ptr,
+    indices_ptr,
+    out_ptr,
+    grad_scores_ptr,
+    N,
+    E,
+    d,
+    S: tl.constexpr,
+    PER: tl.constexpr,
+    GATED: tl.constexpr,
+    TOKENS: tl.constexpr,
+    WIDTH: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+):
+    n = tl.program_id(0).to(tl.int64) * TOKENS + tl.arange(0, TOKENS)
+    token = n < N
+    experts = tl.arange(0, BLOCK_E)
+    grad_scores = tl.zeros((TOKENS, BLOCK_E), dtype=ACC)
+    for g in range(S // PER):
+        row = n * (S // PER) + g
+        for c0 in range(0, d, WIDTH):
+            c = c0 + tl.arange(0, WIDTH)
+            both = token[:, None] & (c < d)[None, :]
+            acc = tl.zeros((TOKENS, WIDTH), dtype=ACC)
+            if GATED:  # the group's input row, which each of its slots' gradient rows is dotted with
+                x = tl.load(x_ptr + row[:, None] * d + c[None, :], mask=both, other=0.0).to(ACC)
+            for j in range(PER):
+                expert = tl.load(indices_ptr + n * S + g * PER + j, mask=token, other=0)
+                rows = src_ptr + (n * E + expert)[:, None] * d + c[None, :]
+                src = tl.load(rows, mask=both, other=0.0).to(ACC)
+                if GATED:
+                    grad_scores += tl.where(
+                        experts[None, :] == expert[:, None], tl.sum(src * x, 1)[:, None], 0.0
+                    )
+                    src *= tl.load(scores_ptr + n * E + expert, mask=token, other=0.0).to(ACC)[:, None]
+                acc += src
+            tl.store(out_ptr + row[:, None] * d + c[None, :], acc.to(out_ptr.dtype.element_ty), mask=both)
+    if GATED:
+        out = grad_scores_ptr + n[:, None] * E + experts[None, :]
+        tl.store(
+            out,
+            grad_scores.to(grad_scores_ptr.dtype.element_ty),
+            mask=token[:, None] & (experts < E)[None, :],
+        )
+
+
 def lay_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | None = None) -> Tensor:
     """rows [N, G, d] -> [N, E, d]: each expert's place the sum of the rows of the token's slots that chose it
     (``indices`` [N, S]), times its score [N, E] if given; zero where no slot did."""
@@ -182,6 +235,26 @@ def gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) 
     args = (grad, y, scores, indices, grad_y, grad_scores, n, n_experts, d)
     _launch(_gate_sum_backward_kernel, (triton.cdiv(n, _TOKENS),), *args, **constants)
     return grad_y, grad_scores
+
+
+def pick(
+    src: Tensor, indices: Tensor, groups: int, scores: Tensor | None = None, x: Tensor | None = None
+) -> tuple[Tensor, Tensor | None]:
+    """src [N, E, d] -> [N, groups, d]: each group's sum of its slots' rows of src, each row its expert's (times
+    its score if ``scores`` [N, E] is given); and then the scores' gradient [N, E], each slot's row of src dotted
+    with its group's row of ``x`` [N, groups, d] (the form of one output group's input gradient)."""
+    (n, n_experts, d), slots = src.shape, indices.shape[1]
+    out = src.new_empty(n, groups, d)
+    grad_scores = None if scores is None else scores.new_empty(scores.shape)
+    # half the tokens of the other kernels: with the scores' gradient [tokens, E] held, 32 spilled on sm_90
+    constants = {"S": slots, "PER": slots // groups, "GATED": scores is not None, "TOKENS": _TOKENS // 2}
+    constants |= {
+        "WIDTH": min(_WIDTH // 2, triton.next_power_of_2(d)),
+        "BLOCK_E": triton.next_power_of_2(n_experts),
+    }
+    args = (src, x, scores, indices, out, grad_scores, n, n_experts, d)
+    _launch(_pick_kernel, (triton.cdiv(n, constants["TOKENS"]),), *args, **constants)
+    return out, grad_scores
 
 
 _recorded: list | None = None
