@@ -84,7 +84,9 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         ]
     else:  # one output group: out = X_cat W_flat, the gated input rows laid out by expert
         wide, slot, rows = n * e * d_in * b, n * s * d_in * b, n * s_in * d_in * b
-        score_grads = (rows + n * e * b) if case.gated else 0  # x read, once a group; the scores' gradient written
+        score_grads = (
+            (rows + n * e * b) if case.gated else 0
+        )  # x read, once a group; the scores' gradient written
         steps = [
             ("forward: lay out by expert", slot + gates + idx + wide, 0),
             ("forward GEMM", wide + weight + n * d_out * b, macs),

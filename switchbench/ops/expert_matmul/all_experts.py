@@ -24,8 +24,8 @@ Two forms, by which side of the op has one group:
 Inside the op nothing beyond its inputs is kept for the backward. The passes around the GEMMs (laying rows out by
 expert and picking them back, gating and summing slots, and the gates' gradients) are one Triton kernel each on
 CUDA (slot_kernels.py; on the CPU under TRITON_INTERPRET=1), where eager PyTorch makes two to seven passes over
-[N, S, d] and [N, E, d] tensors: by the roofline, 0.44 of the value projection's 1.17 ms at 262M, batch 64 on an
-H100, and 0.27 of the output projection's 0.78, before.
+[N, S, d] and [N, E, d] tensors: by the roofline, 0.44 ms of the value projection's 1.17 at 262M, batch 64 on an
+H100, and 0.41 of the output projection's 0.78, before.
 """
 
 import importlib.util
