@@ -369,7 +369,7 @@ def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch
         argv[argv.index("--device") + 1] = "cuda"
     assert main([*argv, "--routing", method]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["metadata"]["routing"] == method
+    assert out["metadata"]["routing"] == out["metadata"]["routing_resolved"] == method
     routings = {r["impl"]: r["method"] for r in out["rows"] if r["view"] == "routing"}
     assert {routings["routing"], routings["top-k"]} == {method}  # the ones an op's routing share reads
     # and every other method this device times, beside it

@@ -128,25 +128,18 @@ def test_the_written_table_is_what_auto_reads(tmp_path, monkeypatch):
 
 
 def test_auto_routes_by_the_method_measured_fastest_on_this_gpu(monkeypatch):
-    from switchbench.ops.expert_matmul.op import (
-        ENV_ROUTING,
-        routing_method,
-        routing_resolutions,
-        routing_selected,
-    )
+    from switchbench.bench.command import kernel_metadata
+    from switchbench.ops.expert_matmul.op import ENV_ROUTING, routing_method, routing_selected
 
     monkeypatch.delenv(ENV_ROUTING, raising=False)
     tables = ({"device": H100, "choices": {}, "routing": "triton"}, {"device": A100, "choices": {}})
     monkeypatch.setattr(choice, "auto_tables", lambda: tables)
-    for gpu, method in (
-        (H100, "triton"),
-        (A100, "sort"),
-        ("NVIDIA B200", "sort"),
-    ):  # no routing timed: the sort
+    # where no routing was timed, the sort
+    for gpu, method in ((H100, "triton"), (A100, "sort"), ("NVIDIA B200", "sort")):
         monkeypatch.setattr(choice, "device_name", lambda device, gpu=gpu: gpu)
         with routing_selected("auto"):
             assert routing_method("cuda") == method
-            assert routing_resolutions() == {"cuda": method}  # what the run's metadata records
+            assert kernel_metadata("auto", "cuda")["routing_resolved"] == method  # what a run records
         with routing_selected("count"):
             assert routing_method("cuda") == "count"
 

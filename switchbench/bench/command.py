@@ -23,7 +23,7 @@ from switchbench.ops.expert_matmul.op import (
     ENV_ROUTING,
     ROUTING_CHOICES,
     routing_choice,
-    routing_resolutions,
+    routing_method,
     routing_selected,
 )
 
@@ -186,13 +186,14 @@ def kernel_metadata(expert_matmul: str, device: str) -> dict:
         "attention_resolved": attention_choice.resolutions(),
         "attention_auto_rule": attention_choice.AUTO_RULE,
         "routing": routing_choice(),  # --routing: how slots were grouped by expert
-        "routing_resolved": routing_resolutions(),  # per device type, the method it ran as (auto: measured, or sort)
+        # the method it ran as on the run's device (auto: the one measured fastest on this GPU, else the sort)
+        "routing_resolved": routing_method(torch.device(device).type),
     }
 
 
 def describe_kernels(metadata: dict) -> str:
     """One line for a run's heading: ``expert matmul auto -> torch (fallback: ...) for 2 shapes; attention auto ->
-    explicit (cpu | position bias); routing auto -> sort (cpu)``."""
+    explicit (cpu | position bias); routing auto -> sort``."""
     counts = collections.Counter(
         (r["impl"], r["reason"]) for r in metadata["expert_matmul_resolved"].values()
     )
@@ -211,10 +212,7 @@ def describe_kernels(metadata: dict) -> str:
     line = f"{line}; attention {metadata['attention']}" + (f" -> {attention}" if attention else "")
     if "routing_resolved" not in metadata:  # a run recorded before the routing was resolved by measurement
         return line
-    routed = ", ".join(
-        f"{method} ({device})" for device, method in sorted(metadata["routing_resolved"].items())
-    )
-    return f"{line}; routing {metadata['routing']}" + (f" -> {routed}" if routed else "")
+    return f"{line}; routing {metadata['routing']} -> {metadata['routing_resolved']}"
 
 
 def format_table(rows: list[dict]) -> str:

@@ -92,7 +92,6 @@ ROUTING_CHOICES = ("auto", *ROUTINGS)
 _ROUTING = Choice("routing", ENV_ROUTING, ROUTING_CHOICES)
 routing_selected = _ROUTING.selected
 routing_choice = _ROUTING.choice
-routing_resolutions = _ROUTING.resolutions  # {device type: the method the choice in force ran as}
 
 
 @traced_once
