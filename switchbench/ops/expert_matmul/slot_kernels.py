@@ -18,12 +18,12 @@ slots of one token that share an expert share a gate.
 Each accumulates in fp32 (fp64 for fp64 inputs).
 """
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from switchbench.core.launch_log import LaunchLog
 
 _TOKENS = 32  # tokens a program takes
 _WIDTH = 128  # features a program (or one step of its loop) takes
@@ -257,19 +257,8 @@ def pick(
     return out, grad_scores
 
 
-_recorded: list | None = None
-
-
-@contextlib.contextmanager
-def recording():
-    """Collect (kernel, arguments, constexprs) of each launch instead of running it: kernel-check compiles the
-    launches of meta tensors ahead of time."""
-    global _recorded
-    _recorded = []
-    try:
-        yield _recorded
-    finally:
-        _recorded = None
+_LOG = LaunchLog()  # while recording, each launch's (kernel, arguments, constexprs)
+recording = _LOG.recording
 
 
 def _launch(kernel, grid, first: Tensor, *args, **constants) -> None:
@@ -281,8 +270,8 @@ def _launch(kernel, grid, first: Tensor, *args, **constants) -> None:
         first.contiguous(),
         *(first if a is None else a.contiguous() if isinstance(a, Tensor) else a for a in args),
     )
-    if _recorded is not None:
-        _recorded.append((kernel, tensors, constants))
+    if _LOG.launches is not None:
+        _LOG.launches.append((kernel, tensors, constants))
     elif min(grid):
         with torch.cuda.device_of(first):
             kernel[grid](*tensors, **constants)

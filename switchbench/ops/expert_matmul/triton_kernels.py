@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from switchbench.core.launch_log import LaunchLog
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
 
@@ -328,19 +329,8 @@ def _tuned(kernel, name):
 
 _scatter_matmul_tuned = _tuned(_scatter_matmul_kernel, "scatter_matmul")
 _grouped_outer_tuned = _tuned(_grouped_outer_kernel, "grouped_outer")
-_recorded: list | None = None
-
-
-@contextlib.contextmanager
-def recording():
-    """Collect (kernel, autotuner, args, constexprs) of each launch instead of running it: kernel-check
-    compiles the launches of meta tensors ahead of time."""
-    global _recorded
-    _recorded = []
-    try:
-        yield _recorded
-    finally:
-        _recorded = None
+_LOG = LaunchLog()  # while recording, each launch's (kernel, autotuner, args, constexprs)
+recording = _LOG.recording
 
 
 def _interpreting() -> bool:
@@ -356,8 +346,8 @@ def _fixed_config(name: str):
 def _launch(kernel, tuned, name, grid, key, *args, **constants):
     """The kernel on the tensors' GPU: with the fixed configuration, the one tuned ahead of time for this GPU
     and ``key``, or the autotuner's choice (remembered for kernel-tune)."""
-    if _recorded is not None:
-        _recorded.append((kernel, tuned, args, constants))
+    if _LOG.launches is not None:
+        _LOG.launches.append((kernel, tuned, args, constants))
         return
     config = _config(name, key, args[0].device)
     with torch.cuda.device_of(args[0]):
