@@ -175,6 +175,8 @@ def test_a_practitioners_step_replays_from_one_cuda_graph(tmp_path, capsys, atte
 # Every family in both scopes, as a training run computes in bf16: fp32 parameters and inputs under autocast.
 # The layer scope used to cast the layer's parameters instead, and failed for the MoE families in `attend`.
 TINY = (*speed.GROUPS["tiny"], *speed.GROUPS["tiny-rope"])
+# the command line's start of a speed run of the tiny dense and SwitchHead pair on the CPU
+TINY_PAIR_ON_CPU = ("speed", "--presets", "tiny-transformer", "tiny-switchhead", "--device", "cpu")
 
 
 @pytest.mark.parametrize("preset", TINY)
@@ -193,12 +195,7 @@ def test_a_bf16_step_of_every_family_in_both_scopes(preset, scope):
 def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
     """Nothing measured: the rows are written, and one line on stderr says so with exit 1 (it used to exit 0)."""
     argv = [
-        "speed",
-        "--presets",
-        "tiny-transformer",
-        "tiny-switchhead",
-        "--device",
-        "cpu",
+        *TINY_PAIR_ON_CPU,
         "--batch",
         "10000000000",
         "--rounds",
@@ -221,12 +218,7 @@ def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
 
 def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, capsys):
     argv = [
-        "speed",
-        "--presets",
-        "tiny-transformer",
-        "tiny-switchhead",
-        "--device",
-        "cpu",
+        *TINY_PAIR_ON_CPU,
         "--dtype",
         "bf16",
         "--scopes",
@@ -572,12 +564,7 @@ def test_a_model_on_all_experts_stands_beside_the_floor_it_executes(tmp_path, ca
     MACs, its useful floor plus, per layer, the products of the experts no slot chose, counted by hand (V over the
     window of T tokens and T of memory, O over the T current ones); on a routed implementation there is none."""
     argv = [
-        "speed",
-        "--presets",
-        "tiny-transformer",
-        "tiny-switchhead",
-        "--device",
-        "cpu",
+        *TINY_PAIR_ON_CPU,
         "--scopes",
         "model",
     ]
