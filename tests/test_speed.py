@@ -345,6 +345,26 @@ def test_each_row_stands_beside_its_mac_floor_and_attention_kernel():
     assert not any("attention_mixed" in r for r in same)
 
 
+def test_each_bench_reads_its_attention_kernel_off_a_pass_in_its_own_grad_mode(monkeypatch):
+    """SDPA's backend depends on whether the call will be differentiated (cuDNN's takes no float mask under
+    grad): a training step's kernel is read off a differentiated pass, a forward's off a no-grad one."""
+
+    def grad_mode(forward):
+        return "differentiated" if forward().requires_grad else "no grad"
+
+    monkeypatch.setattr(benches_module, "attention_kernel", grad_mode)
+    benches = [
+        *speed.model_benches("tiny-transformer", 1, "cpu", torch.float32),
+        *speed.layer_benches("tiny-transformer", 1, "cpu", torch.float32),
+    ]
+    assert [(b.scope, b.what, b.attention()) for b in benches] == [
+        ("model", "train step", "differentiated"),
+        ("model", "forward", "no grad"),
+        ("layer", "forward", "no grad"),
+        ("layer", "forward+backward", "differentiated"),
+    ]
+
+
 def test_the_attention_kernel_is_read_off_the_dispatched_operators():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -114,10 +114,13 @@ def model_benches(
         with mixed:
             return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
+    def differentiated():
+        with mixed:
+            return trained(inputs, state).loss(targets)
+
     macs, executed = batch * model_macs(cfg), executed_macs(cfg, batch, device, dtype)
     extra = executed != macs  # only then does the step execute more than its useful MACs
-    kernels = functools.cache(lambda: _kernels(forward))
-    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
+    trains, infers = _kernels(differentiated), _kernels(forward)
     return [
         Bench(
             preset,
@@ -126,8 +129,8 @@ def model_benches(
             captured(train_step) if mode.cuda_graphs else train_step,
             6 * macs * mode.accumulation,
             memory,
-            attention=attention,
-            expert_matmul=experts,
+            attention=lambda: trains()[0],
+            expert_matmul=lambda: trains()[1],
             module=model,
             tokens=batch * cfg.T * mode.accumulation,
             executed_flops=6 * executed * mode.accumulation if extra else None,
@@ -139,8 +142,8 @@ def model_benches(
             forward,
             2 * macs,
             lambda: None,
-            attention=attention,
-            expert_matmul=experts,
+            attention=lambda: infers()[0],
+            expert_matmul=lambda: infers()[1],
             module=model,
             tokens=batch * cfg.T,
             executed_flops=2 * executed if extra else None,
@@ -192,9 +195,12 @@ def layer_benches(
         with mixed:
             return count_saved_bytes(lambda: layer(x, mem, window), module)
 
+    def differentiated():
+        with mixed:
+            return layer(x, mem, window)[0]
+
     macs = batch * exact_cost(cfg).macs
-    kernels = functools.cache(lambda: _kernels(forward))
-    attention, experts = (lambda: kernels()[0]), (lambda: kernels()[1])
+    trains, infers = _kernels(differentiated), _kernels(forward)
     return [
         Bench(
             preset,
@@ -204,8 +210,8 @@ def layer_benches(
             2 * macs,
             lambda: None,
             lambda: count_op_calls(forward),
-            attention,
-            experts,
+            lambda: infers()[0],
+            lambda: infers()[1],
             module,
             batch * cfg.T,
         ),
@@ -217,20 +223,30 @@ def layer_benches(
             6 * macs,
             memory,
             lambda: count_op_calls(forward_backward),
-            attention,
-            experts,
+            lambda: trains()[0],
+            lambda: trains()[1],
             module,
             batch * cfg.T,
         ),
     ]
 
 
-def _kernels(forward: Callable) -> tuple[str, str | None]:
+def _kernels(forward: Callable) -> Callable[[], tuple[str, str | None]]:
     """The attention kernel one ``forward()`` runs, and the expert-matmul implementations it resolved to (None:
-    no expert matmul): read off one call, outside the timed ones."""
-    with expert_matmul_choice.recording() as resolved:
-        attention = attention_kernel(forward)
-    return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
+    no expert matmul): read off one call when first asked, outside the timed ones.
+
+    Each bench asks a forward in its own grad mode. SDPA picks its backend by whether the call will be
+    differentiated: under grad, cuDNN's kernel takes no float mask, so Transformer-XL's training steps run the
+    memory-efficient kernel where its no-grad forwards run cuDNN's (an H200 profile at 262M, batch 64), and
+    reading the training step's kernel off a no-grad forward had labelled it cuDNN."""
+
+    @functools.cache
+    def read():
+        with expert_matmul_choice.recording() as resolved:
+            attention = attention_kernel(forward)
+        return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
+
+    return read
 
 
 def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
