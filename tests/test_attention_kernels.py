@@ -330,17 +330,16 @@ def test_compiled_flex_is_traced_once_for_every_layer_and_step(monkeypatch):
     assert counters["stats"]["unique_graphs"] == 2 and not counters["recompiles"]
 
 
-def test_compiled_flex_is_compiled_for_every_shape_past_dynamos_default_limit(monkeypatch):
+def test_compiled_flex_is_compiled_for_every_shape_past_dynamos_default_limit():
     """A group's members, batch sizes and grad modes each compile FlexAttention once more; past dynamo's default
     of 8 compilations it would fall back to the eager path, which materialises the scores. Twelve shapes, twelve
     graphs and no fallback (dynamo's eager backend on the CPU)."""
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
     torch._dynamo.reset()
     counters.clear()
-    compiled = kernels.compiled_flex(backend="eager")
-    with torch.no_grad():
+    with torch._dynamo.config.patch(recompile_limit=8), torch.no_grad():  # dynamo's default, restored after
+        compiled = kernels.compiled_flex(backend="eager")
         for t in range(1, 13):
             q = torch.randn(1, 2, 8 * t, 16)
             torch.testing.assert_close(compiled(q, q, q), F.scaled_dot_product_attention(q, q, q))

@@ -86,6 +86,16 @@ def test_a_step_routed_by_the_triton_kernels_compiles_whole_and_equals_eager(mod
         compiles_whole_and_equals_eager(lm, tokens, state)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["transformer", "switchhead"])
+def test_a_step_on_the_triton_flash_attention_compiles_whole_and_equals_eager(model):
+    """Triton's flash attention and its backward (custom ops, run by the interpreter here) trace into the one
+    graph."""
+    lm, tokens, state = model_and_batch(model, "xl", TRITON_DEVICE)
+    with attention_choice.selected("triton"):
+        compiles_whole_and_equals_eager(lm, tokens, state)
+
+
 def compiles_whole_and_equals_eager(lm, tokens, state) -> None:
     """The loss of ``lm`` on ``tokens`` compiles into one graph (fullgraph) whose loss and gradients are eager's."""
 
@@ -126,7 +136,7 @@ def test_the_probe_sees_a_read_back():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("attention", ["sdpa", "flex"])
+@pytest.mark.parametrize("attention", ["sdpa", "flex", "triton"])
 @pytest.mark.parametrize(
     ("impl", "routing"),
     [("triton", "auto"), ("triton", "triton"), ("grouped_mm", "auto"), ("all_experts", "auto")],

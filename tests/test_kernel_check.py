@@ -120,7 +120,7 @@ def test_all_experts_roofline_counts_by_hand():
 
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
-    """The expert matmul's kernels to pipelined wgmma; the position bias's two copies, each router's Triton
+    """The expert matmul's and the flash attention's kernels to pipelined wgmma; the position bias's two copies, each router's Triton
     routing (the top-k for SwitchHead's four experts a head, the count and placement for every router) and
     all_experts' passes around its GEMMs to no tensor-core MMA."""
     assert main(["kernel-check", "--arch", "sm_90", "--dtype", "bf16", "--sizes", "262m", "--json"]) == 0
@@ -128,9 +128,20 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     rows = out["rows"]
     routers = {"262m switchhead-v", "262m switchhead-o", "262m moa-q", "262m sigma-moe-up"}
     expert_cases = {c.name for c in cases("262m", 1)[:-1]}
-    assert {r["case"] for r in rows} == expert_cases | {"262m position bias"} | {
+    attention = {"262m transformer attention d64", "262m switchhead attention d112"}
+    assert {r["case"] for r in rows} == expert_cases | {"262m position bias"} | attention | {
         f"{name} routing" for name in routers
     } | {f"{name} all_experts" for name in expert_cases}
+    flash = {(r["case"], r["kernel"]) for r in rows if r["case"] in attention}
+    assert flash == {
+        (case, kernel)
+        for case in attention
+        for kernel in (
+            "forward (forward)",
+            "key_block_backward (backward)",
+            "query_block_backward (backward)",
+        )
+    }
     position = [r for r in rows if r["case"] == "262m position bias"]
     assert sorted(r["kernel"] for r in position) == ["gather (backward)", "spread (forward)"]
     routing = [r for r in rows if r["case"].endswith(" routing")]

@@ -86,7 +86,7 @@ def device_from_args(choice: str | None) -> str:
 
 
 def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
-    """``--expert-matmul auto|torch|triton|grouped_mm|all_experts``, ``--attention auto|explicit|sdpa|flex`` and
+    """``--expert-matmul auto|torch|triton|grouped_mm|all_experts``, ``--attention auto|explicit|sdpa|flex|triton`` and
     ``--routing auto|sort|count|triton``: what every expert matmul and every softmax attention of the command runs
     on, and how every router ranks its experts and groups its slots. The command line puts them in force around
     the command's run; record them with :func:`kernel_metadata`."""
@@ -137,6 +137,8 @@ def check_attention(choice: str | None, device: str | None) -> None:
     if choice in attention_choice.NEEDS_CUDA and device_from_args(device) != "cuda":
         why = attention_choice.NEEDS_CUDA[choice]
         raise ValueError(f"--attention {choice} needs a CUDA device: {why} (use sdpa or explicit there)")
+    if choice == "triton" and (reason := _triton_unavailable(device_from_args(device))):
+        raise ValueError(f"--attention triton {reason}")
 
 
 def check_routing(choice: str | None, device: str | None) -> None:

@@ -453,6 +453,24 @@ def _speed_flex(ctx: Context):
         _speed_group(ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa")
 
 
+def _flash(ctx: Context):
+    """The 262M dense and SwitchHead pair on Triton's flash attention, which reads XL's term by distance inside
+    the kernel and writes its gradient there (the memory-efficient kernel took 99 of dense's 298 ms of kernel time
+    at batch 64 on an H200): as a practitioner trains it, SwitchHead on all_experts routed by Triton, then where
+    each step's kernel time goes. The rehearsal runs the tiny pair on SDPA (Triton runs on the CPU only in its
+    interpreter)."""
+    expert = ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
+    if not ctx.gpu:
+        _speed_group(
+            ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa", *expert
+        )
+        return
+    flags = ("--attention", "triton", *expert)
+    _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags, *_PRACTITIONER_GPU)
+    where = ("--device", ctx.device, "--out", str(ctx.results / "profile"), "--fit-from", "64", "--top", "60")
+    ctx.switchbench("profile", *GPU_PROFILE, *flags, *where)
+
+
 def _speed_group(ctx: Context, group: str | None, *flags: str) -> None:
     """``speed`` of a group (None: the flags name the presets), in the rehearsal at a CPU's tiny settings."""
     cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
@@ -642,6 +660,12 @@ STEPS = (
         "the 262M dense and SwitchHead steps in named shares at batch 64 where it fits, SwitchHead's on all_experts too",
         120,  # 46 s on an H100, 52 s on an H200; then SwitchHead alone on all_experts, never run on a GPU
         _profile,
+    ),
+    Step(
+        "speed-practitioner-262m-triton",
+        "the 262M dense and SwitchHead pair on Triton's flash attention (XL's term in the kernel): times and profile",
+        150,  # the pair at batch 64 (about 65 s on an H200) and its profile (about 50 s): never run on a GPU
+        _flash,
     ),
     Step(
         "speed-expert-matmul",

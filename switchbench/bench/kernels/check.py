@@ -43,6 +43,7 @@ _POINTER = {
 }
 EXPERT_KERNELS = "switchbench.ops.expert_matmul.triton_kernels"
 POSITION_KERNELS = "switchbench.ops.attention.position_kernels"
+FLASH_KERNELS = "switchbench.ops.attention.flash"
 ROUTING_KERNELS = "switchbench.ops.expert_matmul.routing_kernels"
 SLOT_KERNELS = "switchbench.ops.expert_matmul.slot_kernels"
 # kernels with no MMA to expect: the position bias's memory-bound copies, routing's comparisons and counts,
@@ -178,6 +179,8 @@ def _specialise(fn, args: tuple, constants: dict) -> tuple[dict, dict, dict]:
             signature[name], constexprs[(i,)] = "constexpr", value
         elif isinstance(value, torch.Tensor):
             signature[name], attrs[(i,)] = _POINTER[value.dtype], 16
+        elif isinstance(value, float):
+            signature[name] = "fp32"
         else:
             signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
             if value % 16 == 0:
@@ -211,7 +214,7 @@ def _launches(size: str, dtype: torch.dtype):
     none."""
     import triton
 
-    from switchbench.ops.attention import position_kernels
+    from switchbench.ops.attention import flash, position_kernels
     from switchbench.ops.expert_matmul import routing_kernels
 
     for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
@@ -226,6 +229,22 @@ def _launches(size: str, dtype: torch.dtype):
     for phase, fn, args, constants in position_kernels.launches(t, S, dtype):
         config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
         yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
+    # Triton's flash attention (--attention triton) at each family's head width: dense's and SwitchHead's
+    for model in ("transformer", "switchhead"):
+        member = PRESETS[registry.get(model).roles[size]]
+        for phase, fn, args, constants in flash.launches(1, member.n_heads, t, S, member.d_head, dtype):
+            blocks = {name: constants.pop(name) for name in ("BLOCK_M", "BLOCK_N")}
+            warps, stages = constants.pop("num_warps"), constants.pop("num_stages")
+            config = triton.Config(blocks, num_warps=warps, num_stages=stages)
+            yield (
+                f"{size} {model} attention d{member.d_head}",
+                FLASH_KERNELS,
+                phase,
+                fn,
+                args,
+                constants,
+                config,
+            )
     routings: dict[tuple, str] = {}  # each router's shape, named by the first case it drives
     for c in cases(size, batch=1):
         if c.n_experts > 1:

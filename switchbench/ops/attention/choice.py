@@ -8,7 +8,7 @@ has. Every resolution is recorded in the logs opened by :func:`recording`, so a 
 
 from switchbench.core.choice import Choice, traced_once
 
-BACKENDS = ("explicit", "sdpa", "flex")
+BACKENDS = ("explicit", "sdpa", "flex", "triton")
 CHOICES = ("auto", *BACKENDS)
 ENV = "SWITCHBENCH_ATTENTION"
 NEEDS_CUDA = {"flex": "torch has no FlexAttention backward on the CPU"}  # a backend, and why it needs CUDA

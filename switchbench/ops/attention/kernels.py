@@ -1,5 +1,5 @@
 """Softmax attention of query heads over (possibly fewer) key heads, with an optional position term by distance
-(:class:`~switchbench.ops.attention.relative.RelativeBias`), by three kernels that compute the same function:
+(:class:`~switchbench.ops.attention.relative.RelativeBias`), by four kernels that compute the same function:
 
 - ``explicit``: the logits, the position term, the mask, a softmax and the product with V, one operator each. The
   reference, and the only kernel that has the attention maps.
@@ -10,6 +10,9 @@
 - ``flex``: FlexAttention, the position term read by distance inside the kernel by a ``score_mod``, the causal
   window as a block mask so that fully masked blocks are skipped. Compiled on CUDA (eager, it materialises the
   scores); torch has no FlexAttention backward on the CPU.
+- ``triton``: flash attention in Triton that reads the position term by distance and writes its gradient there
+  (:mod:`~switchbench.ops.attention.flash`), grouped heads read by their query heads; CUDA, or the CPU in Triton's
+  interpreter.
 
 Grouped heads (GQA's groups, MoA's one shared key head) are read by their query heads, not repeated, except by
 SDPA in training (:func:`_fused_sdpa`).
@@ -46,7 +49,7 @@ def attention(
     backend = resolve(q.device.type, bias is not None, return_maps)
     if backend == "explicit":
         return explicit(q, k, v, mask, bias, scale, return_maps)
-    kernel = sdpa if backend == "sdpa" else flex
+    kernel = {"sdpa": sdpa, "flex": flex, "triton": fused}[backend]
     return kernel(q, k, v, mask, bias, scale), None
 
 
@@ -196,3 +199,75 @@ def compiled_flex(backend: str = "inductor"):
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_COMPILATIONS)
     return torch.compile(flex_attention, dynamic=False, backend=backend)
+
+
+def fused(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: RelativeBias | None, scale: float
+) -> Tensor:
+    """Triton's flash attention (:mod:`~switchbench.ops.attention.flash`), the position term read by distance."""
+    return torch.ops.switchbench.flash_attention(q, k, v, None if bias is None else bias.scores, mask, scale)[
+        0
+    ]
+
+
+# Custom ops: one graph node each for torch.compile (a fake implementation gives their shapes), the Triton module
+# imported when first run
+
+
+@torch.library.custom_op("switchbench::flash_attention", mutates_args=())
+def _flash_op(
+    q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
+    from switchbench.ops.attention import flash
+
+    return flash.forward(q, k, v, pos, mask, scale)
+
+
+@_flash_op.register_fake
+def _(q, k, v, pos, mask, scale):
+    B, H, t = q.shape[:3]
+    accumulated = torch.float64 if q.dtype == torch.float64 else torch.float32
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    return out, q.new_empty(B * H, t, dtype=accumulated)
+
+
+@torch.library.custom_op("switchbench::flash_attention_backward", mutates_args=())
+def _flash_backward_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos: Tensor | None,
+    mask: Tensor | None,
+    o: Tensor,
+    lse: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    from switchbench.ops.attention import flash
+
+    dq, dk, dv, dpos = flash.backward(do, q, k, v, pos, mask, o, lse, scale)
+    return dq, dk, dv, q.new_empty(0) if dpos is None else dpos
+
+
+@_flash_backward_op.register_fake
+def _(do, q, k, v, pos, mask, o, lse, scale):
+    dense = torch.contiguous_format
+    grads = (torch.empty_like(x, memory_format=dense) for x in (q, k, v))
+    return *grads, q.new_empty(0) if pos is None else torch.empty_like(pos, memory_format=dense)
+
+
+def _flash_setup(ctx, inputs, output):
+    q, k, v, pos, mask, scale = inputs
+    ctx.save_for_backward(q, k, v, pos, mask, *output)
+    ctx.scale = scale
+
+
+def _flash_backward(ctx, do, _):
+    q, k, v, pos, mask, o, lse = ctx.saved_tensors
+    dq, dk, dv, dpos = torch.ops.switchbench.flash_attention_backward(
+        do, q, k, v, pos, mask, o, lse, ctx.scale
+    )
+    return dq, dk, dv, None if pos is None else dpos, None, None
+
+
+_flash_op.register_autograd(_flash_backward, setup_context=_flash_setup)

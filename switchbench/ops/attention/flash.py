@@ -1,0 +1,477 @@
+"""Flash attention in Triton that reads Transformer-XL's position term by distance inside the kernel, for CUDA
+tensors (and CPU tensors under TRITON_INTERPRET=1): ``--attention triton``.
+
+Why: a training step cannot give SDPA's fast kernels the term. cuDNN's takes no gradient for a float mask, so an XL
+step runs the memory-efficient kernel, which reads the term spread over [t, S] and writes its gradient there (on
+an H200, 262M, batch 64: 99 of dense's 298 ms of kernel time in that kernel, 20 more spreading and gathering the
+term). Here the term stays [B, H, t, P] by distance; a tile of logits reads its entries at column t - 1 - i + j
+(:mod:`~switchbench.ops.attention.relative`), and the backward writes its gradient to the same places. Query i
+meets key j once in a row, so every entry of the term's gradient has one writer: no atomics and no [t, S] tensor.
+
+The algorithm is FlashAttention-2's (Dao, 2023): the forward keeps a running maximum and sum per query row and
+saves their log-sum-exp; the backward recomputes each tile's probabilities from it, once in a program per key block
+(dK, dV and the term's gradient; it runs over the query heads of the key head's group) and once in a program per
+query block (dQ). Heads may be grouped (GQA, MoA's shared key head): key head h // (H / Hk) serves query head h.
+Every block is computed: a causal window's fully masked tiles are not skipped yet.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+
+@triton.jit
+def _logits(
+    q,
+    k,
+    pos_ptr,
+    mask_ptr,
+    rows,
+    cols,
+    t,
+    S,
+    P,
+    stride_pos,
+    stride_mask,
+    scale,
+    HAS_POS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """A tile's logits [BLOCK_M, BLOCK_N] in the accumulators' dtype: scale q k^T, plus the term by distance,
+    -inf off the grid and where the mask hides the key."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
+    inside = (rows[:, None] < t) & (cols[None, :] < S)
+    if HAS_POS:
+        column = t - 1 - rows[:, None] + cols[None, :]
+        term = tl.load(pos_ptr + rows[:, None] * stride_pos + column, mask=inside & (column < P), other=0.0)
+        s += term.to(ACC)
+    if HAS_MASK:
+        seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=inside, other=0)
+        inside = inside & (seen != 0)
+    return tl.where(inside, s, float("-inf"))
+
+
+@triton.jit
+def _forward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    mask_ptr,
+    o_ptr,
+    lse_ptr,
+    H,
+    group,
+    t,
+    S,
+    P,
+    width,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_s,
+    sv_b,
+    sv_h,
+    sv_s,
+    sp_b,
+    sp_h,
+    sp_t,
+    stride_mask,
+    so_b,
+    so_h,
+    so_t,
+    scale,
+    HAS_POS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    bh = tl.program_id(1).to(tl.int64)  # the term passes 2**31 elements from batch 171 at 262M
+    b, h = bh // H, bh % H
+    kh = h // group
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_in, dim_in = rows < t, dims < width
+    q = tl.load(
+        q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :],
+        mask=row_in[:, None] & dim_in[None, :],
+        other=0.0,
+    )
+    pos_ptr += b * sp_b + h * sp_h
+    k_ptr += b * sk_b + kh * sk_h
+    v_ptr += b * sv_b + kh * sv_h
+    m = tl.full([BLOCK_M], float("-inf"), ACC)
+    total = tl.zeros([BLOCK_M], ACC)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    for start in range(0, S, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_in = (cols < S)[:, None] & dim_in[None, :]
+        k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
+        s = _logits(
+            q,
+            k,
+            pos_ptr,
+            mask_ptr,
+            rows,
+            cols,
+            t,
+            S,
+            P,
+            sp_t,
+            stride_mask,
+            scale,
+            HAS_POS,
+            HAS_MASK,
+            PRECISION,
+            ACC,
+        )
+        new = tl.maximum(m, tl.max(s, 1))
+        shift = tl.where(new == float("-inf"), 0.0, new)  # a row with no key yet: nothing to rescale
+        p = tl.exp(s - shift[:, None])
+        rescale = tl.exp(m - shift)
+        total = total * rescale + tl.sum(p, 1)
+        v = tl.load(v_ptr + cols[:, None] * sv_s + dims[None, :], mask=col_in, other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION, out_dtype=ACC)
+        m = new
+    total = tl.where(total == 0.0, 1.0, total)  # a row past the last query, or one that reads no key: o = 0
+    o = acc / total[:, None]
+    out = o_ptr + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :]
+    tl.store(out, o.to(o_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
+    tl.store(lse_ptr + bh * t + rows, m + tl.log(total), mask=row_in)
+
+
+@triton.jit
+def _key_block_backward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    mask_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    dpos_ptr,
+    H,
+    group,
+    t,
+    S,
+    P,
+    width,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_s,
+    sv_b,
+    sv_h,
+    sv_s,
+    sp_b,
+    sp_h,
+    sp_t,
+    stride_mask,
+    scale,
+    HAS_POS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dK, dV of one key block (over every query head of its key head's group) and the term's gradient of its
+    tiles. q, do and the term share strides (do, dq are q's shape; dpos is the term's); dk, dv are k's and v's."""
+    bkh = tl.program_id(1).to(tl.int64)
+    Hk = H // group
+    b, kh = bkh // Hk, bkh % Hk
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    col_in = (cols < S)[:, None] & (dims < width)[None, :]
+    k_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
+    v_at = b * sv_b + kh * sv_h + cols[:, None] * sv_s + dims[None, :]
+    k = tl.load(k_ptr + k_at, mask=col_in, other=0.0)
+    v = tl.load(v_ptr + v_at, mask=col_in, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    for member in range(0, group):
+        h = kh * group + member
+        bh = b * H + h
+        for start in range(0, t, BLOCK_M):
+            rows = start + tl.arange(0, BLOCK_M)
+            row_in = rows < t
+            at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
+            tile_in = row_in[:, None] & (dims < width)[None, :]
+            q = tl.load(q_ptr + at, mask=tile_in, other=0.0)
+            do = tl.load(do_ptr + at, mask=tile_in, other=0.0)
+            lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
+            delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
+            terms = b * sp_b + h * sp_h
+            s = _logits(
+                q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, HAS_POS, HAS_MASK,
+                PRECISION, ACC,
+            )  # fmt: skip
+            p = tl.exp(s - lse[:, None])
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
+            ds = p * (dp - delta[:, None])
+            if HAS_POS:
+                column = t - 1 - rows[:, None] + cols[None, :]
+                written = row_in[:, None] & (cols < S)[None, :] & (column < P)
+                target = dpos_ptr + terms + rows[:, None] * sp_t + column
+                tl.store(target, ds.to(dpos_ptr.dtype.element_ty), mask=written)
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dk_ptr + k_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
+    tl.store(dv_ptr + v_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
+
+
+@triton.jit
+def _query_block_backward_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    pos_ptr,
+    mask_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    H,
+    group,
+    t,
+    S,
+    P,
+    width,
+    sq_b,
+    sq_h,
+    sq_t,
+    sk_b,
+    sk_h,
+    sk_s,
+    sv_b,
+    sv_h,
+    sv_s,
+    sp_b,
+    sp_h,
+    sp_t,
+    stride_mask,
+    scale,
+    HAS_POS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dQ of one query block (do and dq have q's strides)."""
+    bh = tl.program_id(1).to(tl.int64)  # the term passes 2**31 elements from batch 171 at 262M
+    b, h = bh // H, bh % H
+    kh = h // group
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_in, dim_in = rows < t, dims < width
+    at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
+    tile_in = row_in[:, None] & dim_in[None, :]
+    q = tl.load(q_ptr + at, mask=tile_in, other=0.0)
+    do = tl.load(do_ptr + at, mask=tile_in, other=0.0)
+    lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
+    delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
+    pos_ptr += b * sp_b + h * sp_h
+    k_ptr += b * sk_b + kh * sk_h
+    v_ptr += b * sv_b + kh * sv_h
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    for start in range(0, S, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        col_in = (cols < S)[:, None] & dim_in[None, :]
+        k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * sv_s + dims[None, :], mask=col_in, other=0.0)
+        s = _logits(
+            q,
+            k,
+            pos_ptr,
+            mask_ptr,
+            rows,
+            cols,
+            t,
+            S,
+            P,
+            sp_t,
+            stride_mask,
+            scale,
+            HAS_POS,
+            HAS_MASK,
+            PRECISION,
+            ACC,
+        )
+        p = tl.exp(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
+
+
+# (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves: none spills on sm_90 and every
+# product is a pipelined wgmma (kernel-check; at 4 warps the key-block backward spilled at every width, and the
+# query-block backward at 76 channels spilled with 32 keys a tile). Not yet timed on a GPU
+CONFIGS = {
+    "forward": {64: (128, 64, 8, 3), 96: (128, 32, 8, 3), 128: (128, 32, 8, 3)},
+    "key block": {64: (64, 64, 8, 2), 96: (32, 64, 8, 2), 128: (32, 64, 8, 2)},
+    "query block": {64: (64, 64, 8, 2), 96: (64, 16, 8, 2), 128: (64, 32, 8, 2)},
+}
+WIDEST = 128  # channels a head may have
+
+
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
+    """q [B, H, t, D], k, v [B, Hk, S, D], pos [B, H, t, P] or None, mask [t, S] bool or None -> (o [B, H, t, D],
+    the log-sum-exp of each query's logits [B * H, t] in the accumulators' dtype)."""
+    q, k, v, pos = _dense(q, k, v, pos)
+    B, H, t, D = q.shape
+    o = torch.empty_like(q)
+    lse = q.new_empty(B * H, t, dtype=_accumulated(q.dtype))
+    common = _common(q, k, v, pos, mask)
+    block_m, block_n, warps, stages = _config("forward", D)
+    grid = (triton.cdiv(t, block_m), B * H)
+    with torch.cuda.device_of(q):
+        _forward_kernel[grid](
+            q, k, v, *common["pointers"], o, lse, *common["sizes"], *common["strides"], *o.stride()[:3], scale,
+            **common["constants"], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    return o, lse
+
+
+def backward(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    pos: Tensor | None,
+    mask: Tensor | None,
+    o: Tensor,
+    lse: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """The gradients of :func:`forward`'s o for its output gradient ``do``: dq, dk, dv and the term's (None
+    without one; zero at the distances no query meets a key)."""
+    q, k, v, pos, do = _dense(q, k, v, pos, do)
+    B, H, t, D = q.shape
+    # rowsum(dO o) = rowsum(P dP), FlashAttention-2's D
+    delta = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1).view(B * H, t)
+    dq = torch.empty_like(q)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    dpos = None if pos is None else torch.zeros_like(pos)  # distances no query meets a key get no gradient
+    common = _common(q, k, v, pos, mask)
+    sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
+    Hk = k.shape[1]
+    block_m, block_n, warps, stages = _config("key block", D)
+    with torch.cuda.device_of(q):
+        _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * Hk)](
+            q, k, v, *common["pointers"], do, lse, delta, dk, dv, pos if dpos is None else dpos, *sizes, *strides,
+            scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        block_m, block_n, warps, stages = _config("query block", D)
+        _query_block_backward_kernel[(triton.cdiv(t, block_m), B * H)](
+            q, k, v, *common["pointers"], do, lse, delta, dq, *sizes, *strides, scale, **constants,
+            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+    return dq, dk, dv, dpos
+
+
+def _accumulated(dtype: torch.dtype) -> torch.dtype:
+    """What the kernels accumulate in: float64 for float64 (the tests' exact reference), else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _config(kernel: str, D: int) -> tuple[int, int, int, int]:
+    """``kernel``'s configuration for heads of D channels: the one for the narrowest width that holds them."""
+    table = CONFIGS[kernel]
+    return table[min(width for width in table if width >= D)]
+
+
+def _dense(*tensors: Tensor | None) -> list[Tensor | None]:
+    """The tensors contiguous: each gradient is then laid out as its input, q's strides serve do and dq, and the
+    term's serve its gradient."""
+    return [x if x is None else x.contiguous() for x in tensors]
+
+
+def _common(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | None) -> dict:
+    """The arguments every kernel shares: term and mask pointers (q stands in for an absent one, never read),
+    sizes, strides and constexprs."""
+    H, t, D = q.shape[1:]
+    if D > WIDEST:
+        raise ValueError(f"--attention triton takes heads of at most {WIDEST} channels; got {D}")
+    S = k.shape[2]
+    readable = q if mask is None else mask.contiguous().view(torch.uint8)
+    terms = q if pos is None else pos
+    return {
+        "pointers": (terms, readable),
+        "sizes": (H, H // k.shape[1], t, S, terms.shape[-1], D),
+        "strides": (
+            *q.stride()[:3],
+            *k.stride()[:3],
+            *v.stride()[:3],
+            *terms.stride()[:3],
+            readable.stride(0) if mask is not None else 0,
+        ),
+        "constants": {
+            "HAS_POS": pos is not None,
+            "HAS_MASK": mask is not None,
+            # float32 multiplies in TF32 only where torch's own matmuls may (models run bf16 under autocast)
+            "PRECISION": "tf32"
+            if q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+            else "ieee",
+            "ACC": tl.float64 if _accumulated(q.dtype) == torch.float64 else tl.float32,
+            "BLOCK_D": max(16, triton.next_power_of_2(D)),
+        },
+    }
+
+
+def launches(
+    B: int, H: int, t: int, S: int, D: int, dtype: torch.dtype
+) -> list[tuple[str, object, tuple, dict]]:
+    """(pass, kernel, arguments, constexprs with the launch's configuration) of the three launches of a causal
+    window of t queries over S keys with the term, on meta tensors: what kernel-check compiles ahead of time."""
+    meta = {"dtype": dtype, "device": "meta"}
+    q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, H, S, D, **meta)
+    pos, mask = torch.empty(B, H, t, S, **meta), torch.empty(t, S, dtype=torch.bool, device="meta")
+    lse = torch.empty(B * H, t, dtype=_accumulated(dtype), device="meta")
+    common = _common(q, k, k, pos, mask)
+    shared = (*common["sizes"], *common["strides"])
+    constants = common["constants"]
+
+    def configured(config):
+        block_m, block_n, warps, stages = config
+        return constants | {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+
+    pointers = common["pointers"]
+    return [
+        (
+            "forward",
+            _forward_kernel,
+            (q, k, k, *pointers, q, lse, *shared, *q.stride()[:3], 1.0),
+            configured(_config("forward", D)),
+        ),
+        (
+            "backward",
+            _key_block_backward_kernel,
+            (q, k, k, *pointers, q, lse, lse, k, k, pos, *shared, 1.0),
+            configured(_config("key block", D)),
+        ),
+        (
+            "backward",
+            _query_block_backward_kernel,
+            (q, k, k, *pointers, q, lse, lse, q, *shared, 1.0),
+            configured(_config("query block", D)),
+        ),
+    ]

@@ -1,0 +1,148 @@
+"""Triton's flash attention with the position term read by distance (``--attention triton``), under
+TRITON_INTERPRET=1 without a GPU: outputs and every gradient (q, k, v and the term by distance) against the
+explicit kernel in float64, grouped heads, causal windows over memory, several blocks each way; and whole models."""
+
+import pytest
+import torch
+from small import SEQ, TRITON_DEVICE, T, make_lm, random_tokens, small_cfg
+
+from switchbench.ops.attention import choice, kernels
+from switchbench.ops.attention.relative import RelativeBias
+
+F64 = torch.float64
+
+
+def _draw(seed: int, *shape, dtype=F64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=F64).to(TRITON_DEVICE, dtype)
+
+
+def _window(t: int, S: int, causal: bool) -> tuple[int, torch.Tensor | None]:
+    """Columns of the term by distance, and the mask: causal over memory, each query reading one chunk back."""
+    if not causal:
+        return S + t - 1, None
+    q_pos, k_pos = torch.arange(S - t, S)[:, None], torch.arange(S)
+    return S, ((k_pos <= q_pos) & (k_pos // 16 >= q_pos // 16 - 1)).to(TRITON_DEVICE)
+
+
+def _inputs(B, H, Hk, t, S, D, causal, biased, dtype, seed=0):
+    P, mask = _window(t, S, causal)
+    q = _draw(seed, B, H, t, D, dtype=dtype)
+    k, v = _draw(seed + 1, B, Hk, S, D, dtype=dtype), _draw(seed + 2, B, Hk, S, D, dtype=dtype)
+    pos = _draw(seed + 3, B, H, t, P, dtype=dtype) if biased else None
+    return q, k, v, pos, mask
+
+
+def _attend(kernel, q, k, v, pos, mask, cotangent):
+    """The output and the gradients of q, k, v and the term (None without one) for ``cotangent``."""
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, *([] if pos is None else [pos]))]
+    bias = None if pos is None else RelativeBias(leaves[3], k.shape[2])
+    out = kernel(*leaves[:3], mask, bias, 0.3)
+    out = out[0] if isinstance(out, tuple) else out
+    grads = torch.autograd.grad(out, leaves, cotangent)
+    return out, *grads
+
+
+def _explicit(q, k, v, mask, bias, scale):
+    return kernels.explicit(q, k, v, mask, bias, scale, False)
+
+
+# (B, H, Hk, t, S, D, causal): one query (decoding); a chunk after memory; grouped and shared key heads; more than
+# one block of queries and keys (64 each) and a head width that is no power of two
+CASES = [
+    (1, 2, 2, 1, 5, 8, True),
+    (2, 2, 2, 8, 16, 16, True),
+    (1, 4, 2, 8, 16, 8, True),
+    (1, 3, 1, 7, 7, 16, False),
+    (1, 2, 1, 70, 140, 20, True),
+    (1, 2, 2, 66, 66, 16, False),
+]
+
+
+@pytest.mark.parametrize("biased", [True, False], ids=["xl", "no-term"])
+@pytest.mark.parametrize(("B", "H", "Hk", "t", "S", "D", "causal"), CASES)
+def test_the_kernel_is_the_explicit_attention_in_float32(B, H, Hk, t, S, D, causal, biased):
+    """float32 in (multiplied exactly, not in TF32), float32 accumulators: within 1e-5 of the float64 explicit
+    kernel's output and gradients, the term's included."""
+    q, k, v, pos, mask = _inputs(B, H, Hk, t, S, D, causal, biased, torch.float32)
+    cotangent = _draw(9, B, H, t, D)
+    want = _attend(_explicit, *(x if x is None else x.double() for x in (q, k, v, pos)), mask, cotangent)
+    have = _attend(kernels.fused, q, k, v, pos, mask, cotangent.float())
+    for got, expected in zip(have, want, strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="needs a CUDA GPU: Triton's interpreter has no bf16 dot")
+def test_the_kernel_in_bf16_is_as_close_to_float64_as_sdpa_in_bf16():
+    """Under autocast the inputs are bf16: the kernel's error against float64 is no worse than PyTorch's
+    scaled-dot-product attention given the same bf16 inputs and the term as a float mask."""
+    q, k, v, pos, mask = _inputs(1, 2, 2, 70, 140, 16, True, True, torch.bfloat16)
+    cotangent = _draw(9, 1, 2, 70, 16)
+    want = _attend(_explicit, *(x.double() for x in (q, k, v, pos)), mask, cotangent)
+    have = _attend(kernels.fused, q, k, v, pos, mask, cotangent.bfloat16())
+    sdpa = _attend(kernels.sdpa, q, k, v, pos, mask, cotangent.bfloat16())
+    for got, reference, expected in zip(have, sdpa, want, strict=True):
+        error = (got.double() - expected).abs().max()
+        assert error <= 2 * (reference.double() - expected).abs().max() + 1e-3
+
+
+def test_the_term_gets_no_gradient_at_distances_no_query_meets_a_key():
+    """A causal window's term has a column per key, but query i meets only the keys it may read: the columns it
+    never reads get zero, not what an unwritten buffer held."""
+    t, S = 8, 16
+    q, k, v, pos, mask = _inputs(1, 2, 2, t, S, 8, True, True, torch.float32)
+    i, column = torch.arange(t)[:, None], torch.arange(S)[None, :]
+    j = column - (t - 1 - i)  # the key query i meets at this column
+    read = (j >= 0) & mask.cpu()[i, j.clamp(0, S - 1)]
+    grads = _attend(kernels.fused, q, k, v, pos, mask, _draw(9, 1, 2, t, 8).float())
+    assert grads[-1].shape == pos.shape
+    assert (~read).any() and not grads[-1][..., ~read.to(TRITON_DEVICE)].any()
+    assert grads[-1][..., read.to(TRITON_DEVICE)].ne(0).all()
+
+
+@pytest.mark.parametrize(
+    ("model", "pos"), [("transformer", "xl"), ("switchhead", "xl"), ("moa", "xl"), ("gqa", "rope")]
+)
+def test_a_model_on_the_kernel_is_the_model_on_the_explicit_attention(model, pos):
+    """A whole model's loss and every parameter's gradient, over a chunk and one after memory, on this kernel
+    against the explicit one (float32 against float64): XL's term, MoA's shared key head, RoPE's none."""
+    lm = make_lm(small_cfg(model, pos)).to(TRITON_DEVICE)
+    tokens = random_tokens(lm.cfg, SEQ).to(TRITON_DEVICE)
+
+    def run(backend, dtype):
+        net = lm.to(dtype)
+        net.zero_grad(set_to_none=True)
+        with choice.selected(backend), choice.recording() as resolved:
+            state = net(tokens[:, :T]).state
+            loss = net(tokens[:, T : 2 * T], state).loss(tokens[:, T + 1 : 2 * T + 1])
+        loss.backward()
+        assert set(resolved.values()) == {backend}
+        # copies: converting the model to another dtype converts its gradients in place
+        return loss.double(), {
+            n: p.grad.to(F64, copy=True) for n, p in net.named_parameters() if p.grad is not None
+        }
+
+    want_loss, want = run("explicit", F64)
+    have_loss, have = run("triton", torch.float32)
+    torch.testing.assert_close(have_loss, want_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)  # every parameter's, named where one differs
+
+
+def test_the_kernel_off_cuda_without_the_interpreter_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    from switchbench.cli import main
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    argv = [
+        "speed",
+        "--presets",
+        "tiny-transformer",
+        "tiny-switchhead",
+        "--device",
+        "cpu",
+        "--attention",
+        "triton",
+    ]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--attention triton needs a CUDA device, or TRITON_INTERPRET=1" in err
+    assert not any(tmp_path.iterdir())  # refused before any work
