@@ -48,7 +48,7 @@ def _explicit(q, k, v, mask, bias, scale):
 
 
 # (B, H, Hk, t, S, D, causal): one query (decoding); a chunk after memory; grouped and shared key heads; more than
-# one block of queries and keys (64 each) and a head width that is no power of two
+# one block of queries and keys and a head width that is no power of two; blocks the mask leaves nothing in
 CASES = [
     (1, 2, 2, 1, 5, 8, True),
     (2, 2, 2, 8, 16, 16, True),
@@ -56,6 +56,7 @@ CASES = [
     (1, 3, 1, 7, 7, 16, False),
     (1, 2, 1, 70, 140, 20, True),
     (1, 2, 2, 66, 66, 16, False),
+    (1, 2, 1, 200, 400, 16, True),  # whole tiles outside the window, skipped
 ]
 
 
@@ -146,3 +147,21 @@ def test_the_kernel_off_cuda_without_the_interpreter_is_refused_in_one_line(tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--attention triton needs a CUDA device, or TRITON_INTERPRET=1" in err
     assert not any(tmp_path.iterdir())  # refused before any work
+
+
+def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in():
+    """Each block of rows visits the column blocks from its first to its last with a readable entry: every block
+    with one, against a loop over the tiles, and at the window above some without."""
+    from switchbench.ops.attention import flash
+
+    _, mask = _window(200, 400, True)
+    for rows, cols in ((128, 64), (64, 32), (32, 64)):
+        spans = flash._spans(mask, rows, cols, None).cpu()
+        for r in range(spans.shape[0]):
+            live = [
+                c
+                for c in range(-(-400 // cols))
+                if mask[r * rows : (r + 1) * rows, c * cols : (c + 1) * cols].any()
+            ]
+            assert spans[r].tolist() == [live[0], live[-1] + 1]
+    assert spans[:, 0].max() > 0  # the window's early keys are skipped by its late queries

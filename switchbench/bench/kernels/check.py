@@ -215,6 +215,7 @@ def _launches(size: str, dtype: torch.dtype):
     import triton
 
     from switchbench.ops.attention import flash, position_kernels
+    from switchbench.ops.attention.kernels import sdpa_width
     from switchbench.ops.expert_matmul import routing_kernels
 
     for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
@@ -232,12 +233,13 @@ def _launches(size: str, dtype: torch.dtype):
     # Triton's flash attention (--attention triton) at each family's head width: dense's and SwitchHead's
     for model in ("transformer", "switchhead"):
         member = PRESETS[registry.get(model).roles[size]]
-        for phase, fn, args, constants in flash.launches(1, member.n_heads, t, S, member.d_head, dtype):
+        width = sdpa_width(member.d_head)  # the heads padded as the kernel is given them
+        for phase, fn, args, constants in flash.launches(1, member.n_heads, t, S, width, dtype):
             blocks = {name: constants.pop(name) for name in ("BLOCK_M", "BLOCK_N")}
             warps, stages = constants.pop("num_warps"), constants.pop("num_stages")
             config = triton.Config(blocks, num_warps=warps, num_stages=stages)
             yield (
-                f"{size} {model} attention d{member.d_head}",
+                f"{size} {model} attention d{width}",
                 FLASH_KERNELS,
                 phase,
                 fn,

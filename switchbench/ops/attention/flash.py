@@ -16,6 +16,7 @@ Every block is computed: a causal window's fully masked tiles are not skipped ye
 """
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
@@ -55,12 +56,26 @@ def _logits(
 
 
 @triton.jit
+def _span(spans_ptr, block, length, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr):
+    """The offsets [first, last) in steps of BLOCK a program's loop visits: the blocks its mask leaves something
+    to read in (:func:`_spans`), or all of ``length``."""
+    if HAS_MASK:
+        first = tl.load(spans_ptr + 2 * block) * BLOCK
+        last = tl.load(spans_ptr + 2 * block + 1) * BLOCK
+    else:
+        first = 0
+        last = length
+    return first, last
+
+
+@triton.jit
 def _forward_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
     pos_ptr,
     mask_ptr,
+    spans_ptr,
     o_ptr,
     lse_ptr,
     H,
@@ -111,7 +126,8 @@ def _forward_kernel(
     m = tl.full([BLOCK_M], float("-inf"), ACC)
     total = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
-    for start in range(0, S, BLOCK_N):
+    first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
+    for start in range(first, last, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_in = (cols < S)[:, None] & dim_in[None, :]
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
@@ -155,6 +171,7 @@ def _key_block_backward_kernel(
     v_ptr,
     pos_ptr,
     mask_ptr,
+    spans_ptr,
     do_ptr,
     lse_ptr,
     delta_ptr,
@@ -203,10 +220,11 @@ def _key_block_backward_kernel(
     v = tl.load(v_ptr + v_at, mask=col_in, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    first, last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
     for member in range(0, group):
         h = kh * group + member
         bh = b * H + h
-        for start in range(0, t, BLOCK_M):
+        for start in range(first, last, BLOCK_M):
             rows = start + tl.arange(0, BLOCK_M)
             row_in = rows < t
             at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
@@ -241,6 +259,7 @@ def _query_block_backward_kernel(
     v_ptr,
     pos_ptr,
     mask_ptr,
+    spans_ptr,
     do_ptr,
     lse_ptr,
     delta_ptr,
@@ -290,7 +309,8 @@ def _query_block_backward_kernel(
     k_ptr += b * sk_b + kh * sk_h
     v_ptr += b * sv_b + kh * sv_h
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
-    for start in range(0, S, BLOCK_N):
+    first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
+    for start in range(first, last, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_in = (cols < S)[:, None] & dim_in[None, :]
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
@@ -320,13 +340,14 @@ def _query_block_backward_kernel(
     tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves: none spills on sm_90 and every
-# product is a pipelined wgmma (kernel-check; at 4 warps the key-block backward spilled at every width, and the
-# query-block backward at 76 channels spilled with 32 keys a tile). Not yet timed on a GPU
+# (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of 8
+# channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward): none spills on sm_90
+# and every product is a pipelined wgmma (kernel-check; at 4 warps the key-block backward spilled at every width).
+# Not yet timed on a GPU
 CONFIGS = {
-    "forward": {64: (128, 64, 8, 3), 96: (128, 32, 8, 3), 128: (128, 32, 8, 3)},
-    "key block": {64: (64, 64, 8, 2), 96: (32, 64, 8, 2), 128: (32, 64, 8, 2)},
-    "query block": {64: (64, 64, 8, 2), 96: (64, 16, 8, 2), 128: (64, 32, 8, 2)},
+    "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3)},
+    "key block": {64: (64, 64, 8, 2), 128: (32, 64, 8, 3)},
+    "query block": {64: (64, 64, 8, 2), 128: (64, 32, 8, 2)},
 }
 WIDEST = 128  # channels a head may have
 
@@ -342,10 +363,11 @@ def forward(
     lse = q.new_empty(B * H, t, dtype=_accumulated(q.dtype))
     common = _common(q, k, v, pos, mask)
     block_m, block_n, warps, stages = _config("forward", D)
+    spans = _spans(mask, block_m, block_n, q)
     grid = (triton.cdiv(t, block_m), B * H)
     with torch.cuda.device_of(q):
         _forward_kernel[grid](
-            q, k, v, *common["pointers"], o, lse, *common["sizes"], *common["strides"], *o.stride()[:3], scale,
+            q, k, v, *common["pointers"], spans, o, lse, *common["sizes"], *common["strides"], *o.stride()[:3], scale,
             **common["constants"], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return o, lse
@@ -375,17 +397,36 @@ def backward(
     sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
     Hk = k.shape[1]
     block_m, block_n, warps, stages = _config("key block", D)
+    spans = _spans(None if mask is None else mask.T, block_n, block_m, q)  # per key block, its query blocks
     with torch.cuda.device_of(q):
         _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * Hk)](
-            q, k, v, *common["pointers"], do, lse, delta, dk, dv, pos if dpos is None else dpos, *sizes, *strides,
+            q, k, v, *common["pointers"], spans, do, lse, delta, dk, dv, pos if dpos is None else dpos, *sizes, *strides,
             scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         block_m, block_n, warps, stages = _config("query block", D)
+        spans = _spans(mask, block_m, block_n, q)
         _query_block_backward_kernel[(triton.cdiv(t, block_m), B * H)](
-            q, k, v, *common["pointers"], do, lse, delta, dq, *sizes, *strides, scale, **constants,
+            q, k, v, *common["pointers"], spans, do, lse, delta, dq, *sizes, *strides, scale, **constants,
             BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return dq, dk, dv, dpos
+
+
+def _spans(mask: Tensor | None, block_rows: int, block_cols: int, stand_in: Tensor) -> Tensor:
+    """For each block of ``block_rows`` rows of ``mask`` [rows, cols], the first and one past the last block of
+    ``block_cols`` columns with an entry it may read, [row blocks, 2] int32: a kernel's loop runs over those and
+    skips the rest, a causal window's fully masked tiles (a quarter of the 262M window's). Without a mask,
+    ``stand_in`` (never read). Static shapes and no read-back: a step with it stays capturable."""
+    if mask is None:
+        return stand_in
+    rows, cols = mask.shape
+    padded = F.pad(mask, (0, -cols % block_cols, 0, -rows % block_rows))
+    blocks = padded.shape[1] // block_cols
+    live = padded.view(-1, block_rows, blocks, block_cols).any(3).any(1)  # [row blocks, column blocks]
+    index = torch.arange(blocks, device=mask.device)
+    first = torch.where(live, index, blocks).amin(1)
+    last = torch.where(live, index + 1, 0).amax(1)  # a row block with nothing to read: first > last, no loop
+    return torch.stack([first, last], 1).to(torch.int32)
 
 
 def _accumulated(dtype: torch.dtype) -> torch.dtype:
@@ -454,7 +495,8 @@ def launches(
         block_m, block_n, warps, stages = config
         return constants | {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
 
-    pointers = common["pointers"]
+    spans = torch.empty(1, 2, dtype=torch.int32, device="meta")
+    pointers = (*common["pointers"], spans)
     return [
         (
             "forward",
