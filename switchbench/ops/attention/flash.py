@@ -12,7 +12,8 @@ The algorithm is FlashAttention-2's (Dao, 2023): the forward keeps a running max
 saves their log-sum-exp; the backward recomputes each tile's probabilities from it, once in a program per key block
 (dK, dV and the term's gradient; it runs over the query heads of the key head's group) and once in a program per
 query block (dQ). Heads may be grouped (GQA, MoA's shared key head): key head h // (H / Hk) serves query head h.
-Every block is computed: a causal window's fully masked tiles are not skipped yet.
+Each loop runs over the blocks its mask leaves something to read in (:func:`_spans`): a causal window's fully
+masked tiles are skipped.
 """
 
 import torch
