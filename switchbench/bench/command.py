@@ -137,8 +137,8 @@ def check_attention(choice: str | None, device: str | None) -> None:
     if choice in attention_choice.NEEDS_CUDA and device_from_args(device) != "cuda":
         why = attention_choice.NEEDS_CUDA[choice]
         raise ValueError(f"--attention {choice} needs a CUDA device: {why} (use sdpa or explicit there)")
-    if choice == "triton" and (reason := _triton_unavailable(device_from_args(device))):
-        raise ValueError(f"--attention triton {reason}")
+    if choice in attention_choice.NEEDS_TRITON and (reason := _triton_unavailable(device_from_args(device))):
+        raise ValueError(f"--attention {choice} {reason}")
 
 
 def check_routing(choice: str | None, device: str | None) -> None:

@@ -12,6 +12,7 @@ BACKENDS = ("explicit", "sdpa", "flex", "triton")
 CHOICES = ("auto", *BACKENDS)
 ENV = "SWITCHBENCH_ATTENTION"
 NEEDS_CUDA = {"flex": "torch has no FlexAttention backward on the CPU"}  # a backend, and why it needs CUDA
+NEEDS_TRITON = ("triton",)  # backends of Triton kernels: CUDA, or the CPU in Triton's interpreter
 # auto on the CPU keeps Transformer-XL's logits explicit: SDPA with an additive bias was slower there (the 47M dense
 # layer's forward+backward 190 ms against 166 ms, one thread), and the exact memory counts (cost.softmax_attention)
 # and the CPU gate's baseline describe the explicit path
