@@ -263,9 +263,14 @@ def test_every_command_that_runs_a_model_takes_the_flag(command, monkeypatch, ca
     assert "invalid choice: 'flash'" in capsys.readouterr().err
 
 
-def test_flex_on_the_cpu_is_refused_in_one_line(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("backend", "why"),
+    [("flex", "needs a CUDA device"), ("triton", "needs a CUDA device, or TRITON_INTERPRET=1")],
+)
+def test_a_backend_the_cpu_cannot_run_is_refused_in_one_line(backend, why, tmp_path, capsys, monkeypatch):
     from switchbench.cli import main
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # Triton's kernels run here only in its interpreter
     argv = [
         "speed",
         "--presets",
@@ -274,11 +279,11 @@ def test_flex_on_the_cpu_is_refused_in_one_line(tmp_path, capsys):
         "--device",
         "cpu",
         "--attention",
-        "flex",
+        backend,
     ]
     assert main([*argv, "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--attention flex needs a CUDA device" in err
+    assert err.count("\n") == 1 and f"--attention {backend} {why}" in err
     assert not any(tmp_path.iterdir())  # refused before any work
 
 

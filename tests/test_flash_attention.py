@@ -129,26 +129,6 @@ def test_a_model_on_the_kernel_is_the_model_on_the_explicit_attention(model, pos
     torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)  # every parameter's, named where one differs
 
 
-def test_the_kernel_off_cuda_without_the_interpreter_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    from switchbench.cli import main
-
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    argv = [
-        "speed",
-        "--presets",
-        "tiny-transformer",
-        "tiny-switchhead",
-        "--device",
-        "cpu",
-        "--attention",
-        "triton",
-    ]
-    assert main([*argv, "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--attention triton needs a CUDA device, or TRITON_INTERPRET=1" in err
-    assert not any(tmp_path.iterdir())  # refused before any work
-
-
 def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in():
     """Each block of rows visits the column blocks from its first to its last with a readable entry: every block
     with one, against a loop over the tiles, and at the window above some without."""
