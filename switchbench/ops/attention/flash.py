@@ -91,16 +91,10 @@ def _forward_kernel(
     sk_b,
     sk_h,
     sk_s,
-    sv_b,
-    sv_h,
-    sv_s,
     sp_b,
     sp_h,
     sp_t,
     stride_mask,
-    so_b,
-    so_h,
-    so_t,
     scale,
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -116,14 +110,11 @@ def _forward_kernel(
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, BLOCK_D)
     row_in, dim_in = rows < t, dims < width
-    q = tl.load(
-        q_ptr + b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :],
-        mask=row_in[:, None] & dim_in[None, :],
-        other=0.0,
-    )
+    at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]  # o is laid out as q
+    q = tl.load(q_ptr + at, mask=row_in[:, None] & dim_in[None, :], other=0.0)
     pos_ptr += b * sp_b + h * sp_h
     k_ptr += b * sk_b + kh * sk_h
-    v_ptr += b * sv_b + kh * sv_h
+    v_ptr += b * sk_b + kh * sk_h
     m = tl.full([BLOCK_M], float("-inf"), ACC)
     total = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -155,13 +146,12 @@ def _forward_kernel(
         p = tl.exp(s - shift[:, None])
         rescale = tl.exp(m - shift)
         total = total * rescale + tl.sum(p, 1)
-        v = tl.load(v_ptr + cols[:, None] * sv_s + dims[None, :], mask=col_in, other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
         acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION, out_dtype=ACC)
         m = new
     total = tl.where(total == 0.0, 1.0, total)  # a row past the last query, or one that reads no key: o = 0
     o = acc / total[:, None]
-    out = o_ptr + b * so_b + h * so_h + rows[:, None] * so_t + dims[None, :]
-    tl.store(out, o.to(o_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
+    tl.store(o_ptr + at, o.to(o_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
     tl.store(lse_ptr + bh * t + rows, m + tl.log(total), mask=row_in)
 
 
@@ -191,9 +181,6 @@ def _key_block_backward_kernel(
     sk_b,
     sk_h,
     sk_s,
-    sv_b,
-    sv_h,
-    sv_s,
     sp_b,
     sp_h,
     sp_t,
@@ -208,7 +195,7 @@ def _key_block_backward_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """dK, dV of one key block (over every query head of its key head's group) and the term's gradient of its
-    tiles. q, do and the term share strides (do, dq are q's shape; dpos is the term's); dk, dv are k's and v's."""
+    tiles. Every tensor is contiguous: do has q's strides, v, dk and dv k's, and dpos the term's."""
     bkh = tl.program_id(1).to(tl.int64)
     Hk = H // group
     b, kh = bkh // Hk, bkh % Hk
@@ -216,7 +203,7 @@ def _key_block_backward_kernel(
     dims = tl.arange(0, BLOCK_D)
     col_in = (cols < S)[:, None] & (dims < width)[None, :]
     k_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
-    v_at = b * sv_b + kh * sv_h + cols[:, None] * sv_s + dims[None, :]
+    v_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
     k = tl.load(k_ptr + k_at, mask=col_in, other=0.0)
     v = tl.load(v_ptr + v_at, mask=col_in, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
@@ -277,9 +264,6 @@ def _query_block_backward_kernel(
     sk_b,
     sk_h,
     sk_s,
-    sv_b,
-    sv_h,
-    sv_s,
     sp_b,
     sp_h,
     sp_t,
@@ -293,7 +277,7 @@ def _query_block_backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """dQ of one query block (do and dq have q's strides)."""
+    """dQ of one query block (do and dq have q's strides, v k's)."""
     bh = tl.program_id(1).to(tl.int64)  # the term passes 2**31 elements from batch 171 at 262M
     b, h = bh // H, bh % H
     kh = h // group
@@ -308,14 +292,14 @@ def _query_block_backward_kernel(
     delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
     pos_ptr += b * sp_b + h * sp_h
     k_ptr += b * sk_b + kh * sk_h
-    v_ptr += b * sv_b + kh * sv_h
+    v_ptr += b * sk_b + kh * sk_h
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
     for start in range(first, last, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_in = (cols < S)[:, None] & dim_in[None, :]
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
-        v = tl.load(v_ptr + cols[:, None] * sv_s + dims[None, :], mask=col_in, other=0.0)
+        v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
         s = _logits(
             q,
             k,
@@ -368,7 +352,7 @@ def forward(
     grid = (triton.cdiv(t, block_m), B * H)
     with torch.cuda.device_of(q):
         _forward_kernel[grid](
-            q, k, v, *common["pointers"], spans, o, lse, *common["sizes"], *common["strides"], *o.stride()[:3], scale,
+            q, k, v, *common["pointers"], spans, o, lse, *common["sizes"], *common["strides"], scale,
             **common["constants"], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
     return o, lse
@@ -442,8 +426,8 @@ def _config(kernel: str, D: int) -> tuple[int, int, int, int]:
 
 
 def _dense(*tensors: Tensor | None) -> list[Tensor | None]:
-    """The tensors contiguous: each gradient is then laid out as its input, q's strides serve do and dq, and the
-    term's serve its gradient."""
+    """The tensors contiguous: tensors of one shape then share strides (o, do and dq q's; v, dk and dv k's; the
+    term's gradient the term's), which the kernels are given once."""
     return [x if x is None else x.contiguous() for x in tensors]
 
 
@@ -459,10 +443,9 @@ def _common(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | 
     return {
         "pointers": (terms, readable),
         "sizes": (H, H // k.shape[1], t, S, terms.shape[-1], D),
-        "strides": (
+        "strides": (  # q's serve o, do and the gradients of q; k's serve v and the gradients of both
             *q.stride()[:3],
             *k.stride()[:3],
-            *v.stride()[:3],
             *terms.stride()[:3],
             readable.stride(0) if mask is not None else 0,
         ),
@@ -502,7 +485,7 @@ def launches(
         (
             "forward",
             _forward_kernel,
-            (q, k, k, *pointers, q, lse, *shared, *q.stride()[:3], 1.0),
+            (q, k, k, *pointers, q, lse, *shared, 1.0),
             configured(_config("forward", D)),
         ),
         (
