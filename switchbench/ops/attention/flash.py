@@ -345,7 +345,7 @@ def forward(
     q, k, v, pos = _dense(q, k, v, pos)
     B, H, t, D = q.shape
     o = torch.empty_like(q)
-    lse = q.new_empty(B * H, t, dtype=_accumulated(q.dtype))
+    lse = q.new_empty(B * H, t, dtype=accumulated(q.dtype))
     common = _common(q, k, v, pos, mask)
     block_m, block_n, warps, stages = _config("forward", D)
     spans = _spans(mask, block_m, block_n, q)
@@ -414,7 +414,7 @@ def _spans(mask: Tensor | None, block_rows: int, block_cols: int, stand_in: Tens
     return torch.stack([first, last], 1).to(torch.int32)
 
 
-def _accumulated(dtype: torch.dtype) -> torch.dtype:
+def accumulated(dtype: torch.dtype) -> torch.dtype:
     """What the kernels accumulate in: float64 for float64 (the tests' exact reference), else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -456,7 +456,7 @@ def _common(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | 
             "PRECISION": "tf32"
             if q.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
             else "ieee",
-            "ACC": tl.float64 if _accumulated(q.dtype) == torch.float64 else tl.float32,
+            "ACC": tl.float64 if accumulated(q.dtype) == torch.float64 else tl.float32,
             "BLOCK_D": max(16, triton.next_power_of_2(D)),
         },
     }
@@ -470,7 +470,7 @@ def launches(
     meta = {"dtype": dtype, "device": "meta"}
     q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, H, S, D, **meta)
     pos, mask = torch.empty(B, H, t, S, **meta), torch.empty(t, S, dtype=torch.bool, device="meta")
-    lse = torch.empty(B * H, t, dtype=_accumulated(dtype), device="meta")
+    lse = torch.empty(B * H, t, dtype=accumulated(dtype), device="meta")
     common = _common(q, k, k, pos, mask)
     shared = (*common["sizes"], *common["strides"])
     constants = common["constants"]

@@ -204,10 +204,16 @@ def compiled_flex(backend: str = "inductor"):
 def fused(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: RelativeBias | None, scale: float
 ) -> Tensor:
-    """Triton's flash attention (:mod:`~switchbench.ops.attention.flash`), the position term read by distance."""
-    return torch.ops.switchbench.flash_attention(q, k, v, None if bias is None else bias.scores, mask, scale)[
-        0
-    ]
+    """Triton's flash attention (:mod:`~switchbench.ops.attention.flash`), the position term read by distance, on
+    heads zero-padded to a multiple of 8 channels, whose rows its loads then read aligned."""
+    pos = None if bias is None else bias.scores
+    return _padded(
+        lambda q, k, v: torch.ops.switchbench.flash_attention(q, k, v, pos, mask, scale)[0],
+        sdpa_width(q.shape[-1]),
+        q,
+        k,
+        v,
+    )
 
 
 # Custom ops: one graph node each for torch.compile (a fake implementation gives their shapes), the Triton module
@@ -225,10 +231,11 @@ def _flash_op(
 
 @_flash_op.register_fake
 def _(q, k, v, pos, mask, scale):
+    from switchbench.ops.attention import flash
+
     B, H, t = q.shape[:3]
-    accumulated = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty(B * H, t, dtype=accumulated)
+    return out, q.new_empty(B * H, t, dtype=flash.accumulated(q.dtype))
 
 
 @torch.library.custom_op("switchbench::flash_attention_backward", mutates_args=())
