@@ -145,3 +145,12 @@ def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in():
             ]
             assert spans[r].tolist() == [live[0], live[-1] + 1]
     assert spans[:, 0].max() > 0  # the window's early keys are skipped by its late queries
+
+
+def test_a_speed_row_on_the_kernel_says_so():
+    """The attention column of a bench run on this kernel names it (it had fallen through to "explicit softmax")."""
+    from switchbench.bench.timing import speed
+
+    layer = speed.layer_benches("tiny-transformer", 1, TRITON_DEVICE, torch.float32)[1]
+    with choice.selected("triton"):
+        assert layer.attention() == "Triton flash"

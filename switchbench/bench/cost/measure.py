@@ -253,12 +253,13 @@ SDPA_BACKENDS = {
     "aten::_scaled_dot_product_attention_math": "math",
 }
 # The kernels that are not SDPA's, by the backend the call resolved to
-OTHER_KERNELS = {"explicit": "explicit softmax", "flex": "flex"}
+OTHER_KERNELS = {"explicit": "explicit softmax", "flex": "flex", "triton": "Triton flash"}
 
 
 def attention_kernel(fn: Callable) -> str:
     """The attention kernel ``fn()`` runs: an SDPA backend ("math" when SDPA fell back to its unfused path),
-    "flex", or "explicit softmax" when the model computes the logits itself (Transformer-XL on the CPU, maps)."""
+    "flex", "Triton flash", or "explicit softmax" when the model computes the logits itself (Transformer-XL on the
+    CPU, maps)."""
     from torch.profiler import ProfilerActivity
 
     with attention_choice.recording() as resolved, profiled([ProfilerActivity.CPU]) as prof:
