@@ -57,6 +57,7 @@ CASES = [
     (1, 2, 1, 70, 140, 20, True),
     (1, 2, 2, 66, 66, 16, False),
     (1, 2, 1, 200, 400, 16, True),  # whole tiles outside the window, skipped
+    (1, 2, 2, 128, 256, 16, True),  # every block full
 ]
 
 
