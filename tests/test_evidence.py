@@ -319,7 +319,7 @@ def _done(tmp_path) -> list[str]:
 BUDGET = 540.0  # the default --budget
 
 
-@pytest.mark.parametrize(("slower", "calls"), [(1.0, 11), (1.25, 16)])
+@pytest.mark.parametrize(("slower", "calls"), [(1.0, 12), (1.25, 16)])
 def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
     slower, calls, tmp_path, monkeypatch
 ):
@@ -391,6 +391,33 @@ def test_the_gpu_test_step_is_a_pytest_command_that_starts_under_xdist(monkeypat
         text=True,
     )
     assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_the_flash_attention_step_tests_the_kernel_on_the_gpu_before_timing_it(monkeypatch, tmp_path):
+    """On a GPU the step runs the kernel's tests first, stopping at the first failure, and times nothing if one
+    fails: a kernel that computes the wrong thing has no time worth keeping."""
+    seen = []
+    ctx = evidence.Context("cuda", tmp_path, tmp_path, 0.0, tmp_path / "log.txt")
+
+    def command(argv, **how):
+        seen.append(argv[2:4] if argv[3] != "speed" else [*argv[2:4], argv[argv.index("--attention") + 1]])
+        if argv[2] == "pytest" and failing:
+            raise evidence.StepFailed("1 failed")
+        return ""
+
+    monkeypatch.setattr(ctx, "command", command)
+    failing = False
+    evidence._flash(ctx)
+    assert seen == [
+        ["pytest", "-q"],
+        ["switchbench", "speed", "triton"],
+        ["switchbench", "profile"],
+    ]
+    seen.clear()
+    failing = True
+    with pytest.raises(evidence.StepFailed):
+        evidence._flash(ctx)
+    assert seen == [["pytest", "-q"]]
 
 
 def test_a_step_stopped_with_a_whole_call_is_not_tried_again_at_that_budget(tmp_path, monkeypatch):

@@ -456,15 +456,19 @@ def _speed_flex(ctx: Context):
 def _flash(ctx: Context):
     """The 262M dense and SwitchHead pair on Triton's flash attention, which reads XL's term by distance inside
     the kernel and writes its gradient there (the memory-efficient kernel took 99 of dense's 298 ms of kernel time
-    at batch 64 on an H200): as a practitioner trains it, SwitchHead on all_experts routed by Triton, then where
-    each step's kernel time goes. The rehearsal runs the tiny pair on SDPA (Triton runs on the CPU only in its
-    interpreter)."""
+    at batch 64 on an H200): its tests on this GPU, then the pair as a practitioner trains it, SwitchHead on
+    all_experts routed by Triton, then where each step's kernel time goes. The rehearsal runs the tiny pair on
+    SDPA (Triton runs on the CPU only in its interpreter)."""
     expert = ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
     if not ctx.gpu:
         _speed_group(
             ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa", *expert
         )
         return
+    # its tests first, on this GPU (bf16 against float64 and SDPA among them): a kernel that computes the wrong
+    # thing has no time worth keeping
+    pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    ctx.command([*pytest, str(ROOT / "tests" / "test_flash_attention.py")], cwd=ROOT)
     flags = ("--attention", "triton", *expert)
     _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags, *_PRACTITIONER_GPU)
     where = ("--device", ctx.device, "--out", str(ctx.results / "profile"), "--fit-from", "64", "--top", "60")
@@ -664,7 +668,7 @@ STEPS = (
     Step(
         "speed-practitioner-262m-triton",
         "the 262M dense and SwitchHead pair on Triton's flash attention (XL's term in the kernel): times and profile",
-        150,  # the pair at batch 64 (about 65 s on an H200) and its profile (about 50 s): never run on a GPU
+        210,  # its tests, the pair at batch 64 (about 65 s on an H200) and its profile (about 50 s): never run on a GPU
         _flash,
     ),
     Step(
