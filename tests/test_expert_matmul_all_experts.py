@@ -150,3 +150,13 @@ def test_an_ungrouped_op_compiles_whole():
         results.append([out, *(t.grad for t in leaves)])
     for got, expected in zip(*reversed(results), strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["switchhead-v", "switchhead-o"])
+def test_tokens_over_several_programs_of_each_pass(name, passes):
+    """70 tokens: more than one program of each Triton pass takes (16 or 32), so the grid covers them all (the
+    cases above fit in one)."""
+    case = replace(CASES[name], tokens=70)
+    naive.assert_matches_float64(
+        "all_experts", case, True, torch.float64, TOLERANCE[torch.float64], device(passes)
+    )

@@ -234,7 +234,7 @@ def gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) 
     }
     constants["BLOCK_E"] = triton.next_power_of_2(n_experts)
     args = (grad, y, scores, indices, grad_y, grad_scores, n, n_experts, d)
-    _launch(_gate_sum_backward_kernel, (triton.cdiv(n, _TOKENS),), *args, **constants)
+    _launch(_gate_sum_backward_kernel, (triton.cdiv(n, constants["TOKENS"]),), *args, **constants)
     return grad_y, grad_scores
 
 
