@@ -346,7 +346,7 @@ def forward(
     B, H, t, D = q.shape
     o = torch.empty_like(q)
     lse = q.new_empty(B * H, t, dtype=accumulated(q.dtype))
-    common = _common(q, k, v, pos, mask)
+    common = _common(q, k, pos, mask)
     block_m, block_n, warps, stages = _config("forward", D)
     spans = _spans(mask, block_m, block_n, q)
     grid = (triton.cdiv(t, block_m), B * H)
@@ -378,14 +378,14 @@ def backward(
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
     dpos = None if pos is None else torch.zeros_like(pos)  # distances no query meets a key get no gradient
-    common = _common(q, k, v, pos, mask)
+    common = _common(q, k, pos, mask)
     sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
     Hk = k.shape[1]
     block_m, block_n, warps, stages = _config("key block", D)
     spans = _spans(None if mask is None else mask.T, block_n, block_m, q)  # per key block, its query blocks
     with torch.cuda.device_of(q):
         _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * Hk)](
-            q, k, v, *common["pointers"], spans, do, lse, delta, dk, dv, pos if dpos is None else dpos, *sizes, *strides,
+            q, k, v, *common["pointers"], spans, do, lse, delta, dk, dv, q if dpos is None else dpos, *sizes, *strides,
             scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         block_m, block_n, warps, stages = _config("query block", D)
@@ -431,7 +431,7 @@ def _dense(*tensors: Tensor | None) -> list[Tensor | None]:
     return [x if x is None else x.contiguous() for x in tensors]
 
 
-def _common(q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None, mask: Tensor | None) -> dict:
+def _common(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> dict:
     """The arguments every kernel shares: term and mask pointers (q stands in for an absent one, never read),
     sizes, strides and constexprs."""
     H, t, D = q.shape[1:]
@@ -471,7 +471,7 @@ def launches(
     q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, H, S, D, **meta)
     pos, mask = torch.empty(B, H, t, S, **meta), torch.empty(t, S, dtype=torch.bool, device="meta")
     lse = torch.empty(B * H, t, dtype=accumulated(dtype), device="meta")
-    common = _common(q, k, k, pos, mask)
+    common = _common(q, k, pos, mask)
     shared = (*common["sizes"], *common["strides"])
     constants = common["constants"]
 
