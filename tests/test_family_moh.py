@@ -23,6 +23,7 @@ from switchbench.models.config import ModelConfig
 from switchbench.models.families.moh import balance_loss
 from switchbench.models.layers.attention_rope import rotate
 from switchbench.models.layers.observe import observe
+from switchbench.models.layers.projections import project
 from switchbench.models.layers.window import make_window
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
@@ -76,11 +77,18 @@ def _naive_weights(layer, cfg, x_token) -> list[float]:
     return shared + routed
 
 
+def _softmax_weights(layer, x):
+    """The layer's head weights, chosen heads and routed probabilities for x, its routers run on their own."""
+    return layer.softmax_weights(x, *project(x, layer.mix, layer.shared_router, layer.router))
+
+
 @pytest.mark.parametrize(("shared", "k", "H"), [(2, 2, 6), (1, 3, 6), (0, 2, 4), (3, 0, 3), (2, 4, 6)])
 def test_weights_follow_the_definition_and_the_routing_invariants(shared, k, H):
     cfg = _cfg(shared=shared, k=k, H=H)
     layer, x, _, _ = _layer_and_inputs(cfg)
-    weights, chosen, _ = layer.softmax_weights(x)  # [B, t, H], [B, t, k]
+    weights, chosen, _ = layer.softmax_weights(
+        x, *project(x, layer.mix, layer.shared_router, layer.router)
+    )  # [B, t, H], [B, t, k]
     for b in range(x.shape[0]):
         for t in range(x.shape[1]):
             expected = torch.tensor(_naive_weights(layer, cfg, x[b, t]), dtype=torch.float64)
@@ -247,7 +255,9 @@ def test_the_balance_loss_is_added_in_training_only_and_observation_records_the_
     cfg = _cfg(coef=0.5)
     layer, x, mem, window = _layer_and_inputs(cfg)
     _, aux = layer(x, mem, window)
-    weights, chosen, probs = layer.softmax_weights(x)
+    weights, chosen, probs = layer.softmax_weights(
+        x, *project(x, layer.mix, layer.shared_router, layer.router)
+    )
     expected = 0.5 / cfg.n_layers * balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1))  # its share
     torch.testing.assert_close(aux, expected)
     layer.eval()
@@ -271,7 +281,7 @@ def test_the_model_adds_the_coefficient_times_the_mean_of_the_layers_balance_los
     aux = model(tokens).aux_loss
     losses = []
     for i, block in enumerate(model.stack.blocks):
-        _, chosen, probs = block.attn.softmax_weights(inputs[i])
+        _, chosen, probs = _softmax_weights(block.attn, inputs[i])
         losses.append(balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1)))
     assert len(losses) == 3 and min(losses) > 0
     torch.testing.assert_close(aux, 0.01 * sum(losses) / 3, rtol=1e-12, atol=0)

@@ -123,6 +123,11 @@ def _expert_matmul_macs(x_shape, weight_shape, indices_shape) -> int:
     return indices_shape[0] * indices_shape[1] * weight_shape[1] * weight_shape[2]
 
 
+def _projections_macs(x_shape, weight_shapes) -> int:
+    """x [..., d_in] through weights [d_out, d_in]: d_in MACs per output element."""
+    return int(torch.Size(x_shape).numel()) * sum(shape[0] for shape in weight_shapes)
+
+
 def _l2_norm_macs(x_shape) -> int:
     """An L2 norm (MoH's norm router): one multiply-add per element, its square added to the sum."""
     return int(torch.Size(x_shape).numel())
@@ -164,6 +169,8 @@ def fvcore_macs(cfg: ModelConfig) -> int:
         lambda ins, outs: _sdpa_macs(get_shape(ins[0]), get_shape(ins[1])),
         "aten::linalg_vector_norm",
         lambda ins, outs: _l2_norm_macs(get_shape(ins[0])),
+        "prim::PythonOp._Projections",  # models/layers/projections.py, traced as one opaque node
+        lambda ins, outs: _projections_macs(get_shape(ins[0]), [get_shape(w) for w in ins[1:]]),
     )
     analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with warnings.catch_warnings():

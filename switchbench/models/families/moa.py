@@ -12,6 +12,7 @@ from switchbench.models.layers.initialization import init_projection_
 from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.projections import project
 from switchbench.models.layers.router import full_precision, sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
 from switchbench.ops.expert_matmul.cases import Case
@@ -39,8 +40,10 @@ class MoAAttention(Observable, nn.Module):
         return y, self._aux_loss(logits, gates, experts)
 
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """The one shared key and value head [B, 1, L, D] of the source tokens xs [B, L, d_model]."""
-        return self.attention.keys(self.k(xs)[:, None], positions), self.v(xs)[:, None]
+        """The one shared key and value head [B, 1, L, D] of the source tokens xs [B, L, d_model],
+        both read from one cast of xs."""
+        k, v = project(xs, self.k, self.v)
+        return self.attention.keys(k[:, None], positions), v[:, None]
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
         return self._attend(x, entries, window)[0]
@@ -50,7 +53,8 @@ class MoAAttention(Observable, nn.Module):
         # B batch, t current tokens, H active heads, E experts, D d_head
         cfg = self.cfg
         B, t, d = x.shape
-        logits = full_precision(self.router(x)).view(B * t, cfg.n_experts)  # [N, E]
+        x, logits = project(x, self.router, share_input=True)  # the router and the experts read x once
+        logits = full_precision(logits).view(B * t, cfg.n_experts)  # [N, E]
         if cfg.moa_gating == "softmax":
             scores = logits.softmax(-1)  # [N, E]
             experts = scores.topk(cfg.n_heads, dim=-1, sorted=False).indices  # [N, H]

@@ -31,6 +31,7 @@ from switchbench.models.layers.initialization import init_projection_
 from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.projections import project
 from switchbench.models.layers.router import full_precision
 from switchbench.models.layers.window import Window, with_memory
 
@@ -109,10 +110,13 @@ class MoHAttention(Observable, nn.Module):
         """-> (y, the chosen routed heads, the routed probabilities) for the balance loss."""
         # B batch, t current tokens, H heads, D d_head
         B, t, _ = x.shape
-        q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
+        q, *routers = project(x, self.q, self.mix, self.shared_router, self.router)  # x read once
+        q = q.view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
         out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         # every head's weight [B, t, H], the chosen routed heads [B, t, k], the routed probabilities [B, t, H - h_s]
-        weights, chosen, probs = self.norm_weights(q) if self.norm_router else self.softmax_weights(x)
+        weights, chosen, probs = (
+            self.norm_weights(q) if self.norm_router else self.softmax_weights(x, *routers)
+        )
         out = out * weights.transpose(1, 2)[..., None].to(out.dtype)  # each head's output times its weight
         y = self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
         if self.observing:
@@ -120,20 +124,23 @@ class MoHAttention(Observable, nn.Module):
             self.record(maps=maps, experts=chosen, gates=gates, head_weights=weights.detach())
         return y, chosen, probs
 
-    def softmax_weights(self, x: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """x [B, t, d_model] -> every head's weight [B, t, H] (shared heads first), the routed heads each token chose
+    def softmax_weights(
+        self, x: Tensor, mix_logits: Tensor | None, shared_logits: Tensor | None, routed_logits: Tensor | None
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """x [B, t, d_model] and the logits its ``mix``, ``shared_router`` and ``router`` give (None where the layer
+        has no such router) -> every head's weight [B, t, H] (shared heads first), the routed heads each token chose
         [B, t, k] (as head indices) and the routed heads' probabilities [B, t, H - h_s]."""
         B, t, _ = x.shape
         parts, chosen, probs = [], None, None
-        mix = 2 * full_precision(self.mix(x)).softmax(-1) if self.mix is not None else None  # [B, t, 2]
+        mix = 2 * full_precision(mix_logits).softmax(-1) if mix_logits is not None else None  # [B, t, 2]
         if self.shared:
-            if self.shared_router is None:
+            if shared_logits is None:
                 shared = x.new_ones(B, t, 1, dtype=torch.promote_types(x.dtype, torch.float32))
             else:
-                shared = full_precision(self.shared_router(x)).softmax(-1) * self.shared
+                shared = full_precision(shared_logits).softmax(-1) * self.shared
             parts.append(shared if mix is None else shared * mix[..., :1])
         if self.routed:
-            probs = full_precision(self.router(x)).softmax(-1)  # [B, t, H - h_s]
+            probs = full_precision(routed_logits).softmax(-1)  # [B, t, H - h_s]
             top = probs.topk(self.top_k, dim=-1, sorted=False)
             kept = top.values / top.values.sum(-1, keepdim=True) * self.top_k
             routed = torch.zeros_like(probs).scatter(-1, top.indices, kept)

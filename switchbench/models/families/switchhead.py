@@ -18,6 +18,7 @@ from switchbench.models.layers.initialization import init_projection_
 from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
+from switchbench.models.layers.projections import project
 from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
 from switchbench.ops.expert_matmul.cases import Case
@@ -71,10 +72,9 @@ class SwitchHeadAttention(Observable, nn.Module):
 
     def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, Tensor | float]:
         # B batch, t current tokens, S memory + current tokens
-        xs = with_memory(mem, x)  # [B, S, d_model]
-        src = self._select(self.src_router(xs), xs.shape[0]) if self.uses_src else None
-        dst = self._destination(x, src)
-        y = self._attend(x, self._source(xs, src, window.k_pos), window, dst)
+        entries, src = self._source(with_memory(mem, x), window.k_pos)  # over [B, S, d_model]
+        q, dst = self._destination(x, src)
+        y = self._attend(q, dst, entries, window)
         if self.observing:
             self.record(**_selection_record("src", src))
         return y, self._regularizer(src, dst)
@@ -82,34 +82,40 @@ class SwitchHeadAttention(Observable, nn.Module):
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """K and V [B, H, L, D] of the source tokens xs [B, L, d_model]: the experts are picked by the source token,
         so its entries, V after the expert mix, hold for every later query."""
-        src = self._select(self.src_router(xs), xs.shape[0]) if self.uses_src else None
-        return self._source(xs, src, positions)
+        return self._source(xs, positions)[0]
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
-        return self._attend(x, entries, window, self._destination(x, None))
+        return self._attend(*self._destination(x, None), entries, window)
 
-    def _source(self, xs: Tensor, src: Selection | None, positions: Tensor) -> tuple[Tensor, Tensor]:
-        k = self._project("k", xs, src).transpose(1, 2)  # [B, H, L, D]
-        v = self._project("v", xs, src).transpose(1, 2)  # [B, H, L, D]
-        return self.attention.keys(k, positions), v
+    def _source(self, xs: Tensor, positions: Tensor) -> tuple[tuple[Tensor, Tensor], Selection | None]:
+        """K and V [B, H, L, D] of the source tokens xs [B, L, d_model] and their selection. The source router, K
+        and V read xs once (:func:`project`)."""
+        xs, *dense, logits = project(xs, *self._dense("kv"), self._router("src"), share_input=True)
+        src = None if logits is None else self._select(logits, xs.shape[0])
+        k, v = (self._project(name, xs, y, src).transpose(1, 2) for name, y in zip("kv", dense, strict=True))
+        return (self.attention.keys(k, positions), v), src
 
-    def _destination(self, x: Tensor, src: Selection | None) -> Selection | None:
-        """The destination side's selection for the current tokens x [B, t, d_model]; with ``shared_selection``
-        it is the source side's, taken from ``src`` (over the window) when given."""
-        B, t, _ = x.shape
-        if not self.uses_dst:
-            return None
-        if src is not None and self.cfg.shared_selection:
-            return self._select(src.logits.view(B, -1, src.logits.shape[1] * src.logits.shape[2])[:, -t:], B)
-        return self._select((self.src_router if self.cfg.shared_selection else self.dst_router)(x), B)
+    def _destination(self, x: Tensor, src: Selection | None) -> tuple[Tensor, Selection | None]:
+        """Q [B, t, H, D] of the current tokens x [B, t, d_model] and the destination side's selection. The router
+        and Q read x once (:func:`project`). With ``shared_selection`` the selection is the source side's, taken
+        from ``src`` (over the window) when given."""
+        cfg, B, t = self.cfg, x.shape[0], x.shape[1]
+        from_src = self.uses_dst and cfg.shared_selection and src is not None
+        x, q, logits = project(
+            x, *self._dense("q"), None if from_src else self._router("dst"), share_input=True
+        )
+        if from_src:
+            logits = src.logits.view(B, -1, src.logits.shape[1] * src.logits.shape[2])[:, -t:]
+        dst = None if logits is None else self._select(logits, B)
+        return self._project("q", x, q, dst), dst
 
     def _attend(
-        self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window, dst: Selection | None
+        self, q: Tensor, dst: Selection | None, entries: tuple[Tensor, Tensor], window: Window
     ) -> Tensor:
         # B batch, t current tokens, H heads, D d_head
         cfg = self.cfg
-        B, t, _ = x.shape
-        q = self._project("q", x, dst).transpose(1, 2)  # [B, H, t, D]
+        B, t = q.shape[:2]
+        q = q.transpose(1, 2)  # [B, H, t, D]
         # Q's experts gate in float32 whatever the weights' dtype: brought to the cache's (bf16 when served). Only
         # when they differ: even a no-op .to is one more operator in the gate's op_calls count
         if q.dtype != entries[0].dtype:
@@ -136,16 +142,26 @@ class SwitchHeadAttention(Observable, nn.Module):
         experts = experts.view(B, L, cfg.n_heads, cfg.k)
         return Selection(experts, scores.view(B * L, -1), routing, logits)
 
-    def _project(self, name: str, x: Tensor, selection: Selection | None) -> Tensor:
-        """Q, K or V of x [B, L, d_model] -> [B, L, H, D], through experts if ``name`` is one of them."""
+    def _router(self, side: str) -> nn.Linear | None:
+        """The router of ``side`` ("src" or "dst"), None where that side has no experts; with
+        ``shared_selection`` both sides' is ``src_router``."""
+        if not (self.uses_src if side == "src" else self.uses_dst):
+            return None
+        return self.src_router if side == "src" or self.cfg.shared_selection else self.dst_router
+
+    def _dense(self, names: str) -> tuple[nn.Linear | None, ...]:
+        """The projections ``names`` that have no experts (None for those that do)."""
+        return tuple(None if name in self.cfg.experts else getattr(self, name) for name in names)
+
+    def _project(self, name: str, x: Tensor, y: Tensor | None, selection: Selection | None) -> Tensor:
+        """Q, K or V [B, L, H, D] of x [B, L, d_model]: through the experts where ``name`` has them, else ``y``, its
+        projection computed already (by :func:`project`)."""
         B, L, d = x.shape
-        weight = getattr(self, name)
         if name in self.cfg.experts:
+            weight = getattr(self, name)
             y = expert_matmul(
                 x.reshape(B * L, 1, d), weight, selection.routing, selection.scores, self.cfg.n_heads
             )
-        else:
-            y = weight(x)
         return y.view(B, L, self.cfg.n_heads, self.cfg.d_head)
 
     def _regularizer(self, src: Selection | None, dst: Selection | None) -> Tensor | float:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from switchbench.models.layers.projections import project
+
 # The kind of the one entry of a family that caches its layers' inputs and re-projects them at every step
 INPUTS = "inputs"
 
@@ -42,10 +44,9 @@ def keys_values(
 ) -> tuple[Tensor, Tensor]:
     """K and V [B, heads, L, d_head] of the source tokens xs [B, L, d_model] at ``positions`` [L] through the
     projections ``k`` and ``v``, the keys as ``attention`` reads them (RoPE: rotated): what a token caches in the
-    families with one K and one V projection per head."""
+    families with one K and one V projection per head. Both read xs once (:func:`project`)."""
     B = xs.shape[0]
-    keys = k(xs).view(B, -1, heads, d_head).transpose(1, 2)
-    values = v(xs).view(B, -1, heads, d_head).transpose(1, 2)
+    keys, values = (y.view(B, -1, heads, d_head).transpose(1, 2) for y in project(xs, k, v))
     return attention.keys(keys, positions), values
 
 

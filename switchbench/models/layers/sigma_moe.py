@@ -6,6 +6,7 @@ from torch import Tensor, nn
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.initialization import init_equal_rows_, init_projection_
 from switchbench.models.layers.observe import Observable
+from switchbench.models.layers.projections import project
 from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
@@ -27,7 +28,8 @@ class SigmaMoE(Observable, nn.Module):
         # N tokens, E experts, K active, G expert size
         cfg = self.cfg
         B, t, d = x.shape
-        logits = full_precision(self.router(x)).view(B * t, cfg.mlp_experts)  # [N, E]
+        x, logits = project(x, self.router, share_input=True)  # the router and the experts read x once
+        logits = full_precision(logits).view(B * t, cfg.mlp_experts)  # [N, E]
         dropout = cfg.mlp_expert_dropout if self.training else 0.0
         scores, experts = sigmoid_topk(logits, cfg.mlp_k, dropout)  # [N, E], [N, K]
         routing = route(experts, cfg.mlp_experts)
