@@ -21,7 +21,12 @@ def project(x: Tensor, *layers: nn.Linear | None, share_input: bool = False) -> 
     for another reader of x to take instead of x."""
     present = [layer for layer in layers if layer is not None]
     if len(present) > 1 or (share_input and present):
-        shared, *outputs = _Projections.apply(x, *(layer.weight for layer in present))
+        weights = [layer.weight for layer in present]
+        # Without a gradient to take, the same forward as is: torch.compile (2.13) traced the autograd function
+        # under no_grad with its tensors in the place of ctx
+        shared, *outputs = (
+            _Projections.apply(x, *weights) if torch.is_grad_enabled() else _forward(x, weights)
+        )
     else:
         shared, outputs = x, [layer(x) for layer in present]
     outputs = iter(outputs)
@@ -35,13 +40,19 @@ def _computation_dtype(x: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
 
 
+def _forward(x: Tensor, weights: list[Tensor]) -> tuple[Tensor, ...]:
+    """(x as the projections read it, each projection's output)."""
+    x = x.to(_computation_dtype(x))  # once for every reader (a no-op outside autocast)
+    return x.view_as(x), *(x @ weight.to(x.dtype).t() for weight in weights)
+
+
 class _Projections(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, *weights: Tensor) -> tuple[Tensor, ...]:
-        x = x.to(_computation_dtype(x))  # once for every reader (a no-op outside autocast)
-        ctx.save_for_backward(x, *weights)
+        shared, *outputs = _forward(x, weights)
+        ctx.save_for_backward(shared, *weights)
         ctx.set_materialize_grads(False)
-        return x.view_as(x), *(x @ weight.to(x.dtype).t() for weight in weights)
+        return shared, *outputs
 
     @staticmethod
     def backward(ctx, grad_shared: Tensor | None, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
