@@ -81,3 +81,17 @@ def test_without_projections_the_shared_input_is_the_input_itself():
     x = torch.randn(2, 3)
     shared, none = project(x, None, share_input=True)
     assert shared is x and none is None
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_compiles_whole_with_and_without_a_gradient(grad):
+    layers = _layers((4, 6))
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=grad)
+    compiled = torch.compile(
+        lambda x: project(x, *layers, share_input=True), backend="aot_eager", fullgraph=True
+    )
+    with torch.set_grad_enabled(grad):
+        _, a, b = compiled(x)
+    torch.testing.assert_close(a, layers[0](x), rtol=1e-13, atol=1e-13)
+    torch.testing.assert_close(b, layers[1](x), rtol=1e-13, atol=1e-13)
+    assert a.requires_grad == grad
