@@ -70,7 +70,6 @@ class _Projections(torch.autograd.Function):
             grad_x = grad @ weight
         else:
             grad_x = torch.addmm(grad_shared.reshape(rows, -1).to(x.dtype), grad, weight)
-        grad_w = grad.t() @ x.reshape(
-            rows, -1
-        )  # each weight's rows in turn; autograd brings both to their dtype
+        # each weight's rows in turn; autograd brings grad_x and grad_w to their tensors' dtypes
+        grad_w = grad.t() @ x.reshape(rows, -1)
         return grad_x.view(x.shape), *grad_w.split([w.shape[0] for w in weights])
