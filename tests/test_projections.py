@@ -106,3 +106,20 @@ def test_compiles_whole_with_and_without_a_gradient(grad):
     torch.testing.assert_close(a, layers[0](x), rtol=1e-13, atol=1e-13)
     torch.testing.assert_close(b, layers[1](x), rtol=1e-13, atol=1e-13)
     assert a.requires_grad == grad
+
+
+def test_only_the_gradients_asked_for_are_computed():
+    layers = _layers((4, 6))
+    for p in layers.parameters():
+        p.requires_grad_(False)
+    x = torch.randn(3, 12, dtype=torch.float64, requires_grad=True)
+    a, b = project(x, *layers)
+    (a.sum() + b.sum()).backward()
+    torch.testing.assert_close(x.grad, (layers[0].weight.sum(0) + layers[1].weight.sum(0)).expand_as(x))
+    assert all(p.grad is None for p in layers.parameters())
+
+    for p in layers.parameters():
+        p.requires_grad_(True)
+    a, b = project(x.detach(), *layers)  # the input wants none
+    (a.sum() + b.sum()).backward()
+    torch.testing.assert_close(layers[1].weight.grad, x.detach().sum(0).expand(6, 12))

@@ -65,11 +65,15 @@ class _Projections(torch.autograd.Function):
             ],
             dim=1,
         )  # [rows, sum of d_out]
-        weight = torch.cat(weights).to(x.dtype)  # [sum of d_out, d_in]
-        if grad_shared is None:
-            grad_x = grad @ weight
-        else:
-            grad_x = torch.addmm(grad_shared.reshape(rows, -1).to(x.dtype), grad, weight)
-        # each weight's rows in turn; autograd brings grad_x and grad_w to their tensors' dtypes
-        grad_w = grad.t() @ x.reshape(rows, -1)
-        return grad_x.view(x.shape), *grad_w.split([w.shape[0] for w in weights])
+        # each GEMM only where its gradient is wanted; autograd brings each to its tensor's dtype
+        grad_x = grad_w = None
+        if ctx.needs_input_grad[0]:
+            weight = torch.cat(weights).to(x.dtype)  # [sum of d_out, d_in]
+            if grad_shared is None:
+                grad_x = (grad @ weight).view(x.shape)
+            else:
+                grad_x = torch.addmm(grad_shared.reshape(rows, -1).to(x.dtype), grad, weight).view(x.shape)
+        if any(ctx.needs_input_grad[1:]):
+            grad_w = grad.t() @ x.reshape(rows, -1)  # [sum of d_out, d_in]: each weight's rows in turn
+            grad_w = grad_w.split([w.shape[0] for w in weights])
+        return grad_x, *(grad_w or [None] * len(weights))
