@@ -111,6 +111,8 @@ def test_each_part_of_a_switchhead_step_lands_in_its_share():
         assert shares[name] > 0, name
     kernels = [r for r in rows if r["kind"] == "kernel"]
     assert any(r["name"] == "aten::mm" and r["share"] == "dense GEMMs" for r in kernels)
+    # the routers' GEMMs run with the projections that read the same input (layers/projections.py): dense GEMMs
+    assert not any(r["name"] in ("aten::mm", "aten::addmm") and r["share"] == "routing" for r in kernels)
     assert {r["share"] for r in kernels if r["name"] == "aten::bmm"} >= {profile.EXPERT_FORWARD}
     dense = _shares(profile.run(["tiny-transformer"], ["train step"], 2, "cpu", torch.float32, 1, 1, 5))
     assert all(dense[name] == 0 for name in (*profile.SHARES[:3], "routing"))
