@@ -115,6 +115,12 @@ def test_all_experts_roofline_counts_by_hand():
         slot_rows, gates, ids = 4 * 2 * width * 2, (0 if case is by_input else 4 * 2 * 2), 4 * 2 * 8
         laid_out = "backward: lay out by expert" if case is by_input else "forward: lay out by expert"
         assert got[f"all_experts: {laid_out}"] == (slot_rows + gates + ids + wide, 0)
+    # ungated, four slots into two output groups: each slot's row (and its id) read once, each group's row written,
+    # in the one pass that picks them: no pass of its own sums the slots
+    ungated = Case("v", 4, 1, 4, 2, 3, 1, 32, 16, False)
+    got = {name: (nbytes, macs) for name, nbytes, macs in roofline.all_experts_passes(ungated, 2)}
+    assert got["all_experts: forward: pick slots"] == (4 * 4 * 16 * 2 + 4 * 4 * 8 + 4 * 2 * 16 * 2, 0)
+    assert "all_experts: forward: gate and slot sum" not in got
     assert roofline.all_experts_passes(Case("k-1", 4, 2, 2, 2, 3, 1, 32, 16, True), 2) == []
 
 
@@ -151,6 +157,7 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     assert kernels == grouping | ranking
     passes = [r for r in rows if r["case"].endswith(" all_experts")]
     assert {(r["case"], r["kernel"]) for r in passes if "switchhead" in r["case"]} == {
+        ("262m switchhead-v all_experts", "pick (forward)"),
         ("262m switchhead-v all_experts", "gate_sum (forward)"),
         ("262m switchhead-v all_experts", "gate_sum_backward (backward)"),
         ("262m switchhead-v all_experts", "lay_out (backward)"),

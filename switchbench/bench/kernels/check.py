@@ -138,8 +138,8 @@ def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, 
 
 def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     """(pass, kernel, args, constexprs) of the Triton passes all_experts runs around its GEMMs on CUDA at ``case``'s
-    shapes: in the form of one input group the gating and its gradients (gated) and the output gradient laid out by
-    expert; in that of one output group the (gated) input rows laid out (in the forward, and the same again for the
+    shapes: in the form of one input group each slot's row picked from every expert's output, the gating and its
+    gradients (gated) and the output gradient laid out by expert; in that of one output group the (gated) input rows laid out (in the forward, and the same again for the
     weight gradient) and the input gradient picked back from the experts' places. None for groups it cannot run."""
     from switchbench.ops.expert_matmul import all_experts, slot_kernels
 
@@ -156,8 +156,11 @@ def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, obje
     with slot_kernels.recording() as forward:
         if not by_input:
             slot_kernels.lay_out(x, indices, e, scores)
-        elif scores is not None:
-            slot_kernels.gate_sum(y, scores, indices, case.out_groups)
+        else:  # each slot's row of every expert's output (one a slot where gated), then the gating
+            groups = s if scores is not None else case.out_groups
+            slot_kernels.pick(torch.empty(n, e, d_out, **meta), indices, groups)
+            if scores is not None:
+                slot_kernels.gate_sum(y, scores, indices, case.out_groups)
     with slot_kernels.recording() as backward:
         if not by_input:
             slot_kernels.pick(torch.empty(n, e, d_in, **meta), indices, case.in_groups, scores, x)

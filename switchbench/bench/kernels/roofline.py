@@ -63,9 +63,9 @@ def _slot_sum(width: int, slots: int, rows: int, b: int, name: str) -> list:
 def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
     """(pass, bytes, MACs) of the all_experts implementation's forward and backward (``all_experts.py``) on CUDA:
     GEMMs over every expert at the model's widths, E / S times the routed MACs, and the passes around them, each a
-    separate read and write: torch's gathers of slot rows and gate gradients, and the Triton kernels that lay rows
-    out by expert (every place written, no zero fill) and gate and sum slots (``slot_kernels.py``). A case whose
-    groups it cannot run has none."""
+    separate read and write: the Triton kernels that lay rows out by expert (every place written, no zero fill),
+    pick each slot's row back, and gate and sum slots (``slot_kernels.py``). A case whose groups it cannot run has
+    none."""
     n, s, s_in, s_out, e = case.tokens, case.slots, case.in_groups, case.out_groups, case.n_experts
     d_in, d_out, idx, gates = case.d_in, case.d_out, n * s * 8, n * s * b if case.gated else 0
     weight, macs = e * d_in * d_out * b, n * e * d_in * d_out
@@ -75,8 +75,9 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
         wide, slot, out = n * e * d_out * b, n * s * d_out * b, n * s_out * d_out * b
         steps = [
             ("forward GEMM", n * d_in * b + weight + wide, macs),
-            ("forward: pick slots", 2 * slot + idx, 0),
-            ("forward: gate and slot sum", slot + gates + out if case.gated else slot + out, 0),
+            # each slot's row read once; ungated, summed into its output group in the same pass
+            ("forward: pick slots", slot + idx + (slot if case.gated else out), 0),
+            ("forward: gate and slot sum", slot + gates + out if case.gated else 0, 0),
             ("backward: gate gradients", out + gates + 2 * slot + n * s * b if case.gated else 0, 0),
             ("backward: lay out by expert", slot + idx + wide, 0),
             ("grad_x GEMM", wide + weight + n * d_in * b, macs),

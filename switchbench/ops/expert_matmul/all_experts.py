@@ -111,20 +111,21 @@ def _laid_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | No
 
 
 def _picked(
-    grad_laid: Tensor, indices: Tensor, groups: int, scores: Tensor | None, x: Tensor
+    src: Tensor, indices: Tensor, groups: int, scores: Tensor | None = None, x: Tensor | None = None
 ) -> tuple[Tensor, Tensor | None]:
-    """The form of one output group's input gradient from ``grad_laid`` [N, E, d_in]: each input group's sum of its
-    slots' rows, each its expert's, gated; and the scores' gradient (None without scores), each slot's ungated row
-    dotted with its input row of ``x``."""
-    if fused(grad_laid):
+    """src [N, E, d] -> [N, groups, d]: each group's sum of its slots' rows, each its expert's, gated by ``scores``
+    if given; and the scores' gradient (None without scores), each slot's ungated row dotted with its group's row
+    of ``x``. Ungated, the form of one input group's output; gated, the form of one output group's input
+    gradient."""
+    if fused(src):
         from switchbench.ops.expert_matmul import slot_kernels
 
-        return slot_kernels.pick(grad_laid, indices, groups, scores, x)
-    grad_rows = grad_laid.gather(1, _columns(indices, grad_laid.shape[2]))  # [N, S, d_in], ungated
+        return slot_kernels.pick(src, indices, groups, scores, x)
+    rows = src.gather(1, _columns(indices, src.shape[2]))  # [N, S, d], ungated
     if scores is None:
-        return _group_sum(grad_rows, groups), None
-    grad_scores = _gate_grad(grad_rows, _per_slot(x, indices.shape[1]), scores, indices)
-    return _group_sum(grad_rows * _gates(scores, indices), groups), grad_scores
+        return _group_sum(rows, groups), None
+    grad_scores = _gate_grad(rows, _per_slot(x, indices.shape[1]), scores, indices)
+    return _group_sum(rows * _gates(scores, indices), groups), grad_scores
 
 
 def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> Tensor:
@@ -150,7 +151,7 @@ def forward(x, weight, scores, indices, order, experts, offsets, s_out):
     if _by_input(s_in, s_out, d_in, d_out):
         _ungated(scores)
         y = (x[:, 0] @ weight.permute(1, 0, 2).reshape(d_in, -1)).view(n, n_experts, d_out)
-        return _group_sum(y.gather(1, _columns(indices, d_out)), s_out)  # [N, S, d_out] picked, summed
+        return _picked(y, indices, s_out)[0]  # each slot's expert's row, summed in its output group
     laid_out = _laid_out(x, indices, n_experts, scores)  # [N, E, d_in], gated
     return (laid_out.view(n, n_experts * d_in) @ weight.reshape(-1, d_out)).view(n, 1, d_out)
 

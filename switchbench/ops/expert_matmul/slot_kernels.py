@@ -13,7 +13,8 @@ slots of one token that share an expert share a gate.
 - ``gate_sum_backward``: its gradients in one pass: each slot's output gradient (its group's, gated) and each
   score's, the dot of the group's output gradient with the slots' outputs that read it.
 - ``pick``: [N, E, d] -> [N, G, d], each group's sum of its slots' (gated) rows, each slot reading its expert's,
-  and the scores' gradient from the same rows: the input gradient of the form of one output group.
+  and the scores' gradient from the same rows: the input gradient of the form of one output group; ungated, the
+  output of the form of one input group.
 
 Each accumulates in fp32 (fp64 for fp64 inputs).
 """
@@ -247,11 +248,14 @@ def pick(
     (n, n_experts, d), slots = src.shape, indices.shape[1]
     out = src.new_empty(n, groups, d)
     grad_scores = None if scores is None else scores.new_empty(scores.shape)
-    # half the tokens and a quarter of the width of the other kernels: with the scores' gradient [tokens, E] held,
-    # 32 tokens spilled on sm_90, and 64 features did at MoA's 262M output projection under triton 3.6
-    constants = {"S": slots, "PER": slots // groups, "GATED": scores is not None, "TOKENS": _TOKENS // 2}
+    # gated, half the tokens and a quarter of the width of the other kernels: with the scores' gradient
+    # [tokens, E] held, 32 tokens spilled on sm_90, and 64 features did at MoA's 262M output projection under
+    # triton 3.6. Ungated (a forward's pick), the other kernels' blocks: wider rows, fewer programs
+    gated = scores is not None
+    tokens, width = (_TOKENS // 2, _WIDTH // 4) if gated else (_TOKENS, _WIDTH)
+    constants = {"S": slots, "PER": slots // groups, "GATED": gated, "TOKENS": tokens}
     constants |= {
-        "WIDTH": min(_WIDTH // 4, triton.next_power_of_2(d)),
+        "WIDTH": min(width, triton.next_power_of_2(d)),
         "BLOCK_E": triton.next_power_of_2(n_experts),
     }
     args = (src, x, scores, indices, out, grad_scores, n, n_experts, d)
