@@ -335,6 +335,7 @@ def test_compiled_flex_is_traced_once_for_every_layer_and_step(monkeypatch):
     assert counters["stats"]["unique_graphs"] == 2 and not counters["recompiles"]
 
 
+@pytest.mark.slow  # twelve compilations: 10 s
 def test_compiled_flex_is_compiled_for_every_shape_past_dynamos_default_limit():
     """A group's members, batch sizes and grad modes each compile FlexAttention once more; past dynamo's default
     of 8 compilations it would fall back to the eager path, which materialises the scores. Twelve shapes, twelve

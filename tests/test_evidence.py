@@ -368,6 +368,7 @@ def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, caps
     )
 
 
+@pytest.mark.slow  # a pytest of its own under xdist: 15 s
 @pytest.mark.skipif(
     not all(map(importlib.util.find_spec, ("xdist", "pytest_benchmark"))),
     reason="needs pytest-xdist and pytest-benchmark",
@@ -467,6 +468,7 @@ def test_the_rehearsal_runs_a_stand_in_once_across_steps_and_a_step_its_command_
         assert "(ran to its end in step speed-262m: not run again)" in (tmp_path / "log.txt").read_text()
 
 
+@pytest.mark.slow  # a stopped step and its grandchild: seconds
 @pytest.mark.parametrize("parent_sleeps", [120, 0])
 def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp_path, parent_sleeps):
     """A step whose grandchild left the session, ignores SIGTERM and holds the output pipe: the call still ends
@@ -500,6 +502,7 @@ def test_slowly(i):
 """
 
 
+@pytest.mark.slow  # two pytest runs of their own, one stopped by its budget: 18 s
 @pytest.mark.skipif(importlib.util.find_spec("pytest_reportlog") is None, reason="needs pytest-reportlog")
 def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_the_rest(
     tmp_path, monkeypatch

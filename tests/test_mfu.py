@@ -7,6 +7,7 @@ import torch
 
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import counted_macs
+from switchbench.bench.timing import timer
 from switchbench.models.lm import SequenceClassifier
 from switchbench.models.presets import PRESETS
 from switchbench.train import listops, run
@@ -43,3 +44,26 @@ def test_each_logged_interval_carries_its_mfu(task, tmp_path, monkeypatch):
     for i, row in enumerate(log.itertuples()):
         flops = sum(per_step[2 * i : 2 * i + 2])
         assert row.mfu == pytest.approx(flops / (seconds[i + 1] - seconds[i]) / 1e12)
+
+
+@pytest.mark.parametrize(
+    ("ms", "rows"),
+    [
+        ({128: 0.1, 256: 0.8, 512: 6.0, 1024: 45.0}, 1024),  # float32: the largest, however long it takes
+        ({128: 3.0, 256: 25.0, 512: 200.0, 1024: 1600.0}, 256),  # bf16 without the CPU's support
+    ],
+    ids=["fast", "slow"],
+)
+def test_the_cpu_peak_is_measured_on_the_largest_product_that_takes_a_moment(monkeypatch, ms, rows):
+    """On the CPU the yardstick product doubles from 128 rows until one takes 20 ms (at most 1024): bf16 without the
+    CPU's support took 2.6 s a product of 1024, half a minute of every bf16 command. The peak is the chosen
+    size's FLOPs over its median time, and no larger product is built."""
+    sizes = []
+
+    def timed(product) -> float:  # a product of n rows takes ms[n]
+        sizes.append(product.args[0].shape[0])
+        return ms[sizes[-1]]
+
+    monkeypatch.setattr(timer, "Timer", lambda device: timed)
+    assert timer.matmul_peak_tflops("cpu", torch.float32) == 2 * rows**3 / ms[rows] / 1e9
+    assert sizes == sorted(sizes) and max(sizes) == rows and sizes[-13:] == [rows] * 13  # warm-up, timed
