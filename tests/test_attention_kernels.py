@@ -22,6 +22,18 @@ CUDA = torch.cuda.is_available()
 # Backends whose backward runs here
 TRAINABLE = ("explicit", "sdpa", "flex") if CUDA else ("explicit", "sdpa")
 DEVICE = "cuda" if CUDA else "cpu"
+# On the CPU Triton's interpreter and eager FlexAttention take seconds a model: the fast loop runs them on the
+# paper's pair, every family in the full suite (explicit and SDPA run every family in both)
+INTERPRETED, PAIR = ("flex", "triton"), ("transformer", "switchhead")
+
+
+def by_cost(families, backends) -> list:
+    """(family, backend) parameters, those of an interpreted backend beyond the pair marked slow."""
+    return [
+        pytest.param(f, b, marks=pytest.mark.slow if b in INTERPRETED and f not in PAIR else ())
+        for f in families
+        for b in backends
+    ]
 
 
 def naive(q, k, v, mask, scores, scale):
@@ -169,9 +181,10 @@ def parameter_gradients(lm, tokens) -> dict[str, torch.Tensor]:
     return {name: p.grad for name, p in lm.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("backend", [b for b in choice.BACKENDS if b != "explicit"])
 @pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
-@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize(
+    ("model", "backend"), by_cost(FAMILIES, [b for b in choice.BACKENDS if b != "explicit"])
+)
 def test_every_family_under_each_backend_is_the_explicit_model(model, pos, context_blocks, backend):
     """Logits of a sequence fed in two pieces (the second attends to the first's memory) and, where the backend
     trains here, every parameter's gradient: equal to the explicit kernel's in float64."""
@@ -200,7 +213,9 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, pos, conte
         torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize(
+    "model", [pytest.param(f, marks=() if f in PAIR else pytest.mark.slow) for f in FAMILIES]
+)
 def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(model, monkeypatch):
     """The position bias's Triton kernels inside a model, as a GPU runs them (here under the interpreter): a
     sequence in two pieces over two chunks of memory, logits and every parameter's gradient equal to the explicit
@@ -210,8 +225,7 @@ def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(mode
     test_decoding_under_each_backend_is_the_explicit_forward(model, "xl", "sdpa")
 
 
-@pytest.mark.parametrize("backend", choice.BACKENDS)
-@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize(("model", "backend"), by_cost(FAMILIES, choice.BACKENDS))
 def test_a_bidirectional_classifier_under_each_backend(model, backend):
     """No mask at all, and XL's negative distances: ListOps' configuration."""
     cfg = small_cfg(model, "xl", causal=False, context_blocks=0)
@@ -226,9 +240,8 @@ def test_a_bidirectional_classifier_under_each_backend(model, backend):
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
-@pytest.mark.parametrize("backend", choice.BACKENDS)
 @pytest.mark.parametrize("pos", ["xl", "rope"])
-@pytest.mark.parametrize("model", FAMILIES)
+@pytest.mark.parametrize(("model", "backend"), by_cost(FAMILIES, choice.BACKENDS))
 def test_decoding_under_each_backend_is_the_explicit_forward(model, pos, backend):
     """Prefill, then token by token (XL's position table sliced at each step), equal to one explicit forward."""
     cfg = small_cfg(model, pos)

@@ -37,6 +37,7 @@ def hand_count(preset: str) -> int:
     return 2 * heads * cfg.d_head * cfg.n_layers * 4
 
 
+@pytest.mark.slow  # times every tiny preset (the fixture): 9 s
 def test_every_tiny_preset_is_checked_timed_and_counted(run):
     rows = run["rows"]
     expected = {p for role in ("tiny", "tiny-rope") for p in registry.role_presets(role)}
@@ -55,6 +56,7 @@ def test_every_tiny_preset_is_checked_timed_and_counted(run):
     assert Path(run["saved"]).with_suffix(".csv").exists()
 
 
+@pytest.mark.slow  # the timed run above
 def test_ratios_stand_beside_their_floors(run):
     for row in run["rows"]:
         base = next(
@@ -72,6 +74,7 @@ def test_ratios_stand_beside_their_floors(run):
     assert gqa["ratio_kv_cache_bytes"] == 0.5  # 2 of 4 key-value heads
 
 
+@pytest.mark.slow  # the timed run above
 def test_the_floor_is_bytes_at_the_bandwidth_or_macs_at_the_peak(run):
     meta = run["metadata"]
     for row in run["rows"]:
@@ -108,6 +111,7 @@ def test_max_batch_by_hand():
     assert sizing.max_batch(cfg, 512, memory, 2) == (memory - weights - table) // (512 * per_token)
 
 
+@pytest.mark.slow  # times a pair
 def test_a_wrong_decode_path_is_not_timed(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(
         decode, "decoding_check", lambda preset, device: 0.5 if "switchhead" in preset else 0.0
@@ -119,6 +123,7 @@ def test_a_wrong_decode_path_is_not_timed(monkeypatch, tmp_path, capsys):
     assert len(wrong) == 1 and wrong[0]["status"] == "wrong" and "decode_ms" not in wrong[0]
 
 
+@pytest.mark.slow  # times a pair
 def test_a_family_without_a_cache_is_a_row_not_an_error(monkeypatch, tmp_path, capsys):
     import dataclasses
 
@@ -182,6 +187,7 @@ def _decode_json(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow  # times every tiny preset in bf16
 def test_bf16_weights_and_cache_as_served(tmp_path, capsys):
     """Weights and cache in bf16 (no autocast): every family decodes, its residual stream in bf16 though the
     expert matmuls weigh by float32 gates, and its cache holds half the bytes of float32's."""
@@ -218,6 +224,7 @@ def test_decode_every_round_and_prefill_in_the_first_few():
     assert calls.count(("a", "decode")) == 7 and calls.count(("a", "prefill")) == 3
 
 
+@pytest.mark.slow  # times a pair twice
 def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path):
     """A GPU node's slice of time can end inside a long grid: every finished cell is on disk, with how many of the
     grid's cells that is, in the run's one pair of files."""
