@@ -11,6 +11,12 @@ def autocast(device: str, dtype: torch.dtype, cache: bool = True) -> torch.autoc
     return torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32, cache_enabled=cache)
 
 
+def autocast_dtype(device: str) -> torch.dtype | None:
+    """The dtype autocast runs ``device``'s matmuls in where it is on there, else None: what an operator that
+    casts its own inputs (the expert matmul, the shared projections) casts them to."""
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+
+
 def describe(dtype_name: str) -> str:
     """How a run with ``--dtype dtype_name`` computes, for its metadata."""
     return "fp32" if dtype_name == "fp32" else f"fp32 parameters and inputs, autocast to {dtype_name}"

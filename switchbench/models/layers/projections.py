@@ -14,6 +14,8 @@ The parameters stay apart: checkpoints, the analysis and the initialisation see 
 import torch
 from torch import Tensor, nn
 
+from switchbench.core.precision import autocast_dtype
+
 
 def project(x: Tensor, *layers: nn.Linear | None, share_input: bool = False) -> tuple[Tensor | None, ...]:
     """x [..., d_in] through each of ``layers`` (bias-free; None: no such projection, None out) -> each one's
@@ -34,15 +36,9 @@ def project(x: Tensor, *layers: nn.Linear | None, share_input: bool = False) -> 
     return (shared, *projected) if share_input else projected
 
 
-def _computation_dtype(x: Tensor) -> torch.dtype:
-    """What a matmul of x runs in: autocast's dtype where it is on, else x's own."""
-    device = x.device.type
-    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
-
-
 def _forward(x: Tensor, weights: list[Tensor]) -> tuple[Tensor, ...]:
     """(x as the projections read it, each projection's output)."""
-    x = x.to(_computation_dtype(x))  # once for every reader (a no-op outside autocast)
+    x = x.to(autocast_dtype(x.device.type) or x.dtype)  # once for every reader (a no-op outside autocast)
     return x.view_as(x), *(x @ weight.to(x.dtype).t() for weight in weights)
 
 

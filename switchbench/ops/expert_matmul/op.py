@@ -32,6 +32,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from switchbench.core.choice import Choice, traced_once
+from switchbench.core.precision import autocast_dtype
 from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_experts
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
@@ -165,8 +166,8 @@ def expert_matmul(
         raise ValueError(f"x {tuple(x.shape)} and out_groups {s_out} do not fit {n} tokens x {slots} slots")
     if weight.shape[0] != routing.n_experts or weight.shape[1] != d_in:
         raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} in")
-    if torch.is_autocast_enabled(x.device.type):
-        dtype = torch.get_autocast_dtype(x.device.type)
+    dtype = autocast_dtype(x.device.type)
+    if dtype is not None:
         x, weight = x.to(dtype), weight.to(dtype)
         scores = None if scores is None else scores.to(dtype)
     if impl is None or impl == "auto":
