@@ -139,8 +139,9 @@ def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, 
 def all_experts_launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
     """(pass, kernel, args, constexprs) of the Triton passes all_experts runs around its GEMMs on CUDA at ``case``'s
     shapes: in the form of one input group each slot's row picked from every expert's output, the gating and its
-    gradients (gated) and the output gradient laid out by expert; in that of one output group the (gated) input rows laid out (in the forward, and the same again for the
-    weight gradient) and the input gradient picked back from the experts' places. None for groups it cannot run."""
+    gradients (gated) and the output gradient laid out by expert; in that of one output group the (gated) input
+    rows laid out (in the forward, and the same again for the weight gradient) and the input gradient picked back
+    from the experts' places. None for groups it cannot run."""
     from switchbench.ops.expert_matmul import all_experts, slot_kernels
 
     n, s, e, d_in, d_out = case.tokens, case.slots, case.n_experts, case.d_in, case.d_out

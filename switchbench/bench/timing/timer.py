@@ -72,9 +72,9 @@ def iqr(values: list[float]) -> float:
     return q3 - q1
 
 
-# The CPU's yardstick product grows from 128 rows, doubling while one takes under this, to 1024: float32 reaches 1024
-# (5 ms at 512 on a 2-core EPYC VM), and bfloat16 without the CPU's support stops at 256 (40 ms a product there,
-# where 1024 took 2.6 s and the peak alone half a minute of every bf16 command)
+# The CPU's yardstick product grows from 128 rows, doubling while one takes under this, to 1024. On a 2-core EPYC VM
+# float32 reaches 1024 (15 ms a product), and bfloat16, which that CPU does not support natively, stops at 256
+# (24 ms a product; at 1024, 2.6 s, and the peak took half a minute of every bf16 command)
 _CPU_PRODUCT_MS, _CPU_ROWS = 20.0, (128, 1024)
 
 
