@@ -86,9 +86,7 @@ def _softmax_weights(layer, x):
 def test_weights_follow_the_definition_and_the_routing_invariants(shared, k, H):
     cfg = _cfg(shared=shared, k=k, H=H)
     layer, x, _, _ = _layer_and_inputs(cfg)
-    weights, chosen, _ = layer.softmax_weights(
-        x, *project(x, layer.mix, layer.shared_router, layer.router)
-    )  # [B, t, H], [B, t, k]
+    weights, chosen, _ = _softmax_weights(layer, x)  # [B, t, H], [B, t, k]
     for b in range(x.shape[0]):
         for t in range(x.shape[1]):
             expected = torch.tensor(_naive_weights(layer, cfg, x[b, t]), dtype=torch.float64)
@@ -255,9 +253,7 @@ def test_the_balance_loss_is_added_in_training_only_and_observation_records_the_
     cfg = _cfg(coef=0.5)
     layer, x, mem, window = _layer_and_inputs(cfg)
     _, aux = layer(x, mem, window)
-    weights, chosen, probs = layer.softmax_weights(
-        x, *project(x, layer.mix, layer.shared_router, layer.router)
-    )
+    weights, chosen, probs = _softmax_weights(layer, x)
     expected = 0.5 / cfg.n_layers * balance_loss(probs.flatten(0, 1), (chosen - 2).flatten(0, 1))  # its share
     torch.testing.assert_close(aux, expected)
     layer.eval()

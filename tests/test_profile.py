@@ -118,9 +118,8 @@ def test_each_part_of_a_switchhead_step_lands_in_its_share():
     assert all(dense[name] == 0 for name in (*profile.SHARES[:3], "routing"))
 
 
-@pytest.mark.parametrize(
-    "passes", [pytest.param("triton", marks=pytest.mark.slow), "torch"]
-)  # interpreted: 12 s
+# the Triton passes profiled in the interpreter: 12 s
+@pytest.mark.parametrize("passes", [pytest.param("triton", marks=pytest.mark.slow), "torch"])
 def test_the_gates_all_experts_applies_outside_its_op_land_in_the_expert_matmul_shares(passes, monkeypatch):
     """On all_experts SwitchHead's value projection is gated outside the op: that gating and its backward (a Triton
     kernel each way, or eager products and sums) are the expert matmul's (forward, input gradient), not the routing
