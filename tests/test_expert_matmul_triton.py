@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 
 import naive
 
+from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul.cases import CASES, Case, float64_inputs, reference
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
@@ -302,10 +303,10 @@ def test_autotuned_path_matches_float64(monkeypatch):
         monkeypatch.setattr(tuned, "cache", {})
         monkeypatch.setattr(tuned, "cache_results", False)
         monkeypatch.setitem(tuned.__dict__, "do_bench", last_wins)  # not through the cached property
-    monkeypatch.setattr(kernels, "_chosen", {})
+    monkeypatch.setattr(tuning, "_chosen", {})
     _assert_matches_float64(WIDE)
     assert last_wins.calls > len(kernels.CONFIGS["scatter_matmul"])  # several candidates per kernel ran
-    chosen = kernels.chosen()  # what kernel-tune would keep: the last candidate of each launch
+    chosen = tuning.chosen()  # what kernel-tune would keep: the last candidate of each launch
     assert chosen[("scatter_matmul", "64x32x144 float32 gate_grad gates")] == "M128 N128 K64 w8 s3"
 
 
@@ -330,33 +331,38 @@ def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monke
     assert key == "4096x1024x112 bfloat16 gates"
     label = kernels.config_label(kernels.CONFIGS["scatter_matmul"][3])
     table = {"device": "NVIDIA H100 80GB HBM3", "configs": {"scatter_matmul": {key: label}}}
-    monkeypatch.setattr(kernels, "tuned_tables", lambda: (table,))
-    kernels._ahead_of_time.cache_clear()
+    monkeypatch.setattr(tuning, "tables", lambda: (table,))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    tuning.ahead_of_time.cache_clear()
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
     gpu = torch.device("cuda", 0)
-    assert kernels._ahead_of_time("scatter_matmul", key, gpu) is kernels.CONFIGS["scatter_matmul"][3]
-    assert kernels._ahead_of_time("scatter_matmul", key.replace("gates", "gate_grad"), gpu) is None
-    assert kernels._ahead_of_time("scatter_matmul", key, torch.device("cpu")) is None
+    assert kernels._config("scatter_matmul", key, gpu) is kernels.CONFIGS["scatter_matmul"][3]
+    assert kernels._config("scatter_matmul", key.replace("gates", "gate_grad"), gpu) is None  # autotuned
+    assert tuning.ahead_of_time("scatter_matmul", key, torch.device("cpu")) is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
-    kernels._ahead_of_time.cache_clear()
-    assert kernels._ahead_of_time("scatter_matmul", key, gpu) is None
-    kernels._ahead_of_time.cache_clear()
+    tuning.ahead_of_time.cache_clear()
+    assert kernels._config("scatter_matmul", key, gpu) is None
+    tuning.ahead_of_time.cache_clear()
 
 
 def test_the_shipped_table_names_known_configurations():
     from switchbench.bench.kernels.tune import TABLE, merged
+    from switchbench.ops.attention import flash
     from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     assert (
         TABLE.read_text()
-        == (
-            kernels.importlib.resources.files("switchbench.ops.expert_matmul") / "data" / kernels.TUNED_FILE
-        ).read_text()
+        == (tuning.importlib.resources.files("switchbench.ops") / "data" / tuning.FILE).read_text()
     )
-    for table in kernels.tuned_tables():
+    for table in tuning.tables():
         for kernel, labels in table["configs"].items():
-            for label in labels.values():
-                kernels.by_label(kernel, label, "test")
+            for key, label in labels.items():
+                if kernel.startswith("flash_"):  # keyed "<t>x<S>x<D> ...": its candidates are D's
+                    width = int(key.split()[0].split("x")[2])
+                    flash.by_label(kernel.removeprefix("flash_"), width, label)
+                else:
+                    kernels.by_label(kernel, label, "test")
     before = {"tables": [{"device": "A", "configs": {}}, {"device": "B", "configs": {}}]}
     after = merged(before, "B", {"configs": {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}}})
     assert [t["device"] for t in after["tables"]] == ["A", "B"] and after["tables"][1]["configs"]

@@ -155,3 +155,83 @@ def test_a_speed_row_on_the_kernel_says_so():
     layer = speed.layer_benches("tiny-transformer", 1, TRITON_DEVICE, torch.float32)[1]
     with choice.selected("triton"):
         assert layer.attention() == "Triton flash"
+
+
+@pytest.mark.parametrize("index", range(4))
+@pytest.mark.parametrize("D", [16, 72], ids=["table-64", "table-128"])
+def test_every_candidate_configuration_is_the_explicit_attention(monkeypatch, D, index):
+    """Each configuration the measured choice may pick, pinned for all three kernels: several blocks each way,
+    tiles the window skips and a ragged last block, against the explicit kernel in float64."""
+    from switchbench.ops import tuned as tuning
+    from switchbench.ops.attention import flash
+
+    pins = {kernel: flash.config_label(flash.candidates(kernel, D)[index]) for kernel in flash.CONFIGS}
+    monkeypatch.setenv(tuning.ENV, ";".join(f"flash_{kernel}={label}" for kernel, label in pins.items()))
+    q, k, v, pos, mask = _inputs(1, 2, 1, 136, 272, D, True, True, torch.float32)
+    cotangent = _draw(9, 1, 2, 136, D)
+    want = _attend(_explicit, *(x.double() for x in (q, k, v, pos)), mask, cotangent)
+    have = _attend(kernels.fused, q, k, v, pos, mask, cotangent.float())
+    for got, expected in zip(have, want, strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(monkeypatch):
+    """On a GPU without a table each kernel times its candidates at a shape's first launch and keeps the fastest
+    for the process; a table for this GPU's name, a pin or a capture decides without timing. (A stand-in clock
+    and tensor: this is the choice, not the GPU's.)"""
+    from types import SimpleNamespace
+
+    from switchbench.bench.command import kernel_metadata
+    from switchbench.ops import tuned as tuning
+    from switchbench.ops.attention import flash
+
+    gpu = torch.device("cuda", 0)
+    q = SimpleNamespace(is_cuda=True, device=gpu, dtype=torch.bfloat16, shape=(64, 16, 512, 64))
+    k = SimpleNamespace(shape=(64, 16, 1024, 64))
+    mask = object()
+    table: dict = {"device": "H100", "configs": {}}
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "tables", lambda: (table,))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "H100")
+    capturing = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    tuning.ahead_of_time.cache_clear()
+    candidates = flash.candidates("key_block", 64)
+    timed = []
+
+    def clock(call):
+        timed.append(call.args[0])
+        return 1.0 if call.args[0] == candidates[2] else 2.0  # the third is fastest
+
+    monkeypatch.setattr(flash, "_time", clock)
+    key = flash.shape_key(q, k, q, mask)
+    assert key == "512x1024x64 bfloat16 pos mask"
+    assert flash._chosen("key_block", q, k, q, mask, lambda config: None) == candidates[2]
+    assert timed == candidates
+    assert tuning.chosen() == {("flash_key_block", key): flash.config_label(candidates[2])}
+    assert flash._chosen("key_block", q, k, q, mask, lambda config: None) == candidates[2]
+    assert len(timed) == len(candidates)  # remembered, not timed again
+    recorded = kernel_metadata("auto", "cuda")["triton_configs_measured"]  # what the run's file says
+    assert recorded == {f"flash_key_block | {key}": flash.config_label(candidates[2])}
+
+    monkeypatch.setattr(tuning, "_chosen", {})  # a later process on a GPU with a table
+    table["configs"]["flash_key_block"] = {key: flash.config_label(candidates[1])}
+    tuning.ahead_of_time.cache_clear()
+    assert flash._chosen("key_block", q, k, q, mask, None) == candidates[1]
+    monkeypatch.setenv(tuning.ENV, f"flash_key_block={flash.config_label(candidates[3])}")
+    assert flash._chosen("key_block", q, k, q, mask, None) == candidates[3]
+    monkeypatch.delenv(tuning.ENV)
+
+    table["configs"] = {}
+    tuning.ahead_of_time.cache_clear()
+    capturing[0] = True  # a shape first met inside a capture runs the default, and nothing is recorded
+    assert flash._chosen("key_block", q, k, q, mask, None) == candidates[0]
+    assert tuning.chosen() == {} and len(timed) == len(candidates)
+    table["configs"]["flash_key_block"] = {key: "M1 N1 w1 s1"}
+    tuning.ahead_of_time.cache_clear()
+    with pytest.raises(
+        ValueError, match="flash_key_block at heads of 64 channels has no config 'M1 N1 w1 s1'"
+    ):
+        flash._chosen("key_block", q, k, q, mask, None)
+    tuning.ahead_of_time.cache_clear()

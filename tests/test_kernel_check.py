@@ -12,6 +12,7 @@ from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import roofline
 from switchbench.bench.kernels.bench import Case, cases
 from switchbench.cli import main
+from switchbench.ops.attention import flash as attention_flash
 from switchbench.ops.expert_matmul import triton_kernels as kernels
 
 
@@ -138,15 +139,16 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     assert {r["case"] for r in rows} == expert_cases | {"262m position bias"} | attention | {
         f"{name} routing" for name in routers
     } | {f"{name} all_experts" for name in expert_cases}
-    flash = {(r["case"], r["kernel"]) for r in rows if r["case"] in attention}
-    assert flash == {
-        (case, kernel)
-        for case in attention
-        for kernel in (
-            "forward (forward)",
-            "key_block_backward (backward)",
-            "query_block_backward (backward)",
+    flash = {(r["case"], r["kernel"], r["config"]) for r in rows if r["case"] in attention}
+    assert flash == {  # every candidate the measured choice may pick
+        (case, f"{kernel}{suffix}", attention_flash.config_label(config))
+        for case, width in (("262m transformer attention d64", 64), ("262m switchhead attention d112", 112))
+        for kernel, suffix in (
+            ("forward", " (forward)"),
+            ("key_block", "_backward (backward)"),
+            ("query_block", "_backward (backward)"),
         )
+        for config in attention_flash.candidates(kernel, width)
     }
     position = [r for r in rows if r["case"] == "262m position bias"]
     assert sorted(r["kernel"] for r in position) == ["gather (backward)", "spread (forward)"]

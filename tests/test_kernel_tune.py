@@ -8,6 +8,7 @@ import torch
 from switchbench.bench.kernels import tune as kernel_tune
 from switchbench.bench.kernels.bench import case_rows
 from switchbench.cli import main
+from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul import choice
 from switchbench.ops.expert_matmul.cases import Case
 
@@ -187,11 +188,16 @@ def test_retuning_autotunes_shapes_the_table_already_holds(monkeypatch):
     nothing, and the table written back would lose it."""
     triton_path = pytest.importorskip("switchbench.ops.expert_matmul.triton_kernels")
     saved = triton_path.CONFIGS["scatter_matmul"][0]
-    monkeypatch.delenv(triton_path.ENV_CONFIG, raising=False)
+    key = "1024x64x64 bfloat16"
+    table = {"device": "H100", "configs": {"scatter_matmul": {key: triton_path.config_label(saved)}}}
+    monkeypatch.delenv(tuning.ENV, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(triton_path, "_ahead_of_time", lambda name, key, device: saved)
+    monkeypatch.setattr(tuning, "tables", lambda: (table,))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "H100")
+    tuning.ahead_of_time.cache_clear()
     cuda = torch.device("cuda", 0)
-    assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is saved
-    with triton_path.retuning():
-        assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is None
-    assert triton_path._config("scatter_matmul", "1024x64x64 bfloat16", cuda) is saved
+    assert triton_path._config("scatter_matmul", key, cuda) is saved
+    with tuning.retuning():
+        assert triton_path._config("scatter_matmul", key, cuda) is None
+    assert triton_path._config("scatter_matmul", key, cuda) is saved
+    tuning.ahead_of_time.cache_clear()

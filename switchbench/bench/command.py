@@ -15,6 +15,7 @@ from tabulate import tabulate
 from switchbench.models import family as registry
 from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
 from switchbench.models.presets import from_name
+from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import op as expert_matmul_op
@@ -177,7 +178,8 @@ def check_expert_matmul(choice: str | None, where: str) -> None:
 def kernel_metadata(expert_matmul: str, device: str) -> dict:
     """What a run records of its kernels. The expert matmul: the choice, what each shape bucket resolved to so far
     under it (its implementation and why: named, measured fastest, or auto's fallback), and the rule auto falls
-    back on. Attention: the choice in force, what each kind of call resolved to so far, and auto's rule."""
+    back on. Attention: the choice in force, what each kind of call resolved to so far, and auto's rule. Routing's
+    choice and method, and the Triton configurations timed and chosen so far."""
     resolved = expert_matmul_choice.resolutions()
     return {
         "expert_matmul": expert_matmul,
@@ -190,6 +192,11 @@ def kernel_metadata(expert_matmul: str, device: str) -> dict:
         "routing": routing_choice(),  # --routing: how slots were grouped by expert
         # the method it ran as on the run's device (auto: the one measured fastest on this GPU, else the sort)
         "routing_resolved": routing_method(torch.device(device).type),
+        # Triton configurations this process timed and chose, by kernel and shape (none where a table, a pin or the
+        # interpreter decided): what kernel-tune would keep
+        "triton_configs_measured": {
+            f"{kernel} | {key}": label for (kernel, key), label in tuning.chosen().items()
+        },
     }
 
 

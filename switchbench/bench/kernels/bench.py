@@ -44,6 +44,7 @@ from switchbench.core.sync import syncs_raise
 from switchbench.models import family as registry
 from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
+from switchbench.ops.attention.kernels import sdpa_width
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
@@ -73,6 +74,16 @@ def cases(size: str, batch: int) -> list[Case]:
     first = found[0]
     share = first.tokens * (first.slots // first.groups) // first.experts_per_group
     return [*found, Case(f"{size} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]
+
+
+def attention_shapes(size: str) -> list[tuple[str, int, int, int, int]]:
+    """(model, heads, queries, keys, head width) of dense's and SwitchHead's training windows at ``size`` on Triton's
+    flash attention: a chunk over itself and its cached chunks, the heads padded as the kernel is given them."""
+    shapes = []
+    for model in ("transformer", "switchhead"):
+        cfg = PRESETS[registry.get(model).roles[size]]
+        shapes.append((model, cfg.n_heads, cfg.T, cfg.T * (1 + cfg.context_blocks), sdpa_width(cfg.d_head)))
+    return shapes
 
 
 ALIGN = 16  # elements: the kernel-only views' rows are padded to it (16 bytes and more for every dtype)

@@ -27,7 +27,7 @@ import torch
 
 from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import roofline
-from switchbench.bench.kernels.bench import SIZES, Case, cases
+from switchbench.bench.kernels.bench import SIZES, Case, attention_shapes, cases
 from switchbench.models import family as registry
 from switchbench.models.layers.router import FEW_EXPERTS
 from switchbench.models.presets import PRESETS
@@ -219,7 +219,6 @@ def _launches(size: str, dtype: torch.dtype):
     import triton
 
     from switchbench.ops.attention import flash, position_kernels
-    from switchbench.ops.attention.kernels import sdpa_width
     from switchbench.ops.expert_matmul import routing_kernels
 
     for case in cases(size, batch=1)[:-1]:  # the six expert-matmul uses; the last is one dense expert
@@ -235,22 +234,12 @@ def _launches(size: str, dtype: torch.dtype):
         config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
         yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
     # Triton's flash attention (--attention triton) at each family's head width: dense's and SwitchHead's
-    for model in ("transformer", "switchhead"):
-        member = PRESETS[registry.get(model).roles[size]]
-        width = sdpa_width(member.d_head)  # the heads padded as the kernel is given them
-        for phase, fn, args, constants in flash.launches(1, member.n_heads, t, S, width, dtype):
+    for model, heads, t, S, width in attention_shapes(size):
+        for phase, fn, args, constants in flash.launches(1, heads, t, S, width, dtype):
             blocks = {name: constants.pop(name) for name in ("BLOCK_M", "BLOCK_N")}
             warps, stages = constants.pop("num_warps"), constants.pop("num_stages")
             config = triton.Config(blocks, num_warps=warps, num_stages=stages)
-            yield (
-                f"{size} {model} attention d{width}",
-                FLASH_KERNELS,
-                phase,
-                fn,
-                args,
-                constants,
-                config,
-            )
+            yield f"{size} {model} attention d{width}", FLASH_KERNELS, phase, fn, args, constants, config
     routings: dict[tuple, str] = {}  # each router's shape, named by the first case it drives
     for c in cases(size, batch=1):
         if c.n_experts > 1:

@@ -1,8 +1,8 @@
-"""``switchbench kernel-tune``: on this GPU, at the presets' expert-matmul shapes, autotune the Triton kernels and
-time every implementation of the op; keep both as package data. Later runs on a GPU of the same name skip
-autotuning (a first SwitchHead training step on a fresh H100 took 55 s, all of it autotuning), and
-``--expert-matmul auto`` runs each shape bucket on the implementation measured fastest there, ``--routing auto``
-every router on the method measured fastest over the cases."""
+"""``switchbench kernel-tune``: on this GPU, at the presets' expert-matmul and attention shapes, tune the Triton
+kernels (the expert matmul's, flash attention's) and time every implementation of the expert matmul; keep both as
+package data. Later runs on a GPU of the same name skip tuning (a first SwitchHead training step on a fresh H100 took
+55 s, all of it autotuning), and ``--expert-matmul auto`` runs each shape bucket on the implementation measured
+fastest there, ``--routing auto`` every router on the method measured fastest over the cases."""
 
 import datetime
 import json
@@ -13,6 +13,7 @@ import torch
 from switchbench.bench.command import DTYPES, device_from_args
 from switchbench.bench.kernels.bench import (
     SIZES,
+    attention_shapes,
     case_rows,
     cases,
     make_inputs,
@@ -21,30 +22,46 @@ from switchbench.bench.kernels.bench import (
     routing_times,
 )
 from switchbench.core.results import replace_atomically, writable_file
+from switchbench.models.layers.window import make_window
+from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul import choice
 from switchbench.ops.expert_matmul.choice import IMPLS
 
-# The package's tables, beside the op that reads them as package data.
-DATA = Path(choice.__file__).with_name("data")
-TABLE = DATA / "tuned_configs.json"
-AUTO_TABLE = DATA / "expert_matmul_auto.json"
+# The package's tables, beside the modules that read them as package data.
+TABLE = Path(tuning.__file__).with_name("data") / tuning.FILE
+AUTO_TABLE = Path(choice.__file__).with_name("data") / "expert_matmul_auto.json"
 # Batches whose shape buckets a training step meets: the paper's 64 on one GPU, 8 on each of eight, and between.
 BATCHES = (8, 16, 32, 64)
 
 
 def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, dict[str, str]]:
-    """The autotuner's choice per kernel and shape key, after a forward and backward of every case."""
-    from switchbench.ops.expert_matmul import triton_kernels as expert_matmul_triton
-
-    with expert_matmul_triton.retuning():
+    """The configuration measured fastest per kernel and shape key: the expert matmul's after a forward and backward
+    of every case at every batch, flash attention's after one of dense's and SwitchHead's windows at the largest
+    batch (its keys leave the batch out)."""
+    with tuning.retuning():
         for size in sizes:
             for batch in batches:
                 for case in cases(size, batch):
                     outputs(case, make_inputs(case, "cuda", dtype), "triton")
+            for _, heads, t, S, width in attention_shapes(size):
+                _flash_attention(max(batches), heads, t, S, width, dtype)
     table: dict[str, dict[str, str]] = {}
-    for (kernel, key), label in sorted(expert_matmul_triton.chosen().items()):
+    for (kernel, key), label in sorted(tuning.chosen().items()):
         table.setdefault(kernel, {})[key] = label
     return table
+
+
+def _flash_attention(batch: int, heads: int, t: int, S: int, width: int, dtype: torch.dtype) -> None:
+    """A forward and backward of Triton's flash attention over a causal window of t queries and S keys with
+    Transformer-XL's term, as a training step runs it: every launch is measured and recorded."""
+    from switchbench.ops.attention import flash
+
+    q = torch.randn(batch, heads, t, width, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, batch, heads, S, width, device="cuda", dtype=dtype)
+    pos = torch.randn(batch, heads, t, S, device="cuda", dtype=dtype)
+    window = make_window(S - t, S - t, t, t, S // t - 1, causal=True, device="cuda")
+    o, lse = flash.forward(q, k, v, pos, window.mask, width**-0.5)
+    flash.backward(torch.randn_like(o), q, k, v, pos, window.mask, o, lse, width**-0.5)
 
 
 def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtype) -> list[dict]:
@@ -143,7 +160,7 @@ def _deep_merged(old: dict, new: dict) -> dict:
 def register(commands) -> None:
     parser = commands.add_parser(
         "kernel-tune",
-        help="autotune the Triton kernels and time every expert matmul on this GPU; keep the choices",
+        help="tune the Triton kernels and time every expert matmul on this GPU; keep the choices",
     )
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))

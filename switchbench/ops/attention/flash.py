@@ -16,11 +16,16 @@ Each loop runs over the blocks its mask leaves something to read in (:func:`_spa
 masked tiles are skipped.
 """
 
+import functools
+import statistics
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+
+from switchbench.ops import tuned as tuning
 
 
 @triton.jit
@@ -325,14 +330,24 @@ def _query_block_backward_kernel(
     tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
 
 
-# (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of 8
-# channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward): none spills on sm_90
-# and every product is a pipelined wgmma (kernel-check; at 4 warps the key-block backward spilled at every width).
-# Not yet timed on a GPU
+# Candidate (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of
+# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). Every candidate
+# compiles for sm_90 without a spill, each product a pipelined wgmma (kernel-check; at 4 warps the key-block
+# backward spilled at every width). On a GPU each launch shape runs the one measured fastest there
+# (:mod:`~switchbench.ops.tuned`); the first is the default, the interpreter's and a capture's.
 CONFIGS = {
-    "forward": {64: (128, 64, 8, 3), 128: (128, 32, 8, 3)},
-    "key block": {64: (64, 64, 8, 2), 128: (32, 64, 8, 3)},
-    "query block": {64: (64, 64, 8, 2), 128: (64, 32, 8, 2)},
+    "forward": {
+        64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)],
+        128: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
+    },
+    "key_block": {
+        64: [(64, 64, 8, 2), (32, 64, 8, 3), (64, 64, 8, 3), (16, 64, 8, 3)],
+        128: [(32, 64, 8, 3), (16, 64, 8, 3), (32, 64, 8, 2), (16, 64, 8, 4)],
+    },
+    "query_block": {
+        64: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 64, 8, 3)],
+        128: [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 8, 3)],
+    },
 }
 WIDEST = 128  # channels a head may have
 
@@ -343,18 +358,20 @@ def forward(
     """q [B, H, t, D], k, v [B, Hk, S, D], pos [B, H, t, P] or None, mask [t, S] bool or None -> (o [B, H, t, D],
     the log-sum-exp of each query's logits [B * H, t] in the accumulators' dtype)."""
     q, k, v, pos = _dense(q, k, v, pos)
-    B, H, t, D = q.shape
+    B, H, t = q.shape[:3]
     o = torch.empty_like(q)
     lse = q.new_empty(B * H, t, dtype=accumulated(q.dtype))
     common = _common(q, k, pos, mask)
-    block_m, block_n, warps, stages = _config("forward", D)
-    spans = _spans(mask, block_m, block_n, q)
-    grid = (triton.cdiv(t, block_m), B * H)
-    with torch.cuda.device_of(q):
-        _forward_kernel[grid](
-            q, k, v, *common["pointers"], spans, o, lse, *common["sizes"], *common["strides"], scale,
-            **common["constants"], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+    spans = _spans_of(mask, q)
+
+    def launch(config):
+        block_m, block_n, warps, stages = config
+        _forward_kernel[(triton.cdiv(t, block_m), B * H)](
+            q, k, v, *common["pointers"], spans(block_m, block_n), o, lse, *common["sizes"], *common["strides"],
+            scale, **common["constants"], BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
+
+    _run("forward", q, k, pos, mask, launch)
     return o, lse
 
 
@@ -372,29 +389,113 @@ def backward(
     """The gradients of :func:`forward`'s o for its output gradient ``do``: dq, dk, dv and the term's (None
     without one; zero at the distances no query meets a key)."""
     q, k, v, pos, do = _dense(q, k, v, pos, do)
-    B, H, t, D = q.shape
+    B, H, t = q.shape[:3]
     # rowsum(dO o) = rowsum(P dP), FlashAttention-2's D
     delta = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1).view(B * H, t)
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dpos = None if pos is None else torch.zeros_like(pos)  # distances no query meets a key get no gradient
+    # Distances no query meets a key get no gradient. Every candidate writes the same entries of the rest (a
+    # masked one's zero too), so timing them one after another into it leaves it right
+    dpos = None if pos is None else torch.zeros_like(pos)
     common = _common(q, k, pos, mask)
     sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
-    Hk = k.shape[1]
-    block_m, block_n, warps, stages = _config("key block", D)
-    spans = _spans(None if mask is None else mask.T, block_n, block_m, q)  # per key block, its query blocks
-    with torch.cuda.device_of(q):
-        _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * Hk)](
-            q, k, v, *common["pointers"], spans, do, lse, delta, dk, dv, q if dpos is None else dpos, *sizes, *strides,
+    per_key_block = _spans_of(None if mask is None else mask.T, q)  # per key block, its query blocks
+    per_query_block = _spans_of(mask, q)
+
+    def key_blocks(config):
+        block_m, block_n, warps, stages = config
+        _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * k.shape[1])](
+            q, k, v, *common["pointers"], per_key_block(block_n, block_m), do, lse, delta, dk, dv,
+            q if dpos is None else dpos, *sizes, *strides, scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+
+    def query_blocks(config):
+        block_m, block_n, warps, stages = config
+        _query_block_backward_kernel[(triton.cdiv(t, block_m), B * H)](
+            q, k, v, *common["pointers"], per_query_block(block_m, block_n), do, lse, delta, dq, *sizes, *strides,
             scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
-        block_m, block_n, warps, stages = _config("query block", D)
-        spans = _spans(mask, block_m, block_n, q)
-        _query_block_backward_kernel[(triton.cdiv(t, block_m), B * H)](
-            q, k, v, *common["pointers"], spans, do, lse, delta, dq, *sizes, *strides, scale, **constants,
-            BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
-        )  # fmt: skip
+
+    _run("key_block", q, k, pos, mask, key_blocks)
+    _run("query_block", q, k, pos, mask, query_blocks)
     return dq, dk, dv, dpos
+
+
+def _run(kernel: str, q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None, launch) -> None:
+    """``launch(config)`` on q's device with the configuration of ``kernel`` chosen for these shapes."""
+    with torch.cuda.device_of(q):
+        launch(_chosen(kernel, q, k, pos, mask, launch))
+
+
+def _chosen(kernel: str, q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None, launch) -> tuple:
+    """The configuration ``kernel`` runs at these shapes: the pinned one; off CUDA, the default; else the one this
+    process measured or tuned ahead of time for this GPU, or else the fastest of the candidates timed now, at the
+    shape's first launch (and recorded). Inside a CUDA graph's capture nothing can be timed: a shape met there
+    first runs the default."""
+    name, D = f"flash_{kernel}", q.shape[-1]
+    label = tuning.pinned(name)
+    if label is None and q.is_cuda:
+        key = shape_key(q, k, pos, mask)
+        label = tuning.measured(name, key) or tuning.ahead_of_time(name, key, q.device)
+        if label is None and not torch.cuda.is_current_stream_capturing():
+            times = [_time(functools.partial(launch, c)) for c in candidates(kernel, D)]
+            label = config_label(candidates(kernel, D)[times.index(min(times))])
+            tuning.record(name, key, label)
+    return candidates(kernel, D)[0] if label is None else by_label(kernel, D, label)
+
+
+def _time(call, repeats: int = 5) -> float:
+    """Milliseconds a call takes on the GPU: the median of a few, after one that compiles and warms it. CUDA events,
+    not ``triton.testing.do_bench``: its cache-clearing buffer could run a batch that just fits out of memory."""
+    call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def shape_key(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> str:
+    """The tuning key of a launch: queries and keys rounded up to powers of two (decoding's growing windows share
+    a few), the head width, the dtype, and whether it reads a term and a mask."""
+    t, S, D = q.shape[2], k.shape[2], q.shape[3]
+    flags = ["pos"] * (pos is not None) + ["mask"] * (mask is not None)
+    return " ".join([f"{triton.next_power_of_2(t)}x{triton.next_power_of_2(S)}x{D}", _dtype_name(q), *flags])
+
+
+def _dtype_name(x: Tensor) -> str:
+    return str(x.dtype).removeprefix("torch.")
+
+
+def candidates(kernel: str, D: int) -> list[tuple[int, int, int, int]]:
+    """``kernel``'s candidates for heads of D channels: those for the narrowest width that holds them."""
+    table = CONFIGS[kernel]
+    return table[min(width for width in table if width >= D)]
+
+
+def config_label(config: tuple[int, int, int, int]) -> str:
+    """``M128 N64 w8 s3``: how a configuration is named in tables, kernel-check and SWITCHBENCH_TRITON_CONFIG."""
+    block_m, block_n, warps, stages = config
+    return f"M{block_m} N{block_n} w{warps} s{stages}"
+
+
+def by_label(kernel: str, D: int, label: str) -> tuple[int, int, int, int]:
+    """The candidate of ``kernel`` for heads of D channels that ``label`` names; a ValueError listing them."""
+    for config in candidates(kernel, D):
+        if config_label(config) == label:
+            return config
+    choices = ", ".join(map(config_label, candidates(kernel, D)))
+    raise ValueError(f"flash_{kernel} at heads of {D} channels has no config {label!r}; one of: {choices}")
+
+
+def _spans_of(mask: Tensor | None, stand_in: Tensor):
+    """:func:`_spans` of ``mask`` by block sizes, each computed once."""
+    return functools.cache(lambda block_rows, block_cols: _spans(mask, block_rows, block_cols, stand_in))
 
 
 def _spans(mask: Tensor | None, block_rows: int, block_cols: int, stand_in: Tensor) -> Tensor:
@@ -417,12 +518,6 @@ def _spans(mask: Tensor | None, block_rows: int, block_cols: int, stand_in: Tens
 def accumulated(dtype: torch.dtype) -> torch.dtype:
     """What the kernels accumulate in: float64 for float64 (the tests' exact reference), else float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _config(kernel: str, D: int) -> tuple[int, int, int, int]:
-    """``kernel``'s configuration for heads of D channels: the one for the narrowest width that holds them."""
-    table = CONFIGS[kernel]
-    return table[min(width for width in table if width >= D)]
 
 
 def _dense(*tensors: Tensor | None) -> list[Tensor | None]:
@@ -465,39 +560,36 @@ def _common(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> di
 def launches(
     B: int, H: int, t: int, S: int, D: int, dtype: torch.dtype
 ) -> list[tuple[str, object, tuple, dict]]:
-    """(pass, kernel, arguments, constexprs with the launch's configuration) of the three launches of a causal
-    window of t queries over S keys with the term, on meta tensors: what kernel-check compiles ahead of time."""
+    """(pass, kernel, arguments, constexprs with the launch's configuration) of each candidate of the three
+    launches of a causal window of t queries over S keys with the term, on meta tensors: what kernel-check
+    compiles ahead of time."""
     meta = {"dtype": dtype, "device": "meta"}
     q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, H, S, D, **meta)
     pos, mask = torch.empty(B, H, t, S, **meta), torch.empty(t, S, dtype=torch.bool, device="meta")
     lse = torch.empty(B * H, t, dtype=accumulated(dtype), device="meta")
     common = _common(q, k, pos, mask)
     shared = (*common["sizes"], *common["strides"])
-    constants = common["constants"]
-
-    def configured(config):
-        block_m, block_n, warps, stages = config
-        return constants | {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
-
-    spans = torch.empty(1, 2, dtype=torch.int32, device="meta")
-    pointers = (*common["pointers"], spans)
-    return [
-        (
-            "forward",
-            _forward_kernel,
-            (q, k, k, *pointers, q, lse, *shared, 1.0),
-            configured(_config("forward", D)),
-        ),
-        (
+    pointers = (*common["pointers"], torch.empty(1, 2, dtype=torch.int32, device="meta"))
+    kernels = {
+        "forward": ("forward", _forward_kernel, (q, k, k, *pointers, q, lse, *shared, 1.0)),
+        "key_block": (
             "backward",
             _key_block_backward_kernel,
             (q, k, k, *pointers, q, lse, lse, k, k, pos, *shared, 1.0),
-            configured(_config("key block", D)),
         ),
-        (
+        "query_block": (
             "backward",
             _query_block_backward_kernel,
             (q, k, k, *pointers, q, lse, lse, q, *shared, 1.0),
-            configured(_config("query block", D)),
         ),
+    }
+    return [
+        (phase, fn, args, common["constants"] | _constexprs(config))
+        for name, (phase, fn, args) in kernels.items()
+        for config in candidates(name, D)
     ]
+
+
+def _constexprs(config: tuple[int, int, int, int]) -> dict:
+    block_m, block_n, warps, stages = config
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}

@@ -18,10 +18,6 @@ whose name is in the package's table of configurations tuned ahead of time (``sw
 those, so its first training step does not stall on autotuning.
 """
 
-import contextlib
-import functools
-import importlib.resources
-import json
 import os
 
 import torch
@@ -30,6 +26,7 @@ import triton.language as tl
 from torch import Tensor
 
 from switchbench.core.launch_log import LaunchLog
+from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
 
@@ -213,7 +210,7 @@ CONFIGS = {
     ),
 }
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
-ENV_CONFIG = "SWITCHBENCH_TRITON_CONFIG"
+ENV_CONFIG = tuning.ENV
 ALIGN = 16  # feature widths are padded to this many elements
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" and shares one tuning
 
@@ -229,11 +226,8 @@ def pinned(kernel: str):
 
     Format: ``scatter_matmul=M128 N128 K64 w8 s3;grouped_outer=M64 N128 K128 w8 s3``, each one of CONFIGS.
     """
-    for entry in os.environ.get(ENV_CONFIG, "").split(";"):
-        name, _, label = entry.partition("=")
-        if name.strip() == kernel:
-            return by_label(kernel, label.strip(), ENV_CONFIG)
-    return None
+    label = tuning.pinned(kernel)
+    return by_label(kernel, label, tuning.ENV) if label else None
 
 
 def by_label(kernel: str, label: str, where: str):
@@ -243,48 +237,6 @@ def by_label(kernel: str, label: str, where: str):
             return config
     choices = ", ".join(config_label(c) for c in CONFIGS[kernel])
     raise ValueError(f"{where}: {label!r} is not a {kernel} config; one of: {choices}")
-
-
-# Configurations tuned ahead of time, per GPU name: package data written by `switchbench kernel-tune`.
-TUNED_FILE = "tuned_configs.json"
-_chosen: dict[tuple[str, str], str] = {}  # (kernel, shape key) -> label, of this process's autotuned launches
-_retuning = False  # kernel-tune at work: every launch autotunes, the table tuned ahead of time is not read
-
-
-@functools.cache
-def tuned_tables() -> tuple[dict, ...]:
-    text = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", TUNED_FILE).read_text()
-    return tuple(json.loads(text)["tables"])
-
-
-@functools.cache
-def _ahead_of_time(name: str, key: str, device: torch.device):
-    """The configuration tuned ahead of time for ``name`` at ``key`` on this GPU, or None."""
-    if device.type != "cuda":
-        return None
-    gpu = torch.cuda.get_device_name(device)
-    for table in tuned_tables():
-        label = table["configs"].get(name, {}).get(key) if table["device"] == gpu else None
-        if label:
-            return by_label(name, label, f"{TUNED_FILE} ({gpu})")
-    return None
-
-
-@contextlib.contextmanager
-def retuning():
-    """Autotune every launch in the block, as if this GPU had no table yet: kernel-tune records a choice for
-    every shape it meets, including those the table already holds (reading them would record nothing)."""
-    global _retuning
-    _retuning = True
-    try:
-        yield
-    finally:
-        _retuning = False
-
-
-def chosen() -> dict[tuple[str, str], str]:
-    """What the autotuner chose in this process, by kernel and shape key (kernel-tune writes it out)."""
-    return dict(_chosen)
 
 
 def shape_key(m: int, d_in: int, d_out: int, dtype: torch.dtype, **flags: bool) -> str:
@@ -353,7 +305,7 @@ def _launch(kernel, tuned, name, grid, key, *args, **constants):
     with torch.cuda.device_of(args[0]):
         if config is None:
             tuned[grid](*args, **constants)
-            _chosen[name, key] = config_label(tuned.best_config)
+            tuning.record(name, key, config_label(tuned.best_config))
         else:
             options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
             kernel[grid(config.kwargs)](*args, **constants, **config.kwargs, **options)
@@ -361,7 +313,9 @@ def _launch(kernel, tuned, name, grid, key, *args, **constants):
 
 def _config(name: str, key: str, device: torch.device):
     """The configuration a launch of ``name`` at ``key`` uses, or None: autotune (and record the choice)."""
-    return _fixed_config(name) or (None if _retuning else _ahead_of_time(name, key, device))
+    fixed = _fixed_config(name)
+    label = None if fixed else tuning.ahead_of_time(name, key, device)
+    return by_label(name, label, f"{tuning.FILE} ({torch.cuda.get_device_name(device)})") if label else fixed
 
 
 def _narrowest_n(name: str) -> int:
