@@ -88,14 +88,31 @@ def test_the_kernel_in_bf16_is_as_close_to_float64_as_sdpa_in_bf16():
         assert error <= 2 * (reference.double() - expected).abs().max() + 1e-3
 
 
-def test_the_term_gets_no_gradient_at_distances_no_query_meets_a_key():
-    """A causal window's term has a column per key, but query i meets only the keys it may read: the columns it
-    never reads get zero, not what an unwritten buffer held."""
-    t, S = 8, 16
-    q, k, v, pos, mask = _inputs(1, 2, 2, t, S, 8, True, True, torch.float32)
-    i, column = torch.arange(t)[:, None], torch.arange(S)[None, :]
+@pytest.fixture
+def unwritten_is_nan():
+    """torch.empty's memory filled with NaN (deterministic mode's fill): an entry no kernel writes shows."""
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    assert torch.utils.deterministic.fill_uninitialized_memory
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize(
+    ("t", "S", "causal"),
+    [(8, 16, True), (200, 400, True), (66, 66, False)],
+    ids=["window", "skipped-tiles", "no-mask"],
+)
+def test_the_term_gets_no_gradient_at_distances_no_query_meets_a_key(unwritten_is_nan, t, S, causal):
+    """The term has a column per distance, but query i meets only the keys it may read: the columns it never reads
+    (left of key 0, past the last key without a causal bound, keys the window hides, tiles the loops skip) get
+    zero, written by the kernels into a buffer that starts as NaN here."""
+    q, k, v, pos, mask = _inputs(1, 2, 1, t, S, 8, causal, True, torch.float32)
+    i, column = torch.arange(t)[:, None], torch.arange(pos.shape[-1])[None, :]
     j = column - (t - 1 - i)  # the key query i meets at this column
-    read = (j >= 0) & mask.cpu()[i, j.clamp(0, S - 1)]
+    read = (j >= 0) & (j < S)
+    if mask is not None:
+        read &= mask.cpu()[i, j.clamp(0, S - 1)]
     grads = _attend(kernels.fused, q, k, v, pos, mask, _draw(9, 1, 2, t, 8).float())
     assert grads[-1].shape == pos.shape
     assert (~read).any() and not grads[-1][..., ~read.to(TRITON_DEVICE)].any()
@@ -159,7 +176,7 @@ def test_a_speed_row_on_the_kernel_says_so():
 
 @pytest.mark.parametrize("index", range(4))
 @pytest.mark.parametrize("D", [16, 72], ids=["table-64", "table-128"])
-def test_every_candidate_configuration_is_the_explicit_attention(monkeypatch, D, index):
+def test_every_candidate_configuration_is_the_explicit_attention(monkeypatch, unwritten_is_nan, D, index):
     """Each configuration the measured choice may pick, pinned for all three kernels: several blocks each way,
     tiles the window skips and a ragged last block, against the explicit kernel in float64."""
     from switchbench.ops import tuned as tuning

@@ -7,6 +7,8 @@ an H200, 262M, batch 64: 99 of dense's 298 ms of kernel time in that kernel, 20 
 term). Here the term stays [B, H, t, P] by distance; a tile of logits reads its entries at column t - 1 - i + j
 (:mod:`~switchbench.ops.attention.relative`), and the backward writes its gradient to the same places. Query i
 meets key j once in a row, so every entry of the term's gradient has one writer: no atomics and no [t, S] tensor.
+The backward writes its zeros too (distances that read no key, tiles the window skips): the gradient is never
+filled beforehand.
 
 The algorithm is FlashAttention-2's (Dao, 2023): the forward keeps a running maximum and sum per query row and
 saves their log-sum-exp; the backward recomputes each tile's probabilities from it, once in a program per key block
@@ -72,6 +74,30 @@ def _span(spans_ptr, block, length, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr)
         first = 0
         last = length
     return first, last
+
+
+@triton.jit
+def _zero_tile(dpos_ptr, rows, cols, t, S, P, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zeros into the term's gradient where a tile of queries x keys no program visits reads it."""
+    column = t - 1 - rows[:, None] + cols[None, :]
+    inside = (rows[:, None] < t) & (cols[None, :] < S) & (column < P)
+    tl.store(
+        dpos_ptr + rows[:, None] * stride + column,
+        tl.zeros([BLOCK_M, BLOCK_N], dpos_ptr.dtype.element_ty),
+        mask=inside,
+    )
+
+
+@triton.jit
+def _zero_keyless(dpos_ptr, rows, columns, t, S, P, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Zeros into the term's gradient at the queries' distance columns that read no key: left of key 0 (beyond
+    each query's reach) or, without a causal mask's bound, past key S - 1."""
+    key = columns[None, :] - (t - 1 - rows[:, None])
+    keyless = (
+        (rows[:, None] < t) & (columns[None, :] >= 0) & (columns[None, :] < P) & ((key < 0) | (key >= S))
+    )
+    target = dpos_ptr + rows[:, None] * stride + columns[None, :]
+    tl.store(target, tl.zeros([BLOCK_M, BLOCK_N], dpos_ptr.dtype.element_ty), mask=keyless)
 
 
 @triton.jit
@@ -217,6 +243,7 @@ def _key_block_backward_kernel(
     for member in range(0, group):
         h = kh * group + member
         bh = b * H + h
+        terms = b * sp_b + h * sp_h
         for start in range(first, last, BLOCK_M):
             rows = start + tl.arange(0, BLOCK_M)
             row_in = rows < t
@@ -226,7 +253,6 @@ def _key_block_backward_kernel(
             do = tl.load(do_ptr + at, mask=tile_in, other=0.0)
             lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
             delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
-            terms = b * sp_b + h * sp_h
             s = _logits(
                 q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, HAS_POS, HAS_MASK,
                 PRECISION, ACC,
@@ -241,6 +267,15 @@ def _key_block_backward_kernel(
                 target = dpos_ptr + terms + rows[:, None] * sp_t + column
                 tl.store(target, ds.to(dpos_ptr.dtype.element_ty), mask=written)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
+        if HAS_POS:  # the query blocks the window skips read nothing here: zero
+            for start in range(0, first, BLOCK_M):
+                _zero_tile(
+                    dpos_ptr + terms, start + tl.arange(0, BLOCK_M), cols, t, S, P, sp_t, BLOCK_M, BLOCK_N
+                )
+            for start in range(last, t, BLOCK_M):
+                _zero_tile(
+                    dpos_ptr + terms, start + tl.arange(0, BLOCK_M), cols, t, S, P, sp_t, BLOCK_M, BLOCK_N
+                )
     tl.store(dk_ptr + k_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
     tl.store(dv_ptr + v_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
 
@@ -257,6 +292,7 @@ def _query_block_backward_kernel(
     lse_ptr,
     delta_ptr,
     dq_ptr,
+    dpos_ptr,
     H,
     group,
     t,
@@ -282,7 +318,8 @@ def _query_block_backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """dQ of one query block (do and dq have q's strides, v k's)."""
+    """dQ of one query block (do and dq have q's strides, v k's), and zeros in the term's gradient (the term's
+    strides) at the block's distance columns that read no key."""
     bh = tl.program_id(1).to(tl.int64)  # the term passes 2**31 elements from batch 171 at 262M
     b, h = bh // H, bh % H
     kh = h // group
@@ -328,6 +365,13 @@ def _query_block_backward_kernel(
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
+    if HAS_POS:  # left of key 0 up to the block's first row's reach, and past key S - 1 from its last row's
+        dpos_ptr += b * sp_b + h * sp_h
+        first_row = tl.program_id(0) * BLOCK_M
+        for start in range(0, t - 1 - first_row, BLOCK_N):
+            _zero_keyless(dpos_ptr, rows, start + tl.arange(0, BLOCK_N), t, S, P, sp_t, BLOCK_M, BLOCK_N)
+        for start in range(t - first_row - BLOCK_M + S, P, BLOCK_N):
+            _zero_keyless(dpos_ptr, rows, start + tl.arange(0, BLOCK_N), t, S, P, sp_t, BLOCK_M, BLOCK_N)
 
 
 # Candidate (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of
@@ -342,7 +386,7 @@ CONFIGS = {
     },
     "key_block": {
         64: [(64, 64, 8, 2), (32, 64, 8, 3), (64, 64, 8, 3), (16, 64, 8, 3)],
-        128: [(32, 64, 8, 3), (16, 64, 8, 3), (32, 64, 8, 2), (16, 64, 8, 4)],
+        128: [(32, 64, 8, 3), (16, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 2)],
     },
     "query_block": {
         64: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 64, 8, 3)],
@@ -394,9 +438,9 @@ def backward(
     delta = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1).view(B * H, t)
     dq = torch.empty_like(q)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    # Distances no query meets a key get no gradient. Every candidate writes the same entries of the rest (a
-    # masked one's zero too), so timing them one after another into it leaves it right
-    dpos = None if pos is None else torch.zeros_like(pos)
+    # Written whole by the kernels, zero where no query meets a key (no separate fill of the [B, H, t, P] tensor):
+    # timing the candidates one after another into it leaves it right
+    dpos = None if pos is None else torch.empty_like(pos)
     common = _common(q, k, pos, mask)
     sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
     per_key_block = _spans_of(None if mask is None else mask.T, q)  # per key block, its query blocks
@@ -413,8 +457,9 @@ def backward(
     def query_blocks(config):
         block_m, block_n, warps, stages = config
         _query_block_backward_kernel[(triton.cdiv(t, block_m), B * H)](
-            q, k, v, *common["pointers"], per_query_block(block_m, block_n), do, lse, delta, dq, *sizes, *strides,
-            scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=warps, num_stages=stages,
+            q, k, v, *common["pointers"], per_query_block(block_m, block_n), do, lse, delta, dq,
+            q if dpos is None else dpos, *sizes, *strides, scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
     _run("key_block", q, k, pos, mask, key_blocks)
@@ -580,7 +625,7 @@ def launches(
         "query_block": (
             "backward",
             _query_block_backward_kernel,
-            (q, k, k, *pointers, q, lse, lse, q, *shared, 1.0),
+            (q, k, k, *pointers, q, lse, lse, q, pos, *shared, 1.0),
         ),
     }
     return [
