@@ -11,9 +11,11 @@ The backward writes its zeros too (distances that read no key, tiles the window 
 filled beforehand.
 
 The algorithm is FlashAttention-2's (Dao, 2023): the forward keeps a running maximum and sum per query row and
-saves their log-sum-exp; the backward recomputes each tile's probabilities from it, once in a program per key block
-(dK, dV and the term's gradient; it runs over the query heads of the key head's group) and once in a program per
-query block (dQ). Heads may be grouped (GQA, MoA's shared key head): key head h // (H / Hk) serves query head h.
+saves their log-sum-exp; the backward recomputes each tile's probabilities from it in a program per key block (dK,
+dV and the term's gradient; it runs over the query heads of the key head's group), then a program per query block
+computes dQ. With the term, dQ needs no recomputation: the term enters each logit once, so its gradient, read by
+distance, is the logits' gradient dS, and dQ = dS K is one product a tile (recomputing dS takes two more, and the
+exponentials). Without one, the query blocks recompute dS as FlashAttention-2 does. Heads may be grouped (GQA, MoA's shared key head): key head h // (H / Hk) serves query head h.
 Each loop runs over the blocks its mask leaves something to read in (:func:`_spans`): a causal window's fully
 masked tiles are skipped.
 """
@@ -318,8 +320,8 @@ def _query_block_backward_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """dQ of one query block (do and dq have q's strides, v k's), and zeros in the term's gradient (the term's
-    strides) at the block's distance columns that read no key."""
+    """dQ of one query block (do and dq have q's strides, v k's). With the term, read off its gradient, which the
+    key blocks' kernel has written, and zeros written to it at the block's distance columns that read no key."""
     bh = tl.program_id(1).to(tl.int64)  # the term passes 2**31 elements from batch 171 at 262M
     b, h = bh // H, bh % H
     kh = h // group
@@ -328,57 +330,87 @@ def _query_block_backward_kernel(
     row_in, dim_in = rows < t, dims < width
     at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
     tile_in = row_in[:, None] & dim_in[None, :]
-    q = tl.load(q_ptr + at, mask=tile_in, other=0.0)
-    do = tl.load(do_ptr + at, mask=tile_in, other=0.0)
-    lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
-    delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
-    pos_ptr += b * sp_b + h * sp_h
     k_ptr += b * sk_b + kh * sk_h
-    v_ptr += b * sk_b + kh * sk_h
-    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
-    for start in range(first, last, BLOCK_N):
-        cols = start + tl.arange(0, BLOCK_N)
-        col_in = (cols < S)[:, None] & dim_in[None, :]
-        k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
-        v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
-        s = _logits(
-            q,
-            k,
-            pos_ptr,
-            mask_ptr,
-            rows,
-            cols,
-            t,
-            S,
-            P,
-            sp_t,
-            stride_mask,
-            scale,
-            HAS_POS,
-            HAS_MASK,
-            PRECISION,
-            ACC,
-        )
-        p = tl.exp(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
-    tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
-    if HAS_POS:  # left of key 0 up to the block's first row's reach, and past key S - 1 from its last row's
+    if HAS_POS:
         dpos_ptr += b * sp_b + h * sp_h
-        first_row = tl.program_id(0) * BLOCK_M
+        dq = _dq_from_term(dpos_ptr, k_ptr, rows, dims, first, last, t, S, P, width, sp_t, sk_s, PRECISION, ACC,
+                           BLOCK_M, BLOCK_N, BLOCK_D)  # fmt: skip
+        first_row = (
+            tl.program_id(0) * BLOCK_M
+        )  # left of key 0 up to its reach, past key S - 1 from the last row's
         for start in range(0, t - 1 - first_row, BLOCK_N):
             _zero_keyless(dpos_ptr, rows, start + tl.arange(0, BLOCK_N), t, S, P, sp_t, BLOCK_M, BLOCK_N)
         for start in range(t - first_row - BLOCK_M + S, P, BLOCK_N):
             _zero_keyless(dpos_ptr, rows, start + tl.arange(0, BLOCK_N), t, S, P, sp_t, BLOCK_M, BLOCK_N)
+    else:
+        q = tl.load(q_ptr + at, mask=tile_in, other=0.0)
+        do = tl.load(do_ptr + at, mask=tile_in, other=0.0)
+        lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
+        delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
+        v_ptr += b * sk_b + kh * sk_h
+        dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+        for start in range(first, last, BLOCK_N):
+            cols = start + tl.arange(0, BLOCK_N)
+            col_in = (cols < S)[:, None] & dim_in[None, :]
+            k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
+            v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
+            s = _logits(
+                q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, 0, stride_mask, scale, False, HAS_MASK, PRECISION, ACC
+            )  # fmt: skip
+            p = tl.exp(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+    tl.store(dq_ptr + at, (dq * scale).to(dq_ptr.dtype.element_ty), mask=tile_in)
+
+
+@triton.jit
+def _dq_from_term(
+    dpos_ptr,
+    k_ptr,
+    rows,
+    dims,
+    first,
+    last,
+    t,
+    S,
+    P,
+    width,
+    sp_t,
+    sk_s,
+    PRECISION: tl.constexpr,
+    ACC: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """dQ / scale of a block of queries, [BLOCK_M, BLOCK_D], as dS K: the term enters each logit once, unscaled,
+    so its gradient at query i's column t - 1 - i + j is dS[i, j] (zero where masked), written by the key blocks'
+    kernel in the term's dtype. One product a tile where recomputing dS from the logits takes two more, and
+    exp, do, lse and v unread."""
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    for start in range(first, last, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            k_ptr + cols[:, None] * sk_s + dims[None, :],
+            mask=(cols < S)[:, None] & (dims < width)[None, :],
+            other=0.0,
+        )
+        column = t - 1 - rows[:, None] + cols[None, :]
+        inside = (rows[:, None] < t) & (cols[None, :] < S) & (column < P)
+        ds = tl.load(dpos_ptr + rows[:, None] * sp_t + column, mask=inside, other=0.0)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
+    return dq
 
 
 # Candidate (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of
-# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). Every candidate
-# compiles for sm_90 without a spill, each product a pipelined wgmma (kernel-check; at 4 warps the key-block
-# backward spilled at every width). On a GPU each launch shape runs the one measured fastest there
-# (:mod:`~switchbench.ops.tuned`); the first is the default, the interpreter's and a capture's.
+# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). With XL's term every
+# candidate compiles for sm_90 without a spill, each product a pipelined wgmma (kernel-check; at 4 warps the
+# key-block backward spilled at every width). The query blocks' kernel then makes one product a tile and takes
+# larger tiles; the first of its lists also serves it without a term. On a GPU each launch shape runs the one
+# measured fastest there (:mod:`~switchbench.ops.tuned`); the first is the default, the interpreter's and a
+# capture's.
 CONFIGS = {
     "forward": {
         64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)],
@@ -389,8 +421,8 @@ CONFIGS = {
         128: [(32, 64, 8, 3), (16, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 2)],
     },
     "query_block": {
-        64: [(64, 64, 8, 2), (128, 64, 8, 2), (64, 32, 8, 3), (128, 64, 8, 3)],
-        128: [(64, 32, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2), (64, 32, 8, 3)],
+        64: [(64, 64, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3), (64, 128, 4, 3)],
+        128: [(64, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3), (128, 32, 8, 2)],
     },
 }
 WIDEST = 128  # channels a head may have
