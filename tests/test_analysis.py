@@ -280,6 +280,7 @@ def test_the_target_needs_three_evaluations_in_a_row(accuracies, met):
     assert _reached(rows, None) is False
 
 
+@pytest.mark.slow  # trains twice
 def test_a_run_resumed_to_more_steps_restarts_its_cosine_and_logs_each_rate(tmp_path):
     """The main job trains ListOps in stages: each resumes the last and runs a cosine of its own to its end."""
     short = TrainConfig(

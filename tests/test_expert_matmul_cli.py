@@ -69,6 +69,7 @@ def test_train_runs_on_the_choice_and_records_it(tmp_path, capsys):
     assert expert_matmul_choice.resolutions() == {}  # out of force after the command
 
 
+@pytest.mark.slow  # trains
 def test_quality_runs_on_the_choice_and_records_it(tmp_path, capsys):
     argv = [
         "quality",

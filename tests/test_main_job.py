@@ -113,6 +113,7 @@ def test_a_full_job_keeps_its_models_among_the_results(checkout, monkeypatch):
     assert "results/runs/run/log.csv" in kept
 
 
+@pytest.mark.slow  # trains and analyses: the main job end to end
 def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(tmp_path, monkeypatch):
     """The committed ListOps trio outlasts any one sitting: a full run picks a model up at its checkpoint and
     carries its log on; a quick run would analyse a stale model if it did, so it replaces it."""

@@ -66,6 +66,7 @@ def test_the_triton_bias_rows_are_aligned_for_the_memory_efficient_kernel():
     assert all(stride % ROW_ALIGNMENT == 0 for stride in bias.stride()[:-1])
 
 
+@pytest.mark.slow  # compiles
 def test_the_op_compiles_without_a_graph_break():
     """torch.compile reads the op's shapes and strides from its fake implementation, backward included."""
     D, mask = _window(3, 9, True)

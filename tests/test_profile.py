@@ -37,6 +37,7 @@ def _shares(rows: list[dict], what: str = "train step") -> dict[str, float]:
     return {r["name"]: r["ms"] for r in rows if r["kind"] == "share" and r["what"] == what}
 
 
+@pytest.mark.slow  # times a profiled step
 def test_the_shares_add_up_to_the_step_timed_by_a_separate_clock():
     rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, steps=2, warmup=1, top=5)
     shares = _shares(rows)
@@ -97,6 +98,7 @@ def test_a_slower_expert_matmul_takes_a_larger_share(monkeypatch):
     assert after > 2.5 * before, (before, after)
 
 
+@pytest.mark.slow  # times a profiled step
 def test_each_part_of_a_switchhead_step_lands_in_its_share():
     rows = profile.run(["tiny-switchhead"], ["train step"], 2, "cpu", torch.float32, 2, 1, 50)
     shares = _shares(rows)
@@ -141,6 +143,7 @@ def test_the_gates_all_experts_applies_outside_its_op_land_in_the_expert_matmul_
     assert profile.EXPERT_FORWARD in shares["aten::sum"] and "routing" not in shares["aten::sum"]
 
 
+@pytest.mark.slow  # times a profiled step
 def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsys):
     """On grouped_mm the forward, input-gradient and weight-gradient GEMMs each land in their share; the choice is
     recorded in the run's metadata."""
@@ -201,6 +204,7 @@ def test_share_rules(unit, expected):
     assert profile.share(unit) == expected
 
 
+@pytest.mark.slow  # times a profiled step
 def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path: Path, capsys):
     out = tmp_path / "profile"
     args = [
@@ -419,6 +423,7 @@ def test_fit_from_halves_the_batch_until_every_preset_s_step_fits(monkeypatch):
     ) == 2
 
 
+@pytest.mark.slow  # times a profiled step
 def test_a_fitted_batch_is_recorded_with_where_it_started(tmp_path, capsys):
     assert main(_one_tiny_step("--fit-from", "4", "--out", str(tmp_path), "--json")) == 0
     metadata = json.loads(capsys.readouterr().out)["metadata"]

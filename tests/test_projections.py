@@ -94,6 +94,7 @@ def test_without_projections_the_shared_input_is_the_input_itself():
     assert shared is x and none is None
 
 
+@pytest.mark.slow  # compiles
 @pytest.mark.parametrize("grad", [True, False])
 def test_compiles_whole_with_and_without_a_gradient(grad):
     layers = _layers((4, 6))

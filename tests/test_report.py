@@ -511,6 +511,7 @@ def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():
     assert lines[0].ours == "62.0% (weakest: SM 31.0%)"
 
 
+@pytest.mark.slow  # times a decode run
 def test_the_inference_section_sets_serving_beside_training(tmp_path):
     """A decode run: per preset its cache and decode ratio at the largest cell, beside the training-step ratio of
     the same preset from a speed run; a family without a decode path is a row saying so; text is escaped."""

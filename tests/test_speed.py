@@ -216,6 +216,7 @@ def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
     ]
 
 
+@pytest.mark.slow  # times a group
 def test_the_expert_matmul_choice_is_recorded_and_beside_every_time(tmp_path, capsys):
     argv = [
         *TINY_PAIR_ON_CPU,
@@ -421,9 +422,13 @@ class _MatmulDtypes(TorchDispatchMode):
 MATMULS = {f"aten::{name}" for name in ("mm", "bmm", "addmm", "baddbmm", "_grouped_mm")}
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # beyond dense and SwitchHead, a family sweep's cases are slow (docs/layout.md)
     ("preset", "impl"),
-    [(p, i) for p in ("tiny-switchhead", "tiny-moa", "tiny-switchall") for i in ("torch", "grouped_mm")]
+    [
+        pytest.param(p, i, marks=() if p == "tiny-switchhead" else pytest.mark.slow)
+        for p in ("tiny-switchhead", "tiny-moa", "tiny-switchall")
+        for i in ("torch", "grouped_mm")
+    ]
     + [("tiny-transformer", "torch")],
 )
 def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
@@ -544,6 +549,7 @@ def test_the_gates_dense_layer_runs_without_page_faults_in_a_kept_heap():
     assert said.startswith("glibc heap kept") and float(faults) < 100, done.stdout
 
 
+@pytest.mark.slow  # times a group
 def test_a_context_sweep_member_is_timed_at_its_context_beside_its_floor_there(tmp_path, capsys):
     """Presets named with a changed chunk length are timed at it, and the row's MAC floor is the exact count's
     ratio at that length (MoE attention pays off more as the context grows)."""
@@ -579,6 +585,7 @@ def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
     assert any(not torch.equal(p, b) for p, b in zip(one[0].module.parameters(), before, strict=True))
 
 
+@pytest.mark.slow  # times a group
 def test_a_model_on_all_experts_stands_beside_the_floor_it_executes(tmp_path, capsys):
     """Computing every expert executes more than the useful MACs: SwitchHead's rows carry the ratio of executed
     MACs, its useful floor plus, per layer, the products of the experts no slot chose, counted by hand (V over the
