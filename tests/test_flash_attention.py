@@ -7,6 +7,9 @@ import torch
 from small import SEQ, TRITON_DEVICE, T, make_lm, random_tokens, small_cfg
 
 from switchbench.ops.attention import choice, kernels
+from switchbench.ops.attention.flash import (
+    _time as time_on_the_gpu,
+)  # before the suite's stand-in (conftest.py)
 from switchbench.ops.attention.relative import RelativeBias
 
 F64 = torch.float64
@@ -251,3 +254,38 @@ def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(mo
     ):
         flash._chosen("key_block", q, k, q, mask, None)
     tuning.ahead_of_time.cache_clear()
+
+
+@pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="needs a CUDA GPU: nothing is timed in the interpreter")
+def test_on_a_gpu_each_kernel_times_its_candidates_once_and_runs_the_one_it_chose(monkeypatch):
+    """The timing itself, on the GPU: each kernel keeps one of its candidates at a shape's first launch, a second
+    pass times nothing, and what it computes is what the first candidates compute."""
+    from switchbench.ops import tuned as tuning
+    from switchbench.ops.attention import flash
+
+    calls = []
+
+    def timed(call):
+        calls.append(call)
+        return time_on_the_gpu(call)
+
+    monkeypatch.setattr(flash, "_time", timed)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "tables", lambda: ())
+    monkeypatch.delenv(tuning.ENV, raising=False)
+    tuning.ahead_of_time.cache_clear()
+    q, k, v, pos, mask = _inputs(2, 4, 4, 256, 512, 64, True, True, torch.bfloat16)
+    cotangent = _draw(9, 2, 4, 256, 64, dtype=torch.bfloat16)
+    chosen = _attend(kernels.fused, q, k, v, pos, mask, cotangent)
+    assert len(calls) == sum(len(flash.candidates(kernel, 64)) for kernel in flash.CONFIGS)
+    assert {kernel for kernel, _ in tuning.chosen()} == {f"flash_{kernel}" for kernel in flash.CONFIGS}
+    again = _attend(kernels.fused, q, k, v, pos, mask, cotangent)
+    assert len(calls) == sum(
+        len(flash.candidates(kernel, 64)) for kernel in flash.CONFIGS
+    )  # nothing timed again
+    pins = {kernel: flash.config_label(flash.candidates(kernel, 64)[0]) for kernel in flash.CONFIGS}
+    monkeypatch.setenv(tuning.ENV, ";".join(f"flash_{kernel}={label}" for kernel, label in pins.items()))
+    first = _attend(kernels.fused, q, k, v, pos, mask, cotangent)
+    for a, b, c in zip(chosen, again, first, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a.float(), c.float(), rtol=2e-2, atol=2e-2)

@@ -15,9 +15,9 @@ saves their log-sum-exp; the backward recomputes each tile's probabilities from 
 dV and the term's gradient; it runs over the query heads of the key head's group), then a program per query block
 computes dQ. With the term, dQ needs no recomputation: the term enters each logit once, so its gradient, read by
 distance, is the logits' gradient dS, and dQ = dS K is one product a tile (recomputing dS takes two more, and the
-exponentials). Without one, the query blocks recompute dS as FlashAttention-2 does. Heads may be grouped (GQA, MoA's shared key head): key head h // (H / Hk) serves query head h.
-Each loop runs over the blocks its mask leaves something to read in (:func:`_spans`): a causal window's fully
-masked tiles are skipped.
+exponentials). Without one, the query blocks recompute dS as FlashAttention-2 does. Heads may be grouped (GQA,
+MoA's shared key head): key head h // (H / Hk) serves query head h. Each loop runs over the blocks its mask leaves
+something to read in (:func:`_spans`): a causal window's fully masked tiles are skipped.
 """
 
 import functools
@@ -510,16 +510,16 @@ def _chosen(kernel: str, q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor 
     process measured or tuned ahead of time for this GPU, or else the fastest of the candidates timed now, at the
     shape's first launch (and recorded). Inside a CUDA graph's capture nothing can be timed: a shape met there
     first runs the default."""
-    name, D = f"flash_{kernel}", q.shape[-1]
+    name, options = f"flash_{kernel}", candidates(kernel, q.shape[-1])
     label = tuning.pinned(name)
     if label is None and q.is_cuda:
         key = shape_key(q, k, pos, mask)
         label = tuning.measured(name, key) or tuning.ahead_of_time(name, key, q.device)
         if label is None and not torch.cuda.is_current_stream_capturing():
-            times = [_time(functools.partial(launch, c)) for c in candidates(kernel, D)]
-            label = config_label(candidates(kernel, D)[times.index(min(times))])
+            times = [_time(functools.partial(launch, config)) for config in options]
+            label = config_label(options[times.index(min(times))])
             tuning.record(name, key, label)
-    return candidates(kernel, D)[0] if label is None else by_label(kernel, D, label)
+    return options[0] if label is None else by_label(kernel, q.shape[-1], label)
 
 
 def _time(call, repeats: int = 5) -> float:
@@ -542,11 +542,8 @@ def shape_key(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> 
     a few), the head width, the dtype, and whether it reads a term and a mask."""
     t, S, D = q.shape[2], k.shape[2], q.shape[3]
     flags = ["pos"] * (pos is not None) + ["mask"] * (mask is not None)
-    return " ".join([f"{triton.next_power_of_2(t)}x{triton.next_power_of_2(S)}x{D}", _dtype_name(q), *flags])
-
-
-def _dtype_name(x: Tensor) -> str:
-    return str(x.dtype).removeprefix("torch.")
+    dtype = str(q.dtype).removeprefix("torch.")
+    return " ".join([f"{triton.next_power_of_2(t)}x{triton.next_power_of_2(S)}x{D}", dtype, *flags])
 
 
 def candidates(kernel: str, D: int) -> list[tuple[int, int, int, int]]:
