@@ -226,6 +226,10 @@ def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(mo
     monkeypatch.setattr(flash, "_time", clock)
     key = flash.shape_key(q, k, q, mask)
     assert key == "512x1024x64 bfloat16 pos mask"
+    assert (
+        flash.shape_key(q, SimpleNamespace(shape=(64, 4, 1000, 64)), None, None)
+        == "512x1024x64 bfloat16 group4"
+    )
     assert flash._chosen("key_block", q, k, q, mask, lambda config: None) == candidates[2]
     assert timed == candidates
     assert tuning.chosen() == {("flash_key_block", key): flash.config_label(candidates[2])}

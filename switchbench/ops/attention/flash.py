@@ -539,9 +539,11 @@ def _time(call, repeats: int = 5) -> float:
 
 def shape_key(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> str:
     """The tuning key of a launch: queries and keys rounded up to powers of two (decoding's growing windows share
-    a few), the head width, the dtype, and whether it reads a term and a mask."""
+    a few), the head width, the dtype, whether it reads a term and a mask, and the query heads a key head serves
+    where there are several (the key blocks' kernel loops over them)."""
     t, S, D = q.shape[2], k.shape[2], q.shape[3]
-    flags = ["pos"] * (pos is not None) + ["mask"] * (mask is not None)
+    group = q.shape[1] // k.shape[1]
+    flags = ["pos"] * (pos is not None) + ["mask"] * (mask is not None) + [f"group{group}"] * (group > 1)
     dtype = str(q.dtype).removeprefix("torch.")
     return " ".join([f"{triton.next_power_of_2(t)}x{triton.next_power_of_2(S)}x{D}", dtype, *flags])
 
