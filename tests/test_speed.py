@@ -585,6 +585,45 @@ def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
     assert any(not torch.equal(p, b) for p, b in zip(one[0].module.parameters(), before, strict=True))
 
 
+def test_a_compiled_step_compiles_one_graph_that_every_block_runs():
+    """--compile compiles the blocks, as torchtitan does: every layer runs the one graph traced for the first, a
+    block's worth of operators (compiling the whole model traces every layer apart); the step equals the eager
+    one."""
+    from switchbench.bench.timing.benches import StepMode, compile_blocks, model_benches
+    from switchbench.models.lm import LanguageModel
+    from switchbench.models.presets import from_name
+
+    graphs = []
+
+    def recorded(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    model = LanguageModel(from_name("tiny-switchhead").replace(dropout=0.0))
+    tokens = torch.randint(0, model.cfg.vocab, (2, model.cfg.T + 1))
+    with torch.no_grad():
+        state = model(tokens[:, :-1]).state
+    compile_blocks(model, recorded)
+    model(tokens[:, :-1], state).loss(tokens[:, 1:]).backward()
+    norms = [n for n in graphs[0].graph.nodes if n.op == "call_function" and "layer_norm" in str(n.target)]
+    assert model.cfg.n_layers > 1 and len(graphs) == 1
+    assert len(norms) == 3  # one block's: its attention's on the chunk and on the memory, its MLP's
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = model_benches("tiny-switchhead", 2, "cpu", torch.float32)[0]
+    torch.manual_seed(0)
+    compiled = model_benches("tiny-switchhead", 2, "cpu", torch.float32, mode=StepMode(compile="aot_eager"))[
+        0
+    ]
+    eager.run()
+    compiled.run()
+    for p, q in zip(eager.module.parameters(), compiled.module.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow  # times a group
 def test_a_model_on_all_experts_stands_beside_the_floor_it_executes(tmp_path, capsys):
     """Computing every expert executes more than the useful MACs: SwitchHead's rows carry the ratio of executed

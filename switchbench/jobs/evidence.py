@@ -475,6 +475,19 @@ def _flash(ctx: Context):
     ctx.switchbench("profile", *GPU_PROFILE, *flags, *where)
 
 
+def _flash_compiled(ctx: Context):
+    """The 262M pair as a practitioner trains it at its best: Triton's flash attention, each block compiled by
+    Inductor (its norms, casts and residual adds fused), the step replayed from one CUDA graph, batch 64,
+    SwitchHead on all_experts routed by Triton. The rehearsal compiles the tiny pair with the 'eager' backend."""
+    expert = ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
+    if not ctx.gpu:
+        tiny = ("--presets", "tiny-transformer", "tiny-switchhead")
+        _speed_group(ctx, None, *tiny, "--attention", "sdpa", "--compile", "eager", *expert)
+        return
+    flags = ("--attention", "triton", "--compile", *expert, *_PRACTITIONER_GPU)
+    _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags)
+
+
 def _speed_group(ctx: Context, group: str | None, *flags: str) -> None:
     """``speed`` of a group (None: the flags name the presets), in the rehearsal at a CPU's tiny settings."""
     cpu = ["--scopes", "layer", "--batch", "1", "--rounds", "2", "--warmup", "1"]
@@ -672,6 +685,12 @@ STEPS = (
         # timing of the kernels' block shapes (about 24 compilations): never run on a GPU
         250,
         _flash,
+    ),
+    Step(
+        "speed-practitioner-262m-compiled",
+        "the 262M dense and SwitchHead pair at its best: flash attention, compiled blocks, CUDA graphs, batch 64",
+        200,  # two compilations of one block each (Inductor, fwd+bwd) and the pair's timing: never run on a GPU
+        _flash_compiled,
     ),
     Step(
         "speed-expert-matmul",
