@@ -276,11 +276,11 @@ def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
 )
 def test_every_configuration_alone_matches_float64(pair, monkeypatch):
     """Each autotuning candidate, pinned, gives the right output and gradients (the interpreter runs it too)."""
-    from switchbench.ops.expert_matmul.triton_kernels import ENV_CONFIG, config_label
+    from switchbench.ops.expert_matmul.triton_kernels import config_label
 
     scatter, outer = pair
     monkeypatch.setenv(
-        ENV_CONFIG, f"scatter_matmul={config_label(scatter)};grouped_outer={config_label(outer)}"
+        tuning.ENV, f"scatter_matmul={config_label(scatter)};grouped_outer={config_label(outer)}"
     )
     _assert_matches_float64(WIDE)
 

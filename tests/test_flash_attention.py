@@ -7,9 +7,9 @@ import torch
 from small import SEQ, TRITON_DEVICE, T, make_lm, random_tokens, small_cfg
 
 from switchbench.ops.attention import choice, kernels
-from switchbench.ops.attention.flash import (
-    _time as time_on_the_gpu,
-)  # before the suite's stand-in (conftest.py)
+
+# the GPU's clock, imported before the suite's stand-in replaces it (conftest.py)
+from switchbench.ops.attention.flash import _time as time_on_the_gpu
 from switchbench.ops.attention.relative import RelativeBias
 
 F64 = torch.float64

@@ -12,6 +12,7 @@ from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import roofline
 from switchbench.bench.kernels.bench import Case, cases
 from switchbench.cli import main
+from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import flash as attention_flash
 from switchbench.ops.expert_matmul import triton_kernels as kernels
 
@@ -57,9 +58,7 @@ def test_autotuner_configs_are_pruned_to_the_output_width():
 
 
 def test_pinned_config(monkeypatch):
-    monkeypatch.setenv(
-        kernels.ENV_CONFIG, "grouped_outer=M64 N128 K128 w8 s3; scatter_matmul=M64 N64 K64 w4 s4"
-    )
+    monkeypatch.setenv(tuning.ENV, "grouped_outer=M64 N128 K128 w8 s3; scatter_matmul=M64 N64 K64 w4 s4")
     got = kernels.pinned("grouped_outer")
     assert (got.kwargs, got.num_warps, got.num_stages) == (
         {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
@@ -67,7 +66,7 @@ def test_pinned_config(monkeypatch):
         3,
     )
     assert kernels.pinned("scatter_matmul").kwargs["BLOCK_N"] == 64
-    monkeypatch.setenv(kernels.ENV_CONFIG, "scatter_matmul=M16 N16 K16 w1 s1")
+    monkeypatch.setenv(tuning.ENV, "scatter_matmul=M16 N16 K16 w1 s1")
     with pytest.raises(ValueError, match="not a scatter_matmul config"):
         kernels.pinned("scatter_matmul")
 

@@ -210,7 +210,6 @@ CONFIGS = {
     ),
 }
 _INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
-ENV_CONFIG = tuning.ENV
 ALIGN = 16  # feature widths are padded to this many elements
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" and shares one tuning
 
