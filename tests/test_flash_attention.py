@@ -200,6 +200,8 @@ def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(mo
     and tensor: this is the choice, not the GPU's.)"""
     from types import SimpleNamespace
 
+    from triton.runtime.errors import OutOfResources
+
     from switchbench.bench.command import kernel_metadata
     from switchbench.ops import tuned as tuning
     from switchbench.ops.attention import flash
@@ -237,6 +239,19 @@ def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(mo
     assert len(timed) == len(candidates)  # remembered, not timed again
     recorded = kernel_metadata("auto", "cuda")["triton_configs_measured"]  # what the run's file says
     assert recorded == {f"flash_key_block | {key}": flash.config_label(candidates[2])}
+
+    forward = flash.candidates("forward", 64)
+
+    def too_large(
+        call,
+    ):  # the second would be fastest, but this GPU has too little shared memory a block for it
+        if call.args[0] == forward[1]:
+            raise OutOfResources(163840, 101376, "shared memory")
+        return 1.5 if call.args[0] == forward[3] else 2.0
+
+    monkeypatch.setattr(flash, "_time", too_large)
+    assert flash._chosen("forward", q, k, q, mask, lambda config: None) == forward[3]
+    monkeypatch.setattr(flash, "_time", clock)
 
     monkeypatch.setattr(tuning, "_chosen", {})  # a later process on a GPU with a table
     table["configs"]["flash_key_block"] = {key: flash.config_label(candidates[1])}

@@ -21,6 +21,7 @@ something to read in (:func:`_spans`): a causal window's fully masked tiles are 
 """
 
 import functools
+import math
 import statistics
 
 import torch
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.errors import OutOfResources
 
 from switchbench.ops import tuned as tuning
 
@@ -516,10 +518,20 @@ def _chosen(kernel: str, q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor 
         key = shape_key(q, k, pos, mask)
         label = tuning.measured(name, key) or tuning.ahead_of_time(name, key, q.device)
         if label is None and not torch.cuda.is_current_stream_capturing():
-            times = [_time(functools.partial(launch, config)) for config in options]
+            times = [_time_if_it_fits(functools.partial(launch, config)) for config in options]
             label = config_label(options[times.index(min(times))])
             tuning.record(name, key, label)
     return options[0] if label is None else by_label(kernel, q.shape[-1], label)
+
+
+def _time_if_it_fits(call) -> float:
+    """:func:`_time`, or infinity for a candidate this GPU cannot launch: the lists are sized for sm_90's 227 KiB
+    of shared memory a block, and a 128 x 128 forward's 160 KiB is more than an sm_89 part has. The first candidate
+    of each list fits everywhere the kernels ran before the lists."""
+    try:
+        return _time(call)
+    except OutOfResources:
+        return math.inf
 
 
 def _time(call, repeats: int = 5) -> float:
