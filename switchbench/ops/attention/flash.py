@@ -35,6 +35,14 @@ from switchbench.ops import tuned as tuning
 
 
 @triton.jit
+def _by_distance(rows, cols, t, S, P, stride):
+    """Where a tile of queries x keys lies in a tensor by distance (the term, its gradient): query i meets key j
+    at column t - 1 - i + j of its row. Offsets from the head's start, and the mask of those on the grid."""
+    column = t - 1 - rows[:, None] + cols[None, :]
+    return rows[:, None] * stride + column, (rows[:, None] < t) & (cols[None, :] < S) & (column < P)
+
+
+@triton.jit
 def _logits(
     q,
     k,
@@ -58,8 +66,8 @@ def _logits(
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
     inside = (rows[:, None] < t) & (cols[None, :] < S)
     if HAS_POS:
-        column = t - 1 - rows[:, None] + cols[None, :]
-        term = tl.load(pos_ptr + rows[:, None] * stride_pos + column, mask=inside & (column < P), other=0.0)
+        at, on_grid = _by_distance(rows, cols, t, S, P, stride_pos)
+        term = tl.load(pos_ptr + at, mask=on_grid, other=0.0)
         s += term.to(ACC)
     if HAS_MASK:
         seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=inside, other=0)
@@ -83,13 +91,8 @@ def _span(spans_ptr, block, length, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr)
 @triton.jit
 def _zero_tile(dpos_ptr, rows, cols, t, S, P, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Zeros into the term's gradient where a tile of queries x keys no program visits reads it."""
-    column = t - 1 - rows[:, None] + cols[None, :]
-    inside = (rows[:, None] < t) & (cols[None, :] < S) & (column < P)
-    tl.store(
-        dpos_ptr + rows[:, None] * stride + column,
-        tl.zeros([BLOCK_M, BLOCK_N], dpos_ptr.dtype.element_ty),
-        mask=inside,
-    )
+    at, on_grid = _by_distance(rows, cols, t, S, P, stride)
+    tl.store(dpos_ptr + at, tl.zeros([BLOCK_M, BLOCK_N], dpos_ptr.dtype.element_ty), mask=on_grid)
 
 
 @triton.jit
@@ -266,10 +269,8 @@ def _key_block_backward_kernel(
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
             ds = p * (dp - delta[:, None])
             if HAS_POS:
-                column = t - 1 - rows[:, None] + cols[None, :]
-                written = row_in[:, None] & (cols < S)[None, :] & (column < P)
-                target = dpos_ptr + terms + rows[:, None] * sp_t + column
-                tl.store(target, ds.to(dpos_ptr.dtype.element_ty), mask=written)
+                at, on_grid = _by_distance(rows, cols, t, S, P, sp_t)
+                tl.store(dpos_ptr + terms + at, ds.to(dpos_ptr.dtype.element_ty), mask=on_grid)
             dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION, out_dtype=ACC)
         if HAS_POS:  # the query blocks the window skips read nothing here: zero
             for start in range(0, first, BLOCK_M):
@@ -399,9 +400,8 @@ def _dq_from_term(
             mask=(cols < S)[:, None] & (dims < width)[None, :],
             other=0.0,
         )
-        column = t - 1 - rows[:, None] + cols[None, :]
-        inside = (rows[:, None] < t) & (cols[None, :] < S) & (column < P)
-        ds = tl.load(dpos_ptr + rows[:, None] * sp_t + column, mask=inside, other=0.0)
+        at, on_grid = _by_distance(rows, cols, t, S, P, sp_t)
+        ds = tl.load(dpos_ptr + at, mask=on_grid, other=0.0)
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION, out_dtype=ACC)
     return dq
 
