@@ -585,6 +585,7 @@ def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
     assert any(not torch.equal(p, b) for p, b in zip(one[0].module.parameters(), before, strict=True))
 
 
+@pytest.mark.slow  # compiles
 def test_a_compiled_step_compiles_one_graph_that_every_block_runs():
     """--compile compiles the blocks, as torchtitan does: every layer runs the one graph traced for the first, a
     block's worth of operators (compiling the whole model traces every layer apart); the step equals the eager
@@ -621,6 +622,39 @@ def test_a_compiled_step_compiles_one_graph_that_every_block_runs():
     compiled.run()
     for p, q in zip(eager.module.parameters(), compiled.module.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow  # compiles
+def test_every_member_of_a_six_family_group_runs_compiled():
+    """The families' blocks are one code object to the compiler, each family and grad mode a compilation of it:
+    past dynamo's default limit of 8 the later members of a group ran eager, silently (the ninth was refused)."""
+    from torch._dynamo.utils import counters
+
+    from switchbench.bench.timing.benches import compile_blocks
+    from switchbench.models.lm import LanguageModel
+    from switchbench.models.presets import from_name
+
+    torch._dynamo.reset()
+    counters.clear()
+    presets = [
+        "tiny-transformer",
+        "tiny-switchhead",
+        "tiny-moa",
+        "tiny-switchall",
+        "tiny-gqa-kv2",
+        "tiny-moh",
+    ]
+    for preset in presets:
+        model = LanguageModel(from_name(preset).replace(dropout=0.0))
+        tokens = torch.randint(0, model.cfg.vocab, (2, model.cfg.T + 1))
+        with torch.no_grad():
+            state = model(tokens[:, :-1]).state
+        compile_blocks(model, "eager")
+        model(tokens[:, :-1], state).loss(tokens[:, 1:]).backward()  # a training step's pass
+        with torch.no_grad():
+            model(tokens[:, :-1], state)  # and a forward's
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 2 * len(presets)
     torch._dynamo.reset()
 
 

@@ -163,12 +163,20 @@ def executed_macs(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype)
     return batch * model_macs(cfg) + cfg.n_layers * extra
 
 
+BLOCK_COMPILATIONS = 64  # compilations of the blocks' code a process may make (see compile_blocks)
+
+
 def compile_blocks(model: LanguageModel, backend: str) -> None:
     """Each block of ``model`` under ``torch.compile``, as torchtitan compiles a model for training. The blocks are
     one code run on inputs of one shape, so the compiler traces and compiles one graph (for each grad mode) that
     every layer runs; compiling the whole model traces every layer apart (47M SwitchHead's first training step on
     a 2-core CPU: 37 s against 152 s). The embedding, the final LayerNorm, the output layer and the loss stay
-    eager."""
+    eager.
+
+    Every family's blocks share ``Block.forward``'s one code object, and each family, grad mode and shape is one
+    compilation of it: past dynamo's default limit of 8 a group's later members ran eager without a word (six
+    families' training steps and forwards are 12), so the limit is raised to BLOCK_COMPILATIONS."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_COMPILATIONS)
     for block in model.stack.blocks:
         block.compile(backend=backend)
 
