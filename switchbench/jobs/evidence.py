@@ -459,7 +459,7 @@ def _flash(ctx: Context):
     at batch 64 on an H200): its tests on this GPU, then the pair as a practitioner trains it, SwitchHead on
     all_experts routed by Triton, then where each step's kernel time goes. The rehearsal runs the tiny pair on
     SDPA (Triton runs on the CPU only in its interpreter)."""
-    expert = ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
+    expert = _all_experts_sort_free(ctx)
     if not ctx.gpu:
         _speed_group(
             ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa", *expert
@@ -479,7 +479,7 @@ def _flash_compiled(ctx: Context):
     """The 262M pair as a practitioner trains it at its best: Triton's flash attention, each block compiled by
     Inductor (its norms, casts and residual adds fused), the step replayed from one CUDA graph, batch 64,
     SwitchHead on all_experts routed by Triton. The rehearsal compiles the tiny pair with the 'eager' backend."""
-    expert = ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
+    expert = _all_experts_sort_free(ctx)
     if not ctx.gpu:
         tiny = ("--presets", "tiny-transformer", "tiny-switchhead")
         _speed_group(ctx, None, *tiny, "--attention", "sdpa", "--compile", "eager", *expert)
@@ -545,6 +545,11 @@ def _profile(ctx: Context):
     # one launch a router
     routing = ("--routing", _sort_free_routing(ctx))
     ctx.switchbench("profile", presets[1], "--expert-matmul", "all_experts", *routing, *where)
+
+
+def _all_experts_sort_free(ctx: Context) -> tuple[str, ...]:
+    """SwitchHead's expert matmul as the flash steps run it: every expert computed, routed without a sort."""
+    return ("--expert-matmul", "all_experts", "--routing", _sort_free_routing(ctx))
 
 
 def _sort_free_routing(ctx: Context) -> str:
