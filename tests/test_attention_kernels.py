@@ -4,6 +4,7 @@ and every parameter's gradient, XL with memory and RoPE, decoding too). FlexAtte
 its gradients are checked where CUDA is."""
 
 import functools
+import itertools
 import math
 
 import pytest
@@ -22,17 +23,26 @@ CUDA = torch.cuda.is_available()
 # Backends whose backward runs here
 TRAINABLE = ("explicit", "sdpa", "flex") if CUDA else ("explicit", "sdpa")
 DEVICE = "cuda" if CUDA else "cpu"
-# On the CPU Triton's interpreter and eager FlexAttention take seconds a model: the fast loop runs them on the
-# paper's pair, every family in the full suite (explicit and SDPA run every family in both)
-INTERPRETED, PAIR = ("flex", "triton"), ("transformer", "switchhead")
+# On the CPU Triton's interpreter and eager FlexAttention take seconds a model: the fast loop runs them on
+# SwitchHead (whose attention is dense's kernel on other projections), every family in the full suite (explicit
+# and SDPA run every family in both)
+INTERPRETED, FAST_FAMILY = ("flex", "triton"), "switchhead"
 
 
-def by_cost(families, backends) -> list:
-    """(family, backend) parameters, those of an interpreted backend beyond the pair marked slow."""
+def slow_unless(fast: bool):
+    return () if fast else pytest.mark.slow
+
+
+def by_cost(families, backends, settings=((),), fast_settings=((),)) -> list:
+    """(family, backend, *setting) parameters: those of an interpreted backend slow on another family than
+    SwitchHead or at a setting not in ``fast_settings``."""
     return [
-        pytest.param(f, b, marks=pytest.mark.slow if b in INTERPRETED and f not in PAIR else ())
+        pytest.param(
+            f, b, *s, marks=slow_unless(b not in INTERPRETED or (f == FAST_FAMILY and s in fast_settings))
+        )
         for f in families
         for b in backends
+        for s in settings
     ]
 
 
@@ -80,10 +90,21 @@ def relative(scores):
     return None if scores is None else RelativeBias(scores, KEYS)
 
 
-@pytest.mark.parametrize("backend", choice.BACKENDS)
-@pytest.mark.parametrize(("H", "Hk"), [(4, 4), (4, 2), (4, 1)])
-@pytest.mark.parametrize("d_head", [8, 5])  # 5: SDPA pads to 8 channels
-@pytest.mark.parametrize(("biased", "masked"), [(True, True), (False, True), (True, False)])
+def kernel_cases() -> list:
+    """(backend, H, Hk, d_head, biased, masked): every backend over the whole grid, an interpreted one in the fast
+    loop at grouped key heads and a width SDPA pads (5 channels to 8) only."""
+    grid = itertools.product(
+        choice.BACKENDS, [(4, 4), (4, 2), (4, 1)], [8, 5], [(True, True), (False, True), (True, False)]
+    )
+    return [
+        pytest.param(
+            b, H, Hk, d, biased, masked, marks=slow_unless(b not in INTERPRETED or (Hk, d) == (2, 5))
+        )
+        for b, (H, Hk), d, (biased, masked) in grid
+    ]
+
+
+@pytest.mark.parametrize(("backend", "H", "Hk", "d_head", "biased", "masked"), kernel_cases())
 def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, masked):
     q, k, v, mask, scores = inputs(H, Hk, d_head, biased, masked)
     leaves = [x for x in (q, k, v, scores) if x is not None]
@@ -181,11 +202,16 @@ def parameter_gradients(lm, tokens) -> dict[str, torch.Tensor]:
     return {name: p.grad for name, p in lm.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
 @pytest.mark.parametrize(
-    ("model", "backend"), by_cost(FAMILIES, [b for b in choice.BACKENDS if b != "explicit"])
+    ("model", "backend", "pos", "context_blocks"),
+    by_cost(  # an interpreted backend's fast cases: XL over two chunks of memory, RoPE over one
+        FAMILIES,
+        [b for b in choice.BACKENDS if b != "explicit"],
+        [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)],
+        [("xl", 2), ("rope", 1)],
+    ),
 )
-def test_every_family_under_each_backend_is_the_explicit_model(model, pos, context_blocks, backend):
+def test_every_family_under_each_backend_is_the_explicit_model(model, backend, pos, context_blocks):
     """Logits of a sequence fed in two pieces (the second attends to the first's memory) and, where the backend
     trains here, every parameter's gradient: equal to the explicit kernel's in float64."""
     cfg = small_cfg(model, pos, context_blocks=context_blocks)
@@ -213,16 +239,14 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, pos, conte
         torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
 
 
-@pytest.mark.parametrize(
-    "model", [pytest.param(f, marks=() if f in PAIR else pytest.mark.slow) for f in FAMILIES]
-)
+@pytest.mark.parametrize("model", [pytest.param(f, marks=slow_unless(f == FAST_FAMILY)) for f in FAMILIES])
 def test_every_xl_family_on_sdpa_with_the_triton_bias_is_the_explicit_model(model, monkeypatch):
     """The position bias's Triton kernels inside a model, as a GPU runs them (here under the interpreter): a
     sequence in two pieces over two chunks of memory, logits and every parameter's gradient equal to the explicit
     kernel's, and decoding token by token."""
     monkeypatch.setattr(RelativeBias, "masked", functools.partialmethod(RelativeBias.masked, impl="triton"))
-    test_every_family_under_each_backend_is_the_explicit_model(model, "xl", 2, "sdpa")
-    test_decoding_under_each_backend_is_the_explicit_forward(model, "xl", "sdpa")
+    test_every_family_under_each_backend_is_the_explicit_model(model, "sdpa", "xl", 2)
+    test_decoding_under_each_backend_is_the_explicit_forward(model, "sdpa", "xl")
 
 
 @pytest.mark.parametrize(("model", "backend"), by_cost(FAMILIES, choice.BACKENDS))
@@ -240,9 +264,10 @@ def test_a_bidirectional_classifier_under_each_backend(model, backend):
     torch.testing.assert_close(got, expected, **TIGHT)
 
 
-@pytest.mark.parametrize("pos", ["xl", "rope"])
-@pytest.mark.parametrize(("model", "backend"), by_cost(FAMILIES, choice.BACKENDS))
-def test_decoding_under_each_backend_is_the_explicit_forward(model, pos, backend):
+@pytest.mark.parametrize(  # an interpreted backend's fast case: XL's, whose term is sliced at each step
+    ("model", "backend", "pos"), by_cost(FAMILIES, choice.BACKENDS, [("xl",), ("rope",)], [("xl",)])
+)
+def test_decoding_under_each_backend_is_the_explicit_forward(model, backend, pos):
     """Prefill, then token by token (XL's position table sliced at each step), equal to one explicit forward."""
     cfg = small_cfg(model, pos)
     lm = make_lm(cfg).to(DEVICE)

@@ -2,6 +2,8 @@
 network cut off (the report of a quick main job is checked in test_main_job.py)."""
 
 import csv
+import functools
+import io
 import json
 import os
 from pathlib import Path
@@ -29,13 +31,20 @@ def _csv(path: Path, rows: list[dict]) -> None:
 
 
 def _png(path: Path, title: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_drawn(title))
+
+
+@functools.cache  # each title drawn once a process: the figures were half of every report test's time
+def _drawn(title: str) -> bytes:
     fig, ax = plt.subplots(figsize=(3, 2))
     ax.plot([0, 1, 2], [1, 3, 2], label="series")
     ax.set(title=title, xlabel="x", ylabel="y")
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    return png.getvalue()
 
 
 @pytest.fixture

@@ -149,13 +149,20 @@ def new_figure(**options):
 def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
     """A matplotlib figure as STEM.png and STEM.svg, each written atomically; a pyplot figure is closed."""
     box = _tight_box(fig)
-    written = [
-        replace_atomically(
-            Path(stem).with_suffix(f".{fmt}"),
-            lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches=box),
-        )
-        for fmt in ("png", "svg")
-    ]
+    # the layout found for the box kept for both files: each savefig would run the layout engine again (two thirds
+    # of the time saving 18 heat maps took)
+    engine = fig.get_layout_engine()
+    fig.set_layout_engine("none")
+    try:
+        written = [
+            replace_atomically(
+                Path(stem).with_suffix(f".{fmt}"),
+                lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches=box),
+            )
+            for fmt in ("png", "svg")
+        ]
+    finally:
+        fig.set_layout_engine(engine)
     if (
         "matplotlib.pyplot" in sys.modules
     ):  # a figure made with pyplot is closed (pyplot costs 0.7 s to import)
