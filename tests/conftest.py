@@ -1,23 +1,29 @@
 import os
 
 import pytest
-import torch
 from hypothesis import settings
 
 # The same examples on every run and machine: a property that fails in CI fails here too, from its seed alone.
 settings.register_profile("switchbench", derandomize=True, database=None)
 settings.load_profile("switchbench")
 
-# Without a GPU the Triton kernels run in Triton's interpreter; it must be chosen before triton.jit runs.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Under pytest-xdist each worker, and each process its tests start, gets one intra-op thread: with PyTorch's default
-# of one per core the workers' thread pools spun against each other, and two workers on two cores took as long as
-# one (the fast tests: 145 s against 138 s serial; 75 s with one thread each).
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+def pytest_configure(config):
+    """The process that runs tests chooses Triton's interpreter where there is no GPU, before triton.jit runs,
+    and under pytest-xdist takes one intra-op thread. pytest-xdist's controller runs none, so it leaves torch
+    unimported: 3 s before its workers start."""
+    if config.getoption("numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    # Each worker, and each process its tests start, gets one intra-op thread: with PyTorch's default of one per
+    # core the workers' thread pools spun against each other, and two workers on two cores took as long as one
+    # (the fast tests: 145 s against 138 s serial; 75 s with one thread each).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(items):
