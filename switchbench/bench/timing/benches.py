@@ -20,6 +20,7 @@ from switchbench.bench.cost.measure import (
 )
 from switchbench.bench.cost.params import parameter_counts
 from switchbench.core import distributed, optim
+from switchbench.core.compiling import allow_recompilations
 from switchbench.core.precision import autocast
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
@@ -163,9 +164,6 @@ def executed_macs(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype)
     return batch * model_macs(cfg) + cfg.n_layers * extra
 
 
-BLOCK_COMPILATIONS = 64  # compilations of the blocks' code a process may make (see compile_blocks)
-
-
 def compile_blocks(model: LanguageModel, backend: str) -> None:
     """Each block of ``model`` under ``torch.compile``, as torchtitan compiles a model for training. The blocks are
     one code run on inputs of one shape, so the compiler traces and compiles one graph (for each grad mode) that
@@ -173,10 +171,9 @@ def compile_blocks(model: LanguageModel, backend: str) -> None:
     a 2-core CPU: 37 s against 152 s). The embedding, the final LayerNorm, the output layer and the loss stay
     eager.
 
-    Every family's blocks share ``Block.forward``'s one code object, and each family, grad mode and shape is one
-    compilation of it: past dynamo's default limit of 8 a group's later members ran eager without a word (six
-    families' training steps and forwards are 12), so the limit is raised to BLOCK_COMPILATIONS."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, BLOCK_COMPILATIONS)
+    Every family's blocks share ``Block.forward``'s one code object, each family, grad mode and shape one
+    compilation of it: past dynamo's default limit a group's later members ran eager without a word."""
+    allow_recompilations()
     for block in model.stack.blocks:
         block.compile(backend=backend)
 

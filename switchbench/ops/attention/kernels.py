@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from switchbench.core.compiling import allow_recompilations
 from switchbench.ops.attention.choice import resolve
 from switchbench.ops.attention.relative import RelativeBias
 
@@ -186,18 +187,12 @@ def _flex_kernel(cuda: bool):
     return eager
 
 
-# FlexAttention's compilations a process may make (each a fused kernel for one shape and grad mode)
-FLEX_COMPILATIONS = 64
-
-
 def compiled_flex(backend: str = "inductor"):
-    """flex_attention under torch.compile with room for FLEX_COMPILATIONS compilations. Each shape, head count and
-    grad mode is one, all counted against flex_attention's one code object: past dynamo's default of 8 it runs the
-    eager path, which builds every score, without a word (an H200's 262M pair: the no-grad forwards, compiled
-    after the training steps, took 614 ms against the training step's 388)."""
+    """flex_attention under torch.compile, with room for a compilation for each shape, head count and grad mode
+    (all counted against flex_attention's one code object)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_COMPILATIONS)
+    allow_recompilations()
     return torch.compile(flex_attention, dynamic=False, backend=backend)
 
 
