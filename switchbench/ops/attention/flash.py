@@ -162,23 +162,9 @@ def _forward_kernel(
         col_in = (cols < S)[:, None] & dim_in[None, :]
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
         s = _logits(
-            q,
-            k,
-            pos_ptr,
-            mask_ptr,
-            rows,
-            cols,
-            t,
-            S,
-            P,
-            sp_t,
-            stride_mask,
-            scale,
-            HAS_POS,
-            HAS_MASK,
-            PRECISION,
+            q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, HAS_POS, HAS_MASK, PRECISION,
             ACC,
-        )
+        )  # fmt: skip
         new = tl.maximum(m, tl.max(s, 1))
         shift = tl.where(new == float("-inf"), 0.0, new)  # a row with no key yet: nothing to rescale
         p = tl.exp(s - shift[:, None])
@@ -240,10 +226,9 @@ def _key_block_backward_kernel(
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
     col_in = (cols < S)[:, None] & (dims < width)[None, :]
-    k_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
-    v_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
-    k = tl.load(k_ptr + k_at, mask=col_in, other=0.0)
-    v = tl.load(v_ptr + v_at, mask=col_in, other=0.0)
+    kv_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
+    k = tl.load(k_ptr + kv_at, mask=col_in, other=0.0)
+    v = tl.load(v_ptr + kv_at, mask=col_in, other=0.0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     first, last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
@@ -281,8 +266,8 @@ def _key_block_backward_kernel(
                 _zero_tile(
                     dpos_ptr + terms, start + tl.arange(0, BLOCK_M), cols, t, S, P, sp_t, BLOCK_M, BLOCK_N
                 )
-    tl.store(dk_ptr + k_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
-    tl.store(dv_ptr + v_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
+    tl.store(dk_ptr + kv_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
+    tl.store(dv_ptr + kv_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
 
 
 @triton.jit
