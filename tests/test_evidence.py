@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from switchbench.bench.kernels import tune
 from switchbench.cli import main
 from switchbench.jobs import evidence
 
@@ -185,6 +186,31 @@ def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_path
         ["runs/m1/checkpoint.pt"],
         ["runs/m2/checkpoint.pt"],
     ]
+
+
+def test_the_tables_kernel_tune_writes_into_the_package_come_back_in_the_archive(tmp_path, monkeypatch):
+    """kernel-tune writes the tables it ships (Triton's configurations, auto's measured winners) into the
+    checkout's package data, outside the results folder: the step's files and the archive hold both (the
+    configurations' table had moved to another folder than the one the chain watched)."""
+    tables = [tmp_path / "switchbench" / "ops" / "data" / "configs.json", tmp_path / "matmul" / "auto.json"]
+    for name, path in zip(("TABLE", "AUTO_TABLE"), tables, strict=True):
+        monkeypatch.setattr(tune, name, path)
+        path.parent.mkdir(parents=True)
+        path.write_text("{}")  # as shipped, before this GPU is tuned
+
+    def tuner(ctx: evidence.Context):
+        for path in tables:
+            path.write_text('{"tables": ["this GPU"]}')
+
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("tune", "tuned tables", 1, tuner)))
+    state = _chain(tmp_path, budget=60)
+    assert state["steps"]["tune"]["files"] == sorted(map(str, tables))
+    monkeypatch.chdir(tmp_path)
+    archive = evidence.pack(
+        state, tmp_path / "state.json", tmp_path / "out.tar.gz", tmp_path / "results", tmp_path / "runs"
+    )[0]
+    with tarfile.open(archive) as tar:
+        assert {"switchbench/ops/data/configs.json", "matmul/auto.json"} <= set(tar.getnames())
 
 
 @pytest.mark.parametrize(

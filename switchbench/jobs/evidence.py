@@ -40,12 +40,12 @@ from pathlib import Path
 import torch
 
 from switchbench.bench.command import add_json, device_from_args, slug
+from switchbench.bench.kernels import tune
 from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
 from switchbench.train.run import default_preset, run_name
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: package, tests, pyproject.toml
-TUNED_TABLE = ROOT / "switchbench" / "ops" / "expert_matmul" / "data"
 LISTOPS_RUNS = (("dense", 0), ("switchhead", 0), ("dense", 1))  # the analysis pair and a second dense seed
 GPU_PROFILE = ("c4-262m-transformer-h16", "c4-262m-switchhead-h4")
 REPORT = "report"
@@ -821,13 +821,13 @@ def _save_state(path: Path, state: dict) -> None:
 
 
 def _snapshot(roots: list[Path]) -> dict[Path, tuple[int, int]]:
+    """Each file among ``roots`` (files, or folders searched whole) with its time and size."""
     files = {}
     for root in roots:
-        if root.exists():
-            for path in root.rglob("*"):
-                if path.is_file() and not path.name.endswith(".tmp"):
-                    stat = path.stat()
-                    files[path] = (stat.st_mtime_ns, stat.st_size)
+        for path in root.rglob("*") if root.is_dir() else [root]:
+            if path.is_file() and not path.name.endswith(".tmp"):
+                stat = path.stat()
+                files[path] = (stat.st_mtime_ns, stat.st_size)
     return files
 
 
@@ -967,7 +967,8 @@ def _outgrew_a_call(step: Step, state: dict, room: float) -> bool:
 def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whole_call: bool = False) -> str:
     """Run ``step`` and record how it ended; ``whole_call``: it is the call's first step, the whole call its own."""
     say(f"== {step.name}: {step.owes}")
-    roots = [ctx.results, ctx.runs, TUNED_TABLE]
+    # what a step may write: figures, models, and the package's tables of what kernel-tune measured
+    roots = [ctx.results, ctx.runs, tune.TABLE, tune.AUTO_TABLE]
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
     ctx.step = step.name
