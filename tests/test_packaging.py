@@ -34,6 +34,7 @@ def test_wheel_holds_one_top_level_name_and_its_data(wheel):
         "analysis/templates/explorer.js",
         "analysis/templates/explorer.css",
         "ops/expert_matmul/data/expert_matmul_auto.json",
+        "ops/data/tuned_configs.json",
     ):
         assert f"switchbench/{data}" in names
 
