@@ -6,6 +6,8 @@ resolved on this machine and kept as a pure-Python wheel: switchbench itself, it
 ``pip install -e .`` builds on the node) and the source distributions (fvcore, iopath) built into wheels here.
 Binary wheels are left out by default, since those that suit this machine may not suit the node (the node keeps
 its numpy, pandas, matplotlib ...); ``--python-version`` and ``--platform`` fetch them for a named target instead.
+The test tools are the exception: a node has no reason to carry them, so a binary one (hypothesis is built per
+Python since 6.170) is always fetched for the GPU nodes' Python and platform, NODE_PYTHON and NODE_PLATFORMS.
 
 Standard library and pip only: ``python3 -m switchbench.wheelhouse DIR`` runs from a bare checkout, without torch.
 """
@@ -31,6 +33,10 @@ NODE_OWN = {"torch", "triton"}
 NODE_OWN_PREFIXES = ("nvidia-",)
 
 NODE_EXTRA = "node-test"  # the extra of what the evidence chain runs the tests with on a node
+# The GPU nodes' Python and the platform tags they accept (docs/gpu-nodes.md): where the test tools' binary wheels
+# are fetched for without a named target
+NODE_PYTHON = "3.12"
+NODE_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_17_x86_64", "manylinux_2_28_x86_64")
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class Requirements:
     node_own: list[str]
     rest: list[str]
     build: list[str]
+    tools: frozenset[str]  # the names of the test tools: the node-test extra's, beside what the suite runs on
 
 
 def read_requirements(source: Path) -> Requirements:
@@ -103,9 +110,11 @@ def read_requirements(source: Path) -> Requirements:
     if project.get("project", {}).get("name") != "switchbench":
         raise ValueError(f"--source {source}: {path} is not switchbench's")
     # the test suite's own needs too: evidence runs it on the node first
-    runtime = project["project"]["dependencies"] + project["project"]["optional-dependencies"][NODE_EXTRA]
+    suite, tests = project["project"]["dependencies"], project["project"]["optional-dependencies"][NODE_EXTRA]
+    runtime = suite + tests
     own = [r for r in runtime if is_node_own(requirement_name(r))]
-    return Requirements(own, [r for r in runtime if r not in own], project["build-system"]["requires"])
+    tools = frozenset(map(requirement_name, tests)) - set(map(requirement_name, suite))
+    return Requirements(own, [r for r in runtime if r not in own], project["build-system"]["requires"], tools)
 
 
 def resolve(requirements: list[str], work: Path) -> list[Resolved]:
@@ -145,11 +154,14 @@ def build(folder: Path, source: Path, python_version: str | None = None, platfor
         built = _wheels(source, to_build, Path(work, "built"))
         # an sdist with compiled code builds a wheel for this machine only: the node must have that one too
         compiled = [w for w in built if not is_pure(w.name)]
-        fetched = _binary_wheels(binary, python_version, platforms, Path(work, "target")) if target else []
+        if not target:  # the test tools' binary wheels alone, for the GPU nodes
+            python_version, platforms = NODE_PYTHON, NODE_PLATFORMS
+        fetch = [r for r in binary if target or canonical(r.name) in requirements.tools]
+        fetched = _binary_wheels(fetch, python_version, platforms, Path(work, "target"))
         kept = [w for w in built if w not in compiled] + fetched
         for wheel in kept:
             shutil.copy2(wheel, folder / wheel.name)
-    left_out = [] if target else [f"{r.name} (binary; {r.version} here)" for r in binary]
+    left_out = [f"{r.name} (binary; {r.version} here)" for r in binary if r not in fetch]
     left_out += [f"{w.name.split('-')[0]} (compiled when built here: {w.name})" for w in compiled]
     from_source = ["switchbench"] + [r.name for r in to_build if not r.file.endswith(".whl")]
     own = [

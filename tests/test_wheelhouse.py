@@ -26,13 +26,15 @@ RESOLVED = [
     Resolved("fvcore", "0.1.5.post20221221", "fvcore-0.1.5.post20221221.tar.gz"),
     Resolved("Jinja2", "3.1.6", "jinja2-3.1.6-py3-none-any.whl"),
     Resolved("tzdata", "2026.6", "tzdata-2026.6-py2.py3-none-any.whl"),
+    # a test tool built per Python (6.170 on): not on a node, so fetched for it
+    Resolved("hypothesis", "6.170.17", "hypothesis-6.170.17-cp311-cp311-manylinux2014_x86_64.whl"),
 ]
 
 
 def test_the_nodes_own_are_left_out_and_binary_wheels_set_apart():
     to_build, binary = wheelhouse.select(RESOLVED)
     assert [r.name for r in to_build] == ["fvcore", "Jinja2", "tzdata"]
-    assert [r.name for r in binary] == ["numpy"]
+    assert [r.name for r in binary] == ["numpy", "hypothesis"]
 
 
 @pytest.mark.parametrize(
@@ -54,6 +56,7 @@ def test_requirements_of_the_checkout():
     assert requirements.node_own == ["torch>=2.4"]
     assert "fvcore>=0.1.5" in requirements.rest and not any("torch" in r for r in requirements.rest)
     assert {"pytest>=8", "hypothesis>=6"} <= set(requirements.rest)  # the node runs the tests first
+    assert {"pytest", "hypothesis"} <= requirements.tools and "jinja2" not in requirements.tools
     assert requirements.build == ["setuptools>=68"]  # pip install -e . builds with it on the node
 
 
@@ -95,14 +98,25 @@ def _fake_pip(compiled_sdist: str | None = None):
 
 
 def test_a_wheelhouse_of_pure_wheels_names_what_the_node_must_have(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(wheelhouse, "_pip", _fake_pip(compiled_sdist="fvcore"))
+    """Pure wheels, and a binary test tool's fetched for the GPU nodes' Python and platforms (the node keeps its
+    numpy): without it pip installed nothing there, the tests' requirement unmet."""
+    fake, downloads = _fake_pip(compiled_sdist="fvcore"), []
+
+    def pip(command, *args):
+        downloads.extend([args] if command == "download" else [])
+        fake(command, *args)
+
+    monkeypatch.setattr(wheelhouse, "_pip", pip)
     assert main(["wheelhouse", str(tmp_path / "house"), "--source", str(ROOT)]) == 0
     out = capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "house").iterdir()) == [
         "Jinja2-3.1.6-py3-none-any.whl",
+        "hypothesis-6.170.17-cp312-cp312-manylinux2014_x86_64.whl",
         "switchbench-0.1.0-py3-none-any.whl",
         "tzdata-2026.6-py3-none-any.whl",
     ]
+    (args,) = downloads
+    assert args[args.index("--python-version") + 1] == "3.12" and "manylinux_2_28_x86_64" in args
     must_have = out.split("The node must already have (left out):\n")[1].split("\nOn the node")[0]
     assert [line.split()[0] for line in must_have.splitlines()] == ["torch>=2.4", "numpy", "fvcore"]
     assert (

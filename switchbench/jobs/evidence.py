@@ -33,6 +33,7 @@ import sys
 import tarfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -465,9 +466,22 @@ def _flash(ctx: Context):
             ctx, None, "--presets", "tiny-transformer", "tiny-switchhead", "--attention", "sdpa", *expert
         )
         return
-    # its tests first, on this GPU (bf16 against float64 and SDPA among them): a kernel that computes the wrong
-    # thing has no time worth keeping
-    pytest = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider"]
+    # its fast tests first, on this GPU (bf16 against float64 and SDPA among them): a kernel that computes the
+    # wrong thing has no time worth keeping. Four workers compile their kernels side by side (each case is a
+    # compilation here); the slow cases wait for the slow tests' steps
+    pytest = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "4",
+        "-m",
+        "not slow",
+    ]
     ctx.command([*pytest, str(ROOT / "tests" / "test_flash_attention.py")], cwd=ROOT)
     flags = ("--attention", "triton", *expert)
     _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags, *_PRACTITIONER_GPU)
@@ -811,9 +825,15 @@ def load_state(path: Path, code: str) -> dict:
     state = json.loads(path.read_text()) if path.exists() else {}
     if state.get("fingerprint") == code:
         return {"earlier": {}} | state
-    done = {name: r for name, r in state.get("steps", {}).items() if r.get("status") == "done"}
+    steps = state.get("steps", {})
+    done = {name: r for name, r in steps.items() if r.get("status") == "done"}
     earlier = state.get("earlier", {}) | done
-    return {"fingerprint": code, "steps": {}, "durations": state.get("durations", {}), "earlier": earlier}
+    # a step that last failed has no duration: its declared estimate, which new code may have changed, stands
+    # (older chains recorded the estimate of the day as a failed step's duration)
+    durations = {
+        n: d for n, d in state.get("durations", {}).items() if steps.get(n, {}).get("status") != "failed"
+    }
+    return {"fingerprint": code, "steps": {}, "durations": durations, "earlier": earlier}
 
 
 def _save_state(path: Path, state: dict) -> None:
@@ -979,6 +999,12 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
         status, detail = "interrupted", "stopped at the end of the budget"
     except StepFailed as error:
         status, detail = "failed", str(error)
+    except Exception as error:  # a fault in the step's own code: the chain goes on, and the call still packs
+        say(traceback.format_exc().rstrip())
+        status, detail = (
+            "failed",
+            f"{type(error).__name__}: {error} (in the step's own code; traceback in the log)",
+        )
     seconds = time.monotonic() - started
     record |= {
         "whole_call": whole_call,
@@ -992,15 +1018,14 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     if status == "done":
         state.get("earlier", {}).pop(step.name, None)
     estimate = seconds
-    if status == "failed":  # how soon it failed says nothing of how long it runs
-        estimate = expected_seconds(step, state, ctx.device)
-    elif status == "interrupted":
+    if status == "interrupted":
         # A resumable step keeps its estimate. Any other needs more than it ran: twice that, so that a step that
         # outgrew its estimate is not started again and again into the same wall (past a call's room it runs
         # as a call's first step, with all of it).
         previous = expected_seconds(step, state, ctx.device)
         estimate = previous if step.resumable else max(2 * seconds, previous)
-    state["durations"][step.name] = round(estimate, 1)
+    if status != "failed":  # how soon a step failed says nothing of how long it runs
+        state["durations"][step.name] = round(estimate, 1)
     _save_state(state_path, state)
     say(f"   {status} in {seconds:.0f} s{': ' + detail if detail else ''}")
     return status
