@@ -589,7 +589,7 @@ def test_an_accumulated_step_counts_its_micro_batches_and_updates_as_one_pass():
 def test_a_compiled_step_compiles_one_graph_that_every_block_runs():
     """--compile compiles the blocks, as torchtitan does: every layer runs the one graph traced for the first, a
     block's worth of operators (compiling the whole model traces every layer apart); the step equals the eager
-    one."""
+    one, and its row names the expert matmul it ran (it had read None)."""
     from switchbench.bench.timing.benches import StepMode, compile_blocks, model_benches
     from switchbench.models.lm import LanguageModel
     from switchbench.models.presets import from_name
@@ -622,6 +622,8 @@ def test_a_compiled_step_compiles_one_graph_that_every_block_runs():
     compiled.run()
     for p, q in zip(eager.module.parameters(), compiled.module.parameters(), strict=True):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    # the compiled step resolved its expert matmuls once, as it was traced: its row still names them
+    assert compiled.expert_matmul() == eager.expert_matmul() is not None
     torch._dynamo.reset()
 
 

@@ -121,7 +121,8 @@ def model_benches(
 
     macs, executed = batch * model_macs(cfg), executed_macs(cfg, batch, device, dtype)
     extra = executed != macs  # only then does the step execute more than its useful MACs
-    trains, infers = _kernels(differentiated), _kernels(forward)
+    planned = _planned(cfg, batch, device, dtype)
+    trains, infers = _kernels(differentiated, planned), _kernels(forward, planned)
     return [
         Bench(
             preset,
@@ -156,12 +157,30 @@ def executed_macs(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype)
     """Forward MACs of the whole model on ``batch`` sequences as its expert matmuls execute them: the useful ones,
     and the products of the experts no slot chose for each expert matmul whose implementation here (what the
     choice in force resolves its shape to) computes every expert."""
-    extra = 0
-    for case in registry.layer_expert_matmuls(cfg, batch):
-        bucket = expert_matmul_choice.case_bucket(case, dtype)
-        impl = expert_matmul_choice.lookup(torch.device(device), bucket).impl
-        extra += expert_matmul.executed_macs(case, impl) - case.macs
+    extra = sum(
+        expert_matmul.executed_macs(case, impl) - case.macs
+        for case, impl in _expert_matmuls(cfg, batch, device, dtype)
+    )
     return batch * model_macs(cfg) + cfg.n_layers * extra
+
+
+def _expert_matmuls(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype) -> list[tuple]:
+    """Each expert matmul of a layer of ``cfg`` on ``batch`` sequences, and the implementation the choice in force
+    resolves its shape to on ``device`` in ``dtype``."""
+    return [
+        (
+            case,
+            expert_matmul_choice.lookup(
+                torch.device(device), expert_matmul_choice.case_bucket(case, dtype)
+            ).impl,
+        )
+        for case in registry.layer_expert_matmuls(cfg, batch)
+    ]
+
+
+def _planned(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype) -> str | None:
+    """The implementations of ``cfg``'s expert matmuls, as :func:`_kernels` labels them, from their shapes."""
+    return " + ".join(sorted({impl for _, impl in _expert_matmuls(cfg, batch, device, dtype)})) or None
 
 
 def compile_blocks(model: LanguageModel, backend: str) -> None:
@@ -215,7 +234,8 @@ def layer_benches(
             return layer(x, mem, window)[0]
 
     macs = batch * exact_cost(cfg).macs
-    trains, infers = _kernels(differentiated), _kernels(forward)
+    planned = _planned(cfg, batch, device, dtype)
+    trains, infers = _kernels(differentiated, planned), _kernels(forward, planned)
     return [
         Bench(
             preset,
@@ -246,9 +266,10 @@ def layer_benches(
     ]
 
 
-def _kernels(forward: Callable) -> Callable[[], tuple[str, str | None]]:
+def _kernels(forward: Callable, planned: str | None) -> Callable[[], tuple[str, str | None]]:
     """The attention kernel one ``forward()`` runs, and the expert-matmul implementations it resolved to (None:
-    no expert matmul): read off one call when first asked, outside the timed ones.
+    no expert matmul): read off one call when first asked, outside the timed ones. A compiled forward resolved its
+    implementations once, as it was traced, before any reading: ``planned``, what its shapes resolve to, stands in.
 
     Each bench asks a forward in its own grad mode. SDPA picks its backend by whether the call will be
     differentiated: under grad, cuDNN's kernel takes no float mask, so Transformer-XL's training steps run the
@@ -259,7 +280,7 @@ def _kernels(forward: Callable) -> Callable[[], tuple[str, str | None]]:
     def read():
         with expert_matmul_choice.recording() as resolved:
             attention = attention_kernel(forward)
-        return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or None
+        return attention, " + ".join(sorted({r.impl for r in resolved.values()})) or planned
 
     return read
 
