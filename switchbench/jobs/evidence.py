@@ -470,18 +470,8 @@ def _flash(ctx: Context):
     # wrong thing has no time worth keeping. Four workers compile their kernels side by side (each case is a
     # compilation here); the slow cases wait for the slow tests' steps
     pytest = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        "-n",
-        "4",
-        "-m",
-        "not slow",
-    ]
+        sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "4", "-m", "not slow",
+    ]  # fmt: skip
     ctx.command([*pytest, str(ROOT / "tests" / "test_flash_attention.py")], cwd=ROOT)
     flags = ("--attention", "triton", *expert)
     _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags, *_PRACTITIONER_GPU)
