@@ -3,6 +3,7 @@ kernel compiles for sm_90 without a spill at the 262M shapes, the expert matmul'
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -172,3 +173,26 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     bad = [r for r in matmuls if not r["compiled"] or r["spill_bytes"] or r["mma"] != "wgmma"]
     assert not bad, bad[:3]
     assert out["failed"] == 0 and all(r["pipelined"] for r in matmuls)
+
+
+def test_a_kernel_over_the_archs_shared_memory_fails():
+    """It compiles, yet no block of the arch can launch it: 288 KiB (a 128 x 128 tile of 128 channels in three
+    stages) against sm_90's 227 KiB; 200 KiB fits sm_90 but not sm_80's 163 KiB."""
+    rows = pd.DataFrame(
+        [
+            {
+                "kernel": "query_block_backward",
+                "arch": arch,
+                "compiled": True,
+                "spill_bytes": 0,
+                "shared_bytes": kib * 1024,
+                "mma": mma,
+            }
+            for arch, kib, mma in (
+                ("sm_90", 288, "wgmma"),
+                ("sm_90", 200, "wgmma"),
+                ("sm_80", 200, "mma.sync"),
+            )
+        ]
+    )
+    assert kernel_check.failing(rows).tolist() == [True, False, True]

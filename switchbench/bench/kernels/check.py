@@ -33,6 +33,9 @@ from switchbench.models.layers.router import FEW_EXPERTS
 from switchbench.models.presets import PRESETS
 
 ARCHS = {"sm_90": 90, "sm_80": 80}
+# Shared memory one block may take (CUDA's programming guide, compute capabilities): a kernel over it compiles but
+# cannot launch
+SHARED_LIMIT = {"sm_90": 227 * 1024, "sm_80": 163 * 1024}
 _POINTER = {
     torch.bfloat16: "*bf16",
     torch.float16: "*fp16",
@@ -90,16 +93,24 @@ def _run(args) -> int:
         print(rows.to_markdown(index=False))
         print(f"\nroofline at batch {args.batch} (ms; bytes and MACs per pass, fwd+bwd):")
         print(estimate.to_markdown(index=False, floatfmt=".4g"))
-        print(f"\n{len(rows)} cases, {len(failed)} failing (compile error, spill or no tensor-core MMA)")
+        print(
+            f"\n{len(rows)} cases, {len(failed)} failing (compile error, spill, shared memory or no tensor-core MMA)"
+        )
     return 0
 
 
 def failing(rows: pd.DataFrame) -> pd.Series:
-    """A compile error, a spill, or a matmul kernel without the arch's tensor-core MMA (wgmma on sm_90, mma.sync
-    before)."""
+    """A compile error, a spill, more shared memory than a block of the arch may take, or a matmul kernel without
+    the arch's tensor-core MMA (wgmma on sm_90, mma.sync before)."""
     expected = rows.arch.map(lambda arch: "wgmma" if ARCHS[arch] >= 90 else "mma.sync")
     matmul = ~rows.kernel.str.startswith(MATMUL_FREE)
-    return ~rows.compiled.astype(bool) | (rows.spill_bytes.fillna(0) > 0) | (matmul & (rows.mma != expected))
+    too_much_shared = rows.shared_bytes.fillna(0) > rows.arch.map(SHARED_LIMIT)
+    return (
+        ~rows.compiled.astype(bool)
+        | (rows.spill_bytes.fillna(0) > 0)
+        | too_much_shared
+        | (matmul & (rows.mma != expected))
+    )
 
 
 def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:

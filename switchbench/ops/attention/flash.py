@@ -392,9 +392,11 @@ def _dq_from_term(
 
 
 # Candidate (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of
-# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). With XL's term every
-# candidate compiles for sm_90 without a spill, each product a pipelined wgmma (kernel-check; at 4 warps the
-# key-block backward spilled at every width). The query blocks' kernel then makes one product a tile and takes
+# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). With XL's term, a
+# causal mask and a key head for each query head (what kernel-check compiles) every candidate compiles for sm_90
+# without a spill, each product a pipelined wgmma (at 4 warps the key-block backward spilled at every width).
+# Grouped heads, no mask or no term are not compiled there; a review under triton 3.9 saw a few candidates spill
+# in them (up to 912 bytes): a cost in time, not in correctness, and each candidate is timed before one is kept. The query blocks' kernel then makes one product a tile and takes
 # larger tiles; the first of its lists also serves it without a term. On a GPU each launch shape runs the one
 # measured fastest there (:mod:`~switchbench.ops.tuned`); the first is the default, the interpreter's and a
 # capture's.
