@@ -143,9 +143,15 @@ def _pip(*args: str) -> None:
         raise RuntimeError(f"pip {args[0]}: {' '.join(errors)}")
 
 
-def build(folder: Path, source: Path, python_version: str | None = None, platforms=()) -> Wheelhouse:
+def build(
+    folder: Path,
+    source: Path,
+    python_version: str | None = None,
+    platforms=(),
+    node_python: str = NODE_PYTHON,
+) -> Wheelhouse:
     """Fill ``folder`` with the wheels the node needs; with a target (``python_version``, ``platforms``), the
-    binary ones too, fetched for it."""
+    binary ones too, fetched for it; without one, the test tools' binary ones, fetched for ``node_python``."""
     requirements = read_requirements(source)
     _usable_folder(folder)
     target = bool(python_version or platforms)
@@ -155,7 +161,7 @@ def build(folder: Path, source: Path, python_version: str | None = None, platfor
         # an sdist with compiled code builds a wheel for this machine only: the node must have that one too
         compiled = [w for w in built if not is_pure(w.name)]
         if not target:  # the test tools' binary wheels alone, for the GPU nodes
-            python_version, platforms = NODE_PYTHON, NODE_PLATFORMS
+            python_version, platforms = node_python, NODE_PLATFORMS
         fetch = [r for r in binary if target or canonical(r.name) in requirements.tools]
         fetched = _binary_wheels(fetch, python_version, platforms, Path(work, "target"))
         kept = [w for w in built if w not in compiled] + fetched

@@ -211,10 +211,16 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     (no index, no find-links of this machine) and is given --no-index: the wheelhouse alone must complete it."""
     if not _registry_reachable(tmp_path / "probe"):
         pytest.skip("the package registry is unreachable: the wheelhouse is built from it")
-    house = wheelhouse.build(tmp_path / "wheelhouse", ROOT)
+    # the emulated node runs this machine's Python: the test tools' binary wheels are fetched for it
+    this_python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    house = wheelhouse.build(tmp_path / "wheelhouse", ROOT, node_python=this_python)
     files = {wheelhouse.canonical(w.split("-")[0]): w for w in house.wheels}  # name-version-tags.whl
     assert {"switchbench", "fvcore", "iopath", "yacs", "termcolor", "tabulate", "setuptools"} <= set(files)
-    assert all(wheelhouse.is_pure(w) and not wheelhouse.is_node_own(n) for n, w in files.items())
+    tools = wheelhouse.read_requirements(ROOT).tools
+    assert "hypothesis" in files and "pytest" in tools
+    assert all(
+        (wheelhouse.is_pure(w) or n in tools) and not wheelhouse.is_node_own(n) for n, w in files.items()
+    )
     node_own = [wheelhouse.requirement_name(line) for line in house.node_must_have]
     assert node_own[0] == "torch" and "numpy" in node_own
 
@@ -253,7 +259,7 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     where = on_the_node(
         python,
         "-c",
-        "import fvcore, pytest_reportlog, switchbench, torch as t;"
+        "import fvcore, hypothesis, pytest_reportlog, switchbench, torch as t;"
         "print(switchbench.__file__, fvcore.__file__, t.__file__)",
     ).stdout.split()
     assert where[0].startswith(site) and where[1].startswith(site)  # from the wheelhouse
