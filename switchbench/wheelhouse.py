@@ -160,10 +160,10 @@ def build(
         built = _wheels(source, to_build, Path(work, "built"))
         # an sdist with compiled code builds a wheel for this machine only: the node must have that one too
         compiled = [w for w in built if not is_pure(w.name)]
-        if not target:  # the test tools' binary wheels alone, for the GPU nodes
-            python_version, platforms = node_python, NODE_PLATFORMS
-        fetch = [r for r in binary if target or canonical(r.name) in requirements.tools]
-        fetched = _binary_wheels(fetch, python_version, platforms, Path(work, "target"))
+        # without a target, the test tools' binary wheels alone, for the GPU nodes
+        fetch = binary if target else [r for r in binary if canonical(r.name) in requirements.tools]
+        where = (python_version, platforms) if target else (node_python, NODE_PLATFORMS)
+        fetched = _binary_wheels(fetch, *where, Path(work, "target"))
         kept = [w for w in built if w not in compiled] + fetched
         for wheel in kept:
             shutil.copy2(wheel, folder / wheel.name)
