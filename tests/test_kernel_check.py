@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from switchbench.bench.kernels import check as kernel_check
 from switchbench.bench.kernels import roofline
-from switchbench.bench.kernels.bench import Case, cases
+from switchbench.bench.kernels.bench import Case, attention_shapes, cases
 from switchbench.cli import main
 from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import flash as attention_flash
@@ -125,9 +125,27 @@ def test_all_experts_roofline_counts_by_hand():
     assert roofline.all_experts_passes(Case("k-1", 4, 2, 2, 2, 3, 1, 32, 16, True), 2) == []
 
 
+def test_flash_attention_is_checked_over_every_familys_distinct_window():
+    """At 262M and at its RoPE size, by the presets' heads: each family's query heads over the key heads it caches,
+    at its head width padded to a multiple of 16, with XL's term or none; a window two families share (dense's and
+    MoH's, SwitchHead's and SwitchAll's) once; MoA's 146-channel heads, wider than the kernel takes, not at all."""
+    found = {
+        (s.role, s.heads, s.key_heads, s.queries, s.keys, s.width, s.term) for s in attention_shapes("262m")
+    }
+    assert found == {
+        ("262m", 16, 16, 512, 1024, 64, True),  # dense: 16 heads of 64; a chunk of 512 and one cached
+        ("262m", 4, 4, 512, 1024, 112, True),  # SwitchHead: 4 heads of 112
+        ("262m", 16, 4, 512, 1024, 64, True),  # GQA: 16 query heads over 4
+        ("244m-rope", 16, 16, 1024, 1024, 64, False),  # RoPE: chunks of 1024, nothing cached
+        ("244m-rope", 4, 4, 1024, 1024, 112, False),  # SwitchHead's 100 channels padded to 112
+        ("244m-rope", 16, 4, 1024, 1024, 64, False),
+    }
+
+
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
-    """The expert matmul's and the flash attention's kernels to pipelined wgmma; the position bias's two copies, each router's Triton
+    """The expert matmul's and the flash attention's kernels to pipelined wgmma (flash attention's grouped and
+    RoPE windows too); the position bias's two copies, each router's Triton
     routing (the top-k for SwitchHead's four experts a head, the count and placement for every router) and
     all_experts' passes around its GEMMs to no tensor-core MMA."""
     assert main(["kernel-check", "--arch", "sm_90", "--dtype", "bf16", "--sizes", "262m", "--json"]) == 0
@@ -135,14 +153,19 @@ def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     rows = out["rows"]
     routers = {"262m switchhead-v", "262m switchhead-o", "262m moa-q", "262m sigma-moe-up"}
     expert_cases = {c.name for c in cases("262m", 1)[:-1]}
-    attention = {"262m transformer attention d64", "262m switchhead attention d112"}
+    widths = {  # every family's distinct window, XL's and RoPE's; MoA's 146-channel heads are refused
+        f"{role} {model} attention d{width}": width
+        for role in ("262m", "244m-rope")
+        for model, width in (("transformer", 64), ("switchhead", 112), ("gqa", 64))
+    }
+    attention = set(widths)
     assert {r["case"] for r in rows} == expert_cases | {"262m position bias"} | attention | {
         f"{name} routing" for name in routers
     } | {f"{name} all_experts" for name in expert_cases}
     flash = {(r["case"], r["kernel"], r["config"]) for r in rows if r["case"] in attention}
     assert flash == {  # every candidate the measured choice may pick
         (case, f"{kernel}{suffix}", attention_flash.config_label(config))
-        for case, width in (("262m transformer attention d64", 64), ("262m switchhead attention d112", 112))
+        for case, width in widths.items()
         for kernel, suffix in (
             ("forward", " (forward)"),
             ("key_block", "_backward (backward)"),

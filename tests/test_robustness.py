@@ -20,8 +20,10 @@ from switchbench.bench.timing import gate, speed
 from switchbench.cli import main
 from switchbench.core import results
 from switchbench.jobs import main_job
+from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import PRESETS
+from switchbench.ops.attention import choice as attention_choice
 from switchbench.reports import report
 from switchbench.train import checkpoint, text
 from switchbench.train import run as training
@@ -439,6 +441,23 @@ def test_triton_routing_off_cuda_without_its_interpreter_is_refused_first(
     where = "--routing" if named == "flag" else "SWITCHBENCH_ROUTING"
     fails_cleanly(capsys, argv, says=f"{where}=triton needs a CUDA device, or TRITON_INTERPRET=1")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_heads_wider_than_the_triton_attention_takes_are_refused_before_any_work(
+    tmp_path, monkeypatch, capsys
+):
+    """MoA's 262M heads (146 channels) are past the flash kernel's 128: speed names the preset before it builds or
+    times any group, and building the layer under that choice (what every other command does first) is refused."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    moa = registry.get("moa").roles["262m"]
+    assert PRESETS[moa].d_head == 146
+    monkeypatch.setattr(speed, "run", _no_work)
+    argv = ["speed", "--presets", "tiny-transformer", moa, "--attention", "triton", "--device", "cpu"]
+    fails_cleanly(capsys, [*argv, "--out", str(tmp_path / "out")], says=f"128 channels; {moa} has 146")
+    assert list(tmp_path.iterdir()) == []
+    with attention_choice.selected("triton"), pytest.raises(ValueError, match="a moa model has 146"):
+        registry.get("moa").attention(PRESETS[moa])
+    registry.get("moa").attention(PRESETS[registry.get("moa").roles["47m"]])  # 88 channels: built
 
 
 def test_triton_under_its_interpreter_is_accepted(monkeypatch, capsys):

@@ -21,7 +21,7 @@ import math
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, astuple, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
+from switchbench.bench.cost import scaling
 from switchbench.bench.cost.measure import free_memory, is_oom
 from switchbench.bench.timing.benches import unless_oom
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
@@ -44,7 +45,8 @@ from switchbench.core.sync import syncs_raise
 from switchbench.models import family as registry
 from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.presets import PRESETS
-from switchbench.ops.attention.kernels import sdpa_width
+from switchbench.ops.attention import choice as attention_choice
+from switchbench.ops.attention.kernels import flash_width
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
@@ -76,14 +78,42 @@ def cases(size: str, batch: int) -> list[Case]:
     return [*found, Case(f"{size} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]
 
 
-def attention_shapes(size: str) -> list[tuple[str, int, int, int, int]]:
-    """(model, heads, queries, keys, head width) of dense's and SwitchHead's training windows at ``size`` on Triton's
-    flash attention: a chunk over itself and its cached chunks, the heads padded as the kernel is given them."""
-    shapes = []
-    for model in ("transformer", "switchhead"):
-        cfg = PRESETS[registry.get(model).roles[size]]
-        shapes.append((model, cfg.n_heads, cfg.T, cfg.T * (1 + cfg.context_blocks), sdpa_width(cfg.d_head)))
-    return shapes
+@dataclass(frozen=True)
+class AttentionShape:
+    """A family's training window on Triton's flash attention, as its kernels are given it."""
+
+    role: str  # the preset's speed group: an XL size or its RoPE sibling
+    model: str
+    heads: int  # query heads
+    key_heads: int  # key and value heads: fewer where grouped (GQA's groups, MoA's one shared head)
+    queries: int
+    keys: int  # the chunk and its cached chunks
+    width: int  # head channels, padded as the kernel is given them
+    term: bool  # Transformer-XL's position term (RoPE has none)
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.model} attention d{self.width}"
+
+
+def attention_shapes(size: str) -> list[AttentionShape]:
+    """The distinct training windows of every family at ``size`` and at its RoPE sibling (a family running
+    another's attention, as SwitchAll runs SwitchHead's, adds none), each named by its first family. Its key heads
+    are those the family caches for decoding; a family with no cache, or heads wider than the kernel takes (MoA at
+    262M: 146 channels; ``--attention triton`` refuses it), has none."""
+    families = [f for f in registry.families() if f.attention_name in (None, "dense") and f.kv_cache]
+    found: dict[tuple, AttentionShape] = {}  # by everything but the role and the family
+    for role in scaling.SIZES[size]:
+        for family in (f for f in families if role in f.roles):
+            cfg = PRESETS[family.roles[role]]
+            keys = next(entry for entry in family.kv_cache(cfg) if entry.name == "k")
+            S, term = cfg.T * (1 + cfg.context_blocks), cfg.pos == "xl"
+            shape = AttentionShape(
+                role, family.name, cfg.n_heads, keys.heads, cfg.T, S, flash_width(cfg.d_head), term
+            )
+            if shape.width <= attention_choice.WIDEST["triton"]:
+                found.setdefault(astuple(shape)[2:], shape)
+    return list(found.values())
 
 
 ALIGN = 16  # elements: the kernel-only views' rows are padded to it (16 bytes and more for every dtype)

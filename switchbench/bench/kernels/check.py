@@ -224,9 +224,9 @@ def _jobs(archs, dtypes, sizes) -> list[tuple[dict, tuple]]:
 
 def _launches(size: str, dtype: torch.dtype):
     """(case, module, pass, kernel, arguments, constexprs, configuration) of every launch to compile at ``size``:
-    each autotune configuration of the expert matmul's cases; the position bias at the dense preset's window and
-    each router's Triton routing (``--routing triton``), with the configuration the JIT gives a launch that names
-    none."""
+    each autotune configuration of the expert matmul's cases; the position bias at the dense preset's window; each
+    candidate of flash attention over every family's window; and each router's Triton routing (``--routing
+    triton``), with the configuration the JIT gives a launch that names none."""
     import triton
 
     from switchbench.ops.attention import flash, position_kernels
@@ -244,13 +244,14 @@ def _launches(size: str, dtype: torch.dtype):
     for phase, fn, args, constants in position_kernels.launches(t, S, dtype):
         config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
         yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
-    # Triton's flash attention (--attention triton) at each family's head width: dense's and SwitchHead's
-    for model, heads, t, S, width in attention_shapes(size):
-        for phase, fn, args, constants in flash.launches(1, heads, t, S, width, dtype):
+    # Triton's flash attention (--attention triton) over every family's distinct window, XL's and RoPE's
+    for shape in attention_shapes(size):
+        dims = (shape.heads, shape.key_heads, shape.queries, shape.keys, shape.width)
+        for phase, fn, args, constants in flash.launches(1, *dims, dtype, shape.term):
             blocks = {name: constants.pop(name) for name in ("BLOCK_M", "BLOCK_N")}
             warps, stages = constants.pop("num_warps"), constants.pop("num_stages")
             config = triton.Config(blocks, num_warps=warps, num_stages=stages)
-            yield f"{size} {model} attention d{width}", FLASH_KERNELS, phase, fn, args, constants, config
+            yield shape.label, FLASH_KERNELS, phase, fn, args, constants, config
     routings: dict[tuple, str] = {}  # each router's shape, named by the first case it drives
     for c in cases(size, batch=1):
         if c.n_experts > 1:

@@ -13,6 +13,7 @@ import torch
 from switchbench.bench.command import DTYPES, device_from_args
 from switchbench.bench.kernels.bench import (
     SIZES,
+    AttentionShape,
     attention_shapes,
     case_rows,
     cases,
@@ -34,31 +35,38 @@ AUTO_TABLE = Path(choice.__file__).with_name("data") / "expert_matmul_auto.json"
 BATCHES = (8, 16, 32, 64)
 
 
+# The windows the chain times on Triton's attention (its speed-practitioner-262m-triton step): dense's and
+# SwitchHead's, with Transformer-XL's term; kernel-check compiles every family's
+TUNED_ATTENTION = ("transformer", "switchhead")
+
+
 def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, dict[str, str]]:
     """The configuration measured fastest per kernel and shape key: the expert matmul's after a forward and backward
-    of every case at every batch, flash attention's after one of dense's and SwitchHead's windows at the largest
-    batch (its keys leave the batch out)."""
+    of every case at every batch, flash attention's after one of each TUNED_ATTENTION window at the largest batch
+    (its keys leave the batch out)."""
     with tuning.retuning():
         for size in sizes:
             for batch in batches:
                 for case in cases(size, batch):
                     outputs(case, make_inputs(case, "cuda", dtype), "triton")
-            for _, heads, t, S, width in attention_shapes(size):
-                _flash_attention(max(batches), heads, t, S, width, dtype)
+            for shape in attention_shapes(size):
+                if shape.term and shape.model in TUNED_ATTENTION:
+                    _flash_attention(max(batches), shape, dtype)
     table: dict[str, dict[str, str]] = {}
     for (kernel, key), label in sorted(tuning.chosen().items()):
         table.setdefault(kernel, {})[key] = label
     return table
 
 
-def _flash_attention(batch: int, heads: int, t: int, S: int, width: int, dtype: torch.dtype) -> None:
-    """A forward and backward of Triton's flash attention over a causal window of t queries and S keys with
-    Transformer-XL's term, as a training step runs it: every launch is measured and recorded."""
+def _flash_attention(batch: int, shape: AttentionShape, dtype: torch.dtype) -> None:
+    """A forward and backward of Triton's flash attention over ``shape``'s causal window, as a training step runs
+    it: every launch is measured and recorded."""
     from switchbench.ops.attention import flash
 
-    q = torch.randn(batch, heads, t, width, device="cuda", dtype=dtype)
-    k, v = torch.randn(2, batch, heads, S, width, device="cuda", dtype=dtype)
-    pos = torch.randn(batch, heads, t, S, device="cuda", dtype=dtype)
+    t, S, width = shape.queries, shape.keys, shape.width
+    q = torch.randn(batch, shape.heads, t, width, device="cuda", dtype=dtype)
+    k, v = torch.randn(2, batch, shape.key_heads, S, width, device="cuda", dtype=dtype)
+    pos = torch.randn(batch, shape.heads, t, S, device="cuda", dtype=dtype) if shape.term else None
     window = make_window(S - t, S - t, t, t, S // t - 1, causal=True, device="cuda")
     o, lse = flash.forward(q, k, v, pos, window.mask, width**-0.5)
     flash.backward(torch.randn_like(o), q, k, v, pos, window.mask, o, lse, width**-0.5)

@@ -46,6 +46,7 @@ from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.presets import OVERRIDES, PRESETS, from_name
+from switchbench.ops.attention import choice as attention_choice
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
 GROUPS = {group: registry.role_presets(group) for group in registry.SPEED_GROUPS}
@@ -417,6 +418,8 @@ def _measure(args, device: str, world: distributed.World) -> int:
             "--cuda-graphs needs one process on a CUDA device: CUDA graphs capture one GPU's work"
         )
     groups, scopes = _groups(args, device)
+    for preset in dict.fromkeys(p for presets in groups.values() for p in presets):
+        attention_choice.check_width(from_name(preset).d_head, preset)
     # on the CPU the clock then times the computation, not page faults (timing/heap.py)
     allocator = keep_freed_memory() if device == "cpu" else "as is"
     with intra_op_threads(threads):

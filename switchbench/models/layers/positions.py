@@ -5,6 +5,7 @@ from torch import nn
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.attention_rope import RoPEAttention
 from switchbench.models.layers.attention_xl import XLAttention
+from switchbench.ops.attention import choice as attention_choice
 
 
 def positional_attention(
@@ -16,6 +17,7 @@ def positional_attention(
     models have them (dense: both; MoA: its temperature; SwitchHead: neither); ``xl_bias_and_scale`` False turns
     them off for every family.
     """
+    attention_choice.check_width(cfg.d_head, f"a {cfg.model} model")
     if cfg.pos == "xl":
         extras = cfg.xl_bias_and_scale
         return XLAttention(

@@ -13,6 +13,9 @@ CHOICES = ("auto", *BACKENDS)
 ENV = "SWITCHBENCH_ATTENTION"
 NEEDS_CUDA = {"flex": "torch has no FlexAttention backward on the CPU"}  # a backend, and why it needs CUDA
 NEEDS_TRITON = ("triton",)  # backends of Triton kernels: CUDA, or the CPU in Triton's interpreter
+# The widest heads (channels) a backend takes, where it has a limit: Triton's flash attention holds a block's dK and
+# dV for a whole head in registers, and past 128 channels every key-block candidate spilled on sm_90
+WIDEST = {"triton": 128}
 # auto on the CPU keeps Transformer-XL's logits explicit: SDPA with an additive bias was slower there (the 47M dense
 # layer's forward+backward 190 ms against 166 ms, one thread), and the exact memory counts (cost.softmax_attention)
 # and the CPU gate's baseline describe the explicit path
@@ -45,3 +48,14 @@ def resolve(device_type: str, biased: bool, maps: bool) -> str:
     key = f"{device_type} | {'position bias' if biased else 'no bias'}{' | maps' if maps else ''}"
     _CHOICE.record(key, backend)
     return backend
+
+
+def check_width(d_head: int, what: str) -> None:
+    """A ValueError when the backend named in force cannot run heads of ``d_head`` channels (``what`` names the
+    model), so that a command refuses before its work, not at its first forward."""
+    named = choice()
+    if d_head > WIDEST.get(named, d_head):
+        raise ValueError(
+            f"--attention {named} takes heads of at most {WIDEST[named]} channels; {what} has {d_head} "
+            "(use sdpa, or leave it out)"
+        )

@@ -32,6 +32,7 @@ from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
 from switchbench.ops import tuned as tuning
+from switchbench.ops.attention import choice
 
 
 @triton.jit
@@ -392,29 +393,28 @@ def _dq_from_term(
 
 
 # Candidate (BLOCK_M, BLOCK_N, warps, stages) of each kernel by the widest head it serves, heads being a multiple of
-# 8 channels wide (the caller pads them; at 76 the rows' misalignment spilled every backward). With XL's term, a
-# causal mask and a key head for each query head (what kernel-check compiles) every candidate compiles for sm_90
-# without a spill, each product a pipelined wgmma (at 4 warps the key-block backward spilled at every width).
-# Grouped heads, no mask or no term are not compiled there; a review under triton 3.9 saw a few candidates spill
-# in them (up to 912 bytes): a cost in time, not in correctness, and each candidate is timed before one is kept. The query blocks' kernel then makes one product a tile and takes
-# larger tiles; the first of its lists also serves it without a term. On a GPU each launch shape runs the one
-# measured fastest there (:mod:`~switchbench.ops.tuned`); the first is the default, the interpreter's and a
-# capture's.
+# 16 channels wide (the caller pads them: at 76, 88 or 104 channels the rows' misalignment spilled). Over every
+# family's training window at 47M and 262M, XL's and RoPE's (grouped heads or not, the term or none, a causal mask:
+# what kernel-check compiles), every candidate compiles for sm_90 without a spill and within a block's shared
+# memory, each product a pipelined wgmma (at 4 warps the key-block backward spilled at every width). With the term
+# the query blocks' kernel makes one product a tile and takes larger tiles; the first of its lists also serves it
+# without one. On a GPU each launch shape runs the one measured fastest there (:mod:`~switchbench.ops.tuned`); the
+# first is the default, the interpreter's and a capture's.
 CONFIGS = {
     "forward": {
         64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)],
         128: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
     },
     "key_block": {
-        64: [(64, 64, 8, 2), (32, 64, 8, 3), (64, 64, 8, 3), (16, 64, 8, 3)],
-        128: [(32, 64, 8, 3), (16, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 2)],
+        64: [(64, 64, 8, 2), (32, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 3)],
+        128: [(32, 64, 8, 3), (16, 64, 8, 3), (16, 64, 8, 4), (16, 64, 8, 2)],
     },
     "query_block": {
         64: [(64, 64, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3), (64, 128, 4, 3)],
-        128: [(64, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3), (128, 32, 8, 2)],
+        128: [(64, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 2)],
     },
 }
-WIDEST = 128  # channels a head may have
+WIDEST = choice.WIDEST["triton"]  # channels a head may have
 
 
 def forward(
@@ -633,29 +633,31 @@ def _common(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> di
 
 
 def launches(
-    B: int, H: int, t: int, S: int, D: int, dtype: torch.dtype
+    B: int, H: int, Hk: int, t: int, S: int, D: int, dtype: torch.dtype, term: bool = True
 ) -> list[tuple[str, object, tuple, dict]]:
     """(pass, kernel, arguments, constexprs with the launch's configuration) of each candidate of the three
-    launches of a causal window of t queries over S keys with the term, on meta tensors: what kernel-check
-    compiles ahead of time."""
+    launches of a causal window of t queries of H heads over S keys of Hk heads, with the term or without, on meta
+    tensors: what kernel-check compiles ahead of time."""
     meta = {"dtype": dtype, "device": "meta"}
-    q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, H, S, D, **meta)
-    pos, mask = torch.empty(B, H, t, S, **meta), torch.empty(t, S, dtype=torch.bool, device="meta")
+    q, k = torch.empty(B, H, t, D, **meta), torch.empty(B, Hk, S, D, **meta)
+    pos = torch.empty(B, H, t, S, **meta) if term else None
+    mask = torch.empty(t, S, dtype=torch.bool, device="meta")
     lse = torch.empty(B * H, t, dtype=accumulated(dtype), device="meta")
     common = _common(q, k, pos, mask)
     shared = (*common["sizes"], *common["strides"])
     pointers = (*common["pointers"], torch.empty(1, 2, dtype=torch.int32, device="meta"))
+    dpos = q if pos is None else pos  # as backward passes it
     kernels = {
         "forward": ("forward", _forward_kernel, (q, k, k, *pointers, q, lse, *shared, 1.0)),
         "key_block": (
             "backward",
             _key_block_backward_kernel,
-            (q, k, k, *pointers, q, lse, lse, k, k, pos, *shared, 1.0),
+            (q, k, k, *pointers, q, lse, lse, k, k, dpos, *shared, 1.0),
         ),
         "query_block": (
             "backward",
             _query_block_backward_kernel,
-            (q, k, k, *pointers, q, lse, lse, q, pos, *shared, 1.0),
+            (q, k, k, *pointers, q, lse, lse, q, dpos, *shared, 1.0),
         ),
     }
     return [
