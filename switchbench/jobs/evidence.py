@@ -1083,7 +1083,13 @@ def register(commands) -> None:
         help="default: cuda when available; on the CPU a rehearsal on tiny presets",
     )
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for this call (default 540)")
-    parser.add_argument("--only", nargs="+", choices=[s.name for s in STEPS], help="these steps alone")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=[s.name for s in STEPS],
+        metavar="STEP",
+        help="these steps alone (--list names them)",
+    )
     parser.add_argument("--retry-failed", action="store_true", help="run failed steps again")
     parser.add_argument("--results", default="results", help="where the figures go (default: results)")
     parser.add_argument("--runs", default="runs", help="where the ListOps models are trained (default: runs)")
