@@ -183,7 +183,10 @@ def test_a_speed_row_on_the_kernel_says_so():
 
 # In the fast loop the second candidates alone: they change every kernel's blocks from the first, which every other
 # test of the kernel runs
-@pytest.mark.parametrize("index", [pytest.param(i, marks=() if i == 1 else pytest.mark.slow) for i in range(4)])
+INDICES = [pytest.param(i, marks=() if i == 1 else pytest.mark.slow) for i in range(4)]
+
+
+@pytest.mark.parametrize("index", INDICES)
 @pytest.mark.parametrize("D", [16, pytest.param(72, marks=pytest.mark.slow)], ids=["table-64", "table-128"])
 def test_every_candidate_configuration_is_the_explicit_attention(monkeypatch, unwritten_is_nan, D, index):
     """Each configuration the measured choice may pick, pinned for all three kernels: several blocks each way,
