@@ -162,6 +162,7 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
         (["decode", "--batches", "0"], "must be >= 1"),
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
         (["decode", "--prefill-rounds", "0"], "prefill rounds must be"),
+        (["decode", "--threads", "0"], "--threads must be >= 1; got 0"),
     ],
 )
 def test_bad_input(capsys, argv, message):

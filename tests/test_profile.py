@@ -241,8 +241,11 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     page = render({"profile": load_profile(tmp_path)}, {})
     assert "Where a training step" in page and page.count("tiny-switchhead<br>") == 2
     assert "MoE overhead: routing and expert matmul" in page
-    assert main([*args, "--out", str(out)]) == 0
-    assert "tiny-switchhead, train step: MoE overhead " in capsys.readouterr().out
+    assert main([*args, "--top", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-switchhead, train step: MoE overhead " in text
+    listed = text.split("top 2 kernels of each step, per step:\n")[1].splitlines()[1:-1]  # below its header
+    assert sorted(line.split()[0] for line in listed) == ["tiny-switchhead"] * 2 + ["tiny-transformer"] * 2
 
 
 def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():

@@ -282,6 +282,19 @@ CHECKPOINT_DAMAGE = {
 }
 
 
+def test_two_checkpoints_of_one_name_are_refused_before_any_work(run_folder, tmp_path, capsys):
+    """Runs are named by their folders: two of one name (a run and its copy elsewhere) would share each figure's
+    and table's keys. The analysis crashed with a KeyError after writing 35 files."""
+    copy = tmp_path / "elsewhere" / run_folder.name
+    copy.mkdir(parents=True)
+    for name in ("checkpoint.pt", "log.csv"):
+        (copy / name).write_bytes((run_folder / name).read_bytes())
+    out = tmp_path / "analysis"
+    argv = ["analyze", str(run_folder / "checkpoint.pt"), str(copy / "checkpoint.pt"), "--out", str(out)]
+    fails_cleanly(capsys, argv, says=f"two checkpoints are named {run_folder.name}")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
 @pytest.mark.parametrize("command", ["analyze", "train --resume"])
 def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, tmp_path, capsys):
@@ -488,7 +501,10 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
         (["--text", "tempest.txt"], "--text and --hf-dataset are for --task lm"),
         (["--stop-at", "1.5"], "stop_at is a ListOps validation accuracy in [0, 1]"),
         (["--stop-at", "nan"], "stop_at is a ListOps validation accuracy in [0, 1]"),
-        (["--task", "lm", "--stop-at", "0.5"], "stop_at is a ListOps validation accuracy in [0, 1]"),
+        (
+            ["--task", "lm", "--stop-at", "0.5"],
+            "stop_at is a ListOps validation accuracy: the lm task has none",
+        ),
     ],
 )
 def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):

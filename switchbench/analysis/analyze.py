@@ -124,7 +124,11 @@ def explore(
 
 def _load(paths: list[Path]) -> list[dict]:
     """The checkpoints, named, if they can be analysed together: one task, one sequence length."""
-    runs = [checkpoint.load(p) | {"name": _name(p)} for p in paths]
+    names = [_name(p) for p in paths]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # each model's figures, rows and pairs are keyed by its name
+        raise ValueError(f"two checkpoints are named {', '.join(repeated)}: analyse runs of different names")
+    runs = [checkpoint.load(p) | {"name": name} for p, name in zip(paths, names, strict=True)]
     if len({r["task"] for r in runs}) > 1:
         raise ValueError("the checkpoints are of different tasks; analyse ListOps and LM runs apart")
     if len({r["cfg"].T for r in runs}) > 1:

@@ -81,10 +81,10 @@ class TrainConfig:
         for name in ("lr", "clip"):
             if not 0 < getattr(self, name) < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0; got {getattr(self, name)}")
-        if self.stop_at is not None and (self.task != "listops" or not 0 <= self.stop_at <= 1):
-            raise ValueError(
-                f"stop_at is a ListOps validation accuracy in [0, 1]; got {self.stop_at} for {self.task}"
-            )
+        if self.stop_at is not None and self.task != "listops":
+            raise ValueError(f"stop_at is a ListOps validation accuracy: the {self.task} task has none")
+        if self.stop_at is not None and not 0 <= self.stop_at <= 1:
+            raise ValueError(f"stop_at is a ListOps validation accuracy in [0, 1]; got {self.stop_at}")
         if not 0 <= self.seed < 2**64:  # torch.manual_seed takes a 64-bit unsigned seed
             raise ValueError(f"seed must be in [0, 2**64); got {self.seed}")
         if self.task == "listops" and (self.text or self.hf_dataset):

@@ -371,6 +371,8 @@ def _run(args) -> int:
     batches, contexts = args.batches or GRIDS[device][0], args.contexts or GRIDS[device][1]
     if min(batches) < 1 or min(contexts) < 1 or min(args.rounds, args.prefill_rounds) < 1 or args.warmup < 0:
         raise ValueError("batches, contexts, rounds and prefill rounds must be >= 1 and warmup >= 0")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1; got {args.threads}")
     if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
         raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
     groups = preset_groups(args.presets, args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS))

@@ -505,6 +505,12 @@ def _run(args) -> int:
     print(side_by_side(rows).to_string())
     for line in overhead_lines(rows):
         print(line)
+    kernels = pd.DataFrame([r for r in rows if r["kind"] == "kernel"])
+    if not kernels.empty:
+        print(f"\ntop {args.top} kernels of each step, per step:")
+        kernels = kernels.assign(ms=kernels.ms.round(2), fraction=kernels.fraction.map("{:.1%}".format))
+        columns = ["preset", "what", "share", "ms", "fraction", "calls", "name"]
+        print(kernels[columns].to_string(index=False, max_colwidth=60))
     print(f"saved {path}")
     return 0
 

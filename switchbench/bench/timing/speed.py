@@ -342,7 +342,9 @@ def register(commands) -> None:
         "batch on one GPU)",
     )
     parser.add_argument(
-        "--groups", nargs="+", help="preset groups (default: 47M and 262M on a GPU, tiny on CPU)"
+        "--groups",
+        nargs="+",
+        help=f"preset groups (default: {', '.join(GPU_GROUPS)} on a GPU, {', '.join(CPU_GROUPS)} on the CPU)",
     )
     parser.add_argument("--presets", nargs="+", help="one custom group: the first is the baseline")
     parser.add_argument("--scopes", nargs="+", choices=["model", "layer"], default=["model", "layer"])
