@@ -92,6 +92,7 @@ def test_the_default_analysis_fits_in_3_mib(tmp_path):
     on training (8 bits a cell, every cell kept), so untrained models measure it."""
     presets = ("listops-transformer-h8", "listops-switchhead-h2", "listops-transformer-h8")
     paths = [_checkpoint(tmp_path / str(seed), "listops", p, seed) for seed, p in enumerate(presets)]
+    paths[2] = paths[2].parent.rename(paths[2].parent.with_name(f"{presets[2]}-seed1")) / paths[2].name
     page = analyze.explore(paths, tmp_path, sample=analyze.SAMPLE)
     assert page.stat().st_size <= 3 * 2**20
     assert page.read_text().count('"name":"sample') == explorer.SEQUENCES - 1
