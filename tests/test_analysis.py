@@ -146,6 +146,14 @@ def test_run_names_hold_the_task_once():
     assert run_name("listops", "listops-switchhead-h2") == "listops-switchhead-h2"
     assert run_name("lm", "tiny-switchhead") == "lm-tiny-switchhead"
     assert run_name("listops", "listops-transformer-h8", seed=1) == "listops-transformer-h8-seed1"
+    # a preset with changes names a folder without a colon or a comma
+    assert run_name("lm", "tiny-moa:n_layers=1,T=64") == "lm-tiny-moa-n_layers=1-T=64"
+
+
+def test_a_preset_with_changes_trains_the_changed_configuration():
+    """`train --preset NAME:field=value,...` as every command that takes a preset; it was refused as unknown."""
+    cfg = TrainConfig("listops", "listops-switchhead-h2:n_layers=1,d_model=32")
+    assert cfg.model_config == PRESETS["listops-switchhead-h2"].replace(n_layers=1, d_model=32)
 
 
 @pytest.fixture(scope="module")

@@ -104,6 +104,16 @@ def test_cli_params_json_overrides_the_preset(capsys):
     assert out["per_layer"]["attention"] == 2 * 412 * 336 + 2 * 15 * 412 * 112 + 2 * 412 * 15 + 412 * 336
 
 
+@pytest.mark.parametrize(("dense", "moa"), [("transformer", "moa"), ("dense", "moa")])
+def test_every_flag_that_names_a_family_takes_its_name_or_its_key(dense, moa, capsys):
+    """The dense family is `transformer` in a configuration and `dense` to train and quality; each flag used to
+    refuse the other's spelling. Both now name the same family: params reads them as a configuration's name."""
+    assert main(["params", "c4-47m-switchhead-h2", "--model", dense, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["model"] == "transformer"
+    assert main(["params", "c4-47m-switchhead-h2", "--model", moa, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["config"]["model"] == "moa"
+
+
 @pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_cli_presets_lists_every_preset(capsys):
     assert main(["presets", "--json"]) == 0

@@ -248,6 +248,18 @@ def test_write_refuses_a_baseline_that_gates_no_speedup(tmp_path, capsys):
     assert "refusing to write" in capsys.readouterr().err and not (tmp_path / "b.json").exists()
 
 
+def test_write_refuses_runs_too_short_to_be_checked_themselves(tmp_path, capsys):
+    """A baseline of 3-round runs was written, though a run of 3 rounds cannot be checked (its interval needs 6):
+    its medians are that noisy. 6 rounds are enough."""
+    short = _write(tmp_path / "short.json", _run_like(_committed(), rounds=5))
+    assert main(["check", str(short), "--baseline", str(tmp_path / "b.json"), "--write"]) == 2
+    err = capsys.readouterr().err
+    assert "refusing to write" in err and "5 rounds are too few" in err and "more --rounds" in err
+    assert not (tmp_path / "b.json").exists()
+    enough = _write(tmp_path / "enough.json", _run_like(_committed(), rounds=6))
+    assert main(["check", str(enough), "--baseline", str(tmp_path / "b.json"), "--write"]) == 0
+
+
 def test_op_calls_are_hand_counted_and_deterministic():
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     assert count_op_calls(lambda: torch.add(a, b)) == 1

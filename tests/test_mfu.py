@@ -47,23 +47,30 @@ def test_each_logged_interval_carries_its_mfu(task, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("ms", "rows"),
+    ("ms", "rows", "best"),
     [
-        ({128: 0.1, 256: 0.8, 512: 6.0, 1024: 45.0}, 1024),  # float32: up to the largest, each under 20 ms
-        ({128: 3.0, 256: 25.0, 512: 200.0, 1024: 1600.0}, 256),  # bf16 without the CPU's support
+        (
+            {128: 0.1, 256: 0.4, 512: 6.0, 1024: 45.0},
+            1024,
+            256,
+        ),  # float32: up to the largest, each under 20 ms
+        ({128: 1.0, 256: 25.0, 512: 200.0, 1024: 1600.0}, 256, 128),  # bf16 without the CPU's support
     ],
     ids=["fast", "slow"],
 )
-def test_the_cpu_peak_is_measured_on_the_largest_product_that_takes_a_moment(monkeypatch, ms, rows):
+def test_the_cpu_peak_is_the_best_rate_of_products_up_to_one_that_takes_a_moment(monkeypatch, ms, rows, best):
     """On the CPU the yardstick product doubles from 128 rows until one takes 20 ms (at most 1024): bf16 without the
-    CPU's support took 2.6 s a product of 1024, half a minute of every bf16 command. The peak is the chosen
-    size's FLOPs over its median time, and no larger product is built."""
+    CPU's support took 2.6 s a product of 1024, half a minute of every bf16 command. The CPU's rate is not monotone
+    in size, so the peak is the best rate of every size tried (each at its fastest timed call), and no larger
+    product is built. Each size's fastest call here is 10% faster than its others."""
     sizes = []
 
-    def timed(product) -> float:  # a product of n rows takes ms[n]
+    def timed(product) -> float:  # a product of n rows takes ms[n], its fourth timed call 10% less
         sizes.append(product.args[0].shape[0])
-        return ms[sizes[-1]]
+        return ms[sizes[-1]] * (0.9 if sizes.count(sizes[-1]) == 8 else 1.0)
 
     monkeypatch.setattr(timer, "Timer", lambda device: timed)
-    assert timer.matmul_peak_tflops("cpu", torch.float32) == 2 * rows**3 / ms[rows] / 1e9
-    assert sizes == sorted(sizes) and max(sizes) == rows and sizes[-13:] == [rows] * 13  # warm-up, timed
+    assert timer.matmul_peak_tflops("cpu", torch.float32) == pytest.approx(
+        2 * best**3 / (0.9 * ms[best]) / 1e9
+    )
+    assert sizes == sorted(sizes) and max(sizes) == rows and sizes.count(rows) == 14  # sized, warm-up, timed

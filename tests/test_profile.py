@@ -206,10 +206,12 @@ def test_share_rules(unit, expected):
 
 @pytest.mark.slow  # times a profiled step
 def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path: Path, capsys):
+    """The dense member is a preset with a change (NAME:field=value), as every command that takes a preset takes one;
+    profile used to refuse it."""
     out = tmp_path / "profile"
     args = [
         "profile",
-        "tiny-transformer",
+        "tiny-transformer:d_ff=96",
         "tiny-switchhead",
         "--device",
         "cpu",
@@ -222,10 +224,10 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     printed = json.loads(capsys.readouterr().out)
     saved = Path(printed["saved"])
     assert saved.parent == out / saved.parent.name and saved.with_suffix(".csv").exists()
-    assert printed["metadata"]["presets"] == ["tiny-transformer", "tiny-switchhead"]
+    assert printed["metadata"]["presets"] == ["tiny-transformer:d_ff=96", "tiny-switchhead"]
     assert printed["metadata"]["expert_matmul"] == "auto" and printed["metadata"]["expert_matmul_resolved"]
     assert {(r["preset"], r["what"]) for r in printed["rows"]} == {
-        (p, w) for p in ("tiny-transformer", "tiny-switchhead") for w in ("train step", "forward")
+        (p, w) for p in ("tiny-transformer:d_ff=96", "tiny-switchhead") for w in ("train step", "forward")
     }
     overhead = {r["what"]: r for r in printed["rows"] if r["kind"] == "moe overhead"}
     assert {r["preset"] for r in overhead.values()} == {"tiny-switchhead"} and set(overhead) == {
@@ -245,7 +247,10 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     text = capsys.readouterr().out
     assert "tiny-switchhead, train step: MoE overhead " in text
     listed = text.split("top 2 kernels of each step, per step:\n")[1].splitlines()[1:-1]  # below its header
-    assert sorted(line.split()[0] for line in listed) == ["tiny-switchhead"] * 2 + ["tiny-transformer"] * 2
+    assert (
+        sorted(line.split()[0] for line in listed)
+        == ["tiny-switchhead"] * 2 + ["tiny-transformer:d_ff=96"] * 2
+    )
 
 
 def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():
@@ -285,7 +290,8 @@ def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monk
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["no-such-preset"], "unknown presets"),
+        (["no-such-preset"], "unknown preset 'no-such-preset'"),
+        (["tiny-switchhead:d_ff=many"], "d_ff must be int; got 'many'"),
         (["tiny-switchhead", "--steps", "0"], "must be >= 1"),
         (["tiny-switchhead", "--fit-from", "0"], "must be >= 1"),
         (["tiny-switchhead", "--batch", "2", "--fit-from", "4"], "--batch and --fit-from: give one"),

@@ -505,6 +505,17 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
             ["--task", "lm", "--stop-at", "0.5"],
             "stop_at is a ListOps validation accuracy: the lm task has none",
         ),
+        (["--resume", "--force"], "--resume continues the folder's run and --force replaces it: give one"),
+        (
+            ["--model", "gqa", "--preset", "listops-switchhead-h2"],
+            "--model gqa contradicts --preset listops-switchhead-h2, a switchhead model",
+        ),
+        (  # the configuration's name for the family is read as train's: the refusal names it as train does
+            ["--model", "transformer", "--preset", "listops-switchhead-h2"],
+            "--model dense contradicts --preset listops-switchhead-h2, a switchhead model",
+        ),
+        (["--preset", "listops-switchhead-h2:n_heads=two"], "n_heads must be int; got 'two'"),
+        (["--preset", "listops-switchhead-h3"], "unknown preset 'listops-switchhead-h3'; did you mean"),
     ],
 )
 def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):

@@ -303,7 +303,11 @@ def register(commands) -> None:
         "--quick", action="store_true", help="2 seeds, 100k tokens a run (a few minutes on a CPU)"
     )
     parser.add_argument(
-        "--families", nargs="+", choices=FAMILIES, help="default: all; differences are to dense"
+        "--families",
+        nargs="+",
+        type=registry.as_key,
+        choices=FAMILIES,
+        help="default: all; differences are to dense",
     )
     parser.add_argument(
         "--presets",

@@ -48,6 +48,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
+            kind = registry.as_name if field.name == "model" else kind
             metavar = "|".join(choices[field.name]) if field.name in choices else field.name.upper()
             group.add_argument(
                 flag, dest=field.name, type=kind, choices=choices.get(field.name), metavar=metavar

@@ -168,6 +168,17 @@ def by_key(key: str) -> Family:
     return found[key]
 
 
+def as_name(text: str) -> str:
+    """``text`` as a configuration's model name: a family's key (dense) read as its name (transformer). An
+    argparse ``type``: every flag that names a family takes either spelling; anything else is left to ``choices``."""
+    return next((f.name for f in families() if text in (f.name, f.key)), text)
+
+
+def as_key(text: str) -> str:
+    """``text`` as a family's key: its name (transformer) read as its key (dense); see :func:`as_name`."""
+    return next((f.key for f in families() if text in (f.name, f.key)), text)
+
+
 def keys(role: str | None = None) -> tuple[str, ...]:
     """The families' keys, of those with a preset for ``role`` when given; dense first."""
     return tuple(f.key for f in families() if role is None or role in f.roles)

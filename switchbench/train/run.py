@@ -29,7 +29,7 @@ from switchbench.core.results import writable_folder, write_csv
 from switchbench.core.schema import read_table
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import OVERRIDES, from_name
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.train import checkpoint, listops, text
 
@@ -47,6 +47,7 @@ def run_name(task: str, preset: str, seed: int = 0) -> str:
     """The run folder's name: the preset, prefixed with the task unless the preset's name already starts with it
     (``listops-switchhead-h2``, ``lm-tiny-switchhead``), and the seed when it is not the default."""
     name = preset if preset.startswith(f"{task}-") else f"{task}-{preset}"
+    name = name.replace(OVERRIDES, "-").replace(",", "-")  # NAME:n_layers=3,T=64 -> NAME-n_layers=3-T=64
     return name if seed == 0 else f"{name}-seed{seed}"
 
 
@@ -65,14 +66,15 @@ class TrainConfig:
     device: str = "cpu"
     text: str | None = None  # lm: a text file instead of the embedded default
     hf_dataset: str | None = None  # lm: a Hugging Face dataset saved on disk
-    model: ModelConfig | None = None  # a configuration that is no preset, named by ``preset``
+    # a configuration that is no preset, named by ``preset``; else the preset, or NAME:field=value,... of one
+    model: ModelConfig | None = None
     stop_at: float | None = None  # ListOps: stop once STOP_AFTER evaluations in a row reach this accuracy
 
     def __post_init__(self):
         if self.task not in ("listops", "lm"):
             raise ValueError(f"task must be one of listops, lm; got {self.task!r}")
-        if self.model is None and self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}")
+        if self.model is None:
+            from_name(self.preset)  # a ValueError names the closest presets, or what is wrong with a change
         if self.model_config.causal != (self.task == "lm"):
             raise ValueError(f"preset {self.preset} is for {'lm' if self.model_config.causal else 'listops'}")
         for name in ("steps", "batch", "eval_every"):
@@ -92,7 +94,7 @@ class TrainConfig:
 
     @property
     def model_config(self) -> ModelConfig:
-        return self.model or PRESETS[self.preset]
+        return self.model or from_name(self.preset)
 
 
 def learning_rate(step: int, cfg: TrainConfig) -> float:
@@ -342,8 +344,16 @@ def register(commands) -> None:
         "train", help="train a small model for the routing analysis (CPU by default)"
     )
     parser.add_argument("--task", choices=["listops", "lm"], default="listops")
-    parser.add_argument("--model", choices=registry.keys(), default="switchhead")
-    parser.add_argument("--preset", help="default: listops-<model>-h<H> for ListOps, tiny-<model> for LM")
+    parser.add_argument(
+        "--model",
+        type=registry.as_key,
+        choices=registry.keys(),
+        help="default: the preset's, else switchhead",
+    )
+    parser.add_argument(
+        "--preset",
+        help="a preset, or NAME:field=value,... (default: listops-<model>-h<H> for ListOps, tiny-<model> for LM)",
+    )
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -369,7 +379,12 @@ def register(commands) -> None:
 
 
 def _run(args) -> None:
-    preset = args.preset or default_preset(args.task, args.model)
+    if args.resume and args.force:
+        raise ValueError("--resume continues the folder's run and --force replaces it: give one")
+    preset = args.preset or default_preset(args.task, args.model or "switchhead")
+    family = registry.get(from_name(preset).model).key
+    if args.model and args.model != family:
+        raise ValueError(f"--model {args.model} contradicts --preset {preset}, a {family} model: give one")
     cfg = TrainConfig(
         args.task,
         preset,

@@ -197,10 +197,23 @@ def _exact_entry(key: str, rows: list[dict]) -> dict:
 def write_baseline(runs: list[dict], path: Path) -> Path:
     """``runs`` as the new baseline at ``path``; refused when it would be unusable."""
     baseline = baseline_from(runs)
-    problem = baseline_problem(baseline)
+    problem = baseline_problem(baseline) or _too_few_rounds(runs)
     if problem:
         raise ValueError(f"refusing to write {path}: the runs' baseline {problem}")
     return write_atomic(Path(path), json.dumps(baseline, indent=2))
+
+
+def _too_few_rounds(runs: list[dict]) -> str | None:
+    """Why the runs' time ratios are too noisy to commit, or None: each needs the rounds a checked run needs for
+    its interval (a baseline of 3-round runs was written, and a run like them could not be checked)."""
+    for run in runs:
+        for row in run["rows"]:
+            if row["status"] == "ok" and TIME in row:
+                try:
+                    median_interval(row["ratio_time_rounds"])
+                except ValueError as error:
+                    return f"times {_key(row)!r} in too few rounds ({error}); run speed with more --rounds"
+    return None
 
 
 def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict]:

@@ -47,7 +47,7 @@ from switchbench.core.environment import environment
 from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models import family as registry
-from switchbench.models.presets import PRESETS
+from switchbench.models.presets import from_name
 from switchbench.ops.expert_matmul.slot_rows import (
     GATES_LABEL,
     WEIGHT_GRADIENT_KERNELS,
@@ -330,11 +330,11 @@ MOE_SHARES = ("routing", EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT)
 def dense_equivalent(preset: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, float] | None:
     """Per pass, what dense matmuls of the same useful MACs as ``preset``'s expert matmuls take on this device: every
     layer's, each timed alone as kernel-bench's dense comparator. None for a model without experts."""
-    cases = registry.layer_expert_matmuls(PRESETS[preset], batch)
+    cases = registry.layer_expert_matmuls(from_name(preset), batch)
     if not cases:
         return None
     timed = [dense_equivalent_ms(c, device, dtype) for c in cases]
-    return {p: PRESETS[preset].n_layers * sum(t[p] for t in timed) for p in timed[0]}
+    return {p: from_name(preset).n_layers * sum(t[p] for t in timed) for p in timed[0]}
 
 
 def moe_overhead(shares: list[dict], step_ms: float, what: str, dense: dict[str, float]) -> dict:
@@ -453,9 +453,8 @@ def register(commands) -> None:
 
 def _run(args) -> int:
     device = device_from_args(args.device)
-    unknown = [p for p in args.presets if p not in PRESETS]
-    if unknown:
-        raise ValueError(f"unknown presets: {', '.join(unknown)} (see switchbench presets)")
+    for preset in args.presets:
+        from_name(preset)  # a ValueError names the closest presets, or what is wrong with a change
     if (
         args.steps < 1
         or args.warmup < 0
@@ -520,7 +519,7 @@ def overhead_lines(rows: list[dict]) -> list[str]:
     steps = {
         (r["preset"], r["what"]): r["ms_unprofiled"]
         for r in rows
-        if r["kind"] == "share" and registry.get(PRESETS[r["preset"]].model).key == "dense"
+        if r["kind"] == "share" and registry.get(from_name(r["preset"]).model).key == "dense"
     }
     lines = []
     for r in (r for r in rows if r["kind"] == "moe overhead"):
