@@ -153,7 +153,16 @@ def build(
     """Fill ``folder`` with the wheels the node needs; with a target (``python_version``, ``platforms``), the
     binary ones too, fetched for it; without one, the test tools' binary ones, fetched for ``node_python``."""
     requirements = read_requirements(source)
-    _usable_folder(folder)
+    made = _usable_folder(folder)
+    try:
+        return _build(folder, source, requirements, python_version, platforms, node_python)
+    except BaseException:
+        if made:  # a folder made for this run and left empty, or half-filled, would look like a wheelhouse
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _build(folder, source, requirements, python_version, platforms, node_python) -> Wheelhouse:
     target = bool(python_version or platforms)
     with tempfile.TemporaryDirectory() as work:
         to_build, binary = select(resolve(requirements.rest + requirements.build, Path(work)))
@@ -163,7 +172,12 @@ def build(
         # without a target, the test tools' binary wheels alone, for the GPU nodes
         fetch = binary if target else [r for r in binary if canonical(r.name) in requirements.tools]
         where = (python_version, platforms) if target else (node_python, NODE_PLATFORMS)
-        fetched = _binary_wheels(fetch, *where, Path(work, "target"))
+        try:
+            fetched = _binary_wheels(fetch, *where, Path(work, "target"))
+        except RuntimeError as error:
+            if not target or "No matching distribution" not in str(error):
+                raise
+            raise ValueError(_no_wheel_for(python_version, platforms, error)) from None
         kept = [w for w in built if w not in compiled] + fetched
         for wheel in kept:
             shutil.copy2(wheel, folder / wheel.name)
@@ -174,6 +188,17 @@ def build(
         f"{r} (the node's own build, as are triton and the NVIDIA packages)" for r in requirements.node_own
     ]
     return Wheelhouse(folder, sorted(w.name for w in kept), from_source, own + left_out)
+
+
+def _no_wheel_for(python_version: str | None, platforms, error: RuntimeError) -> str:
+    """What to do when a named target has no wheel of a resolved version."""
+    named = [f"--python-version {python_version}"] if python_version else []
+    named += [f"--platform {platform}" for platform in platforms]
+    found = str(error).split("ERROR: ")[-1]
+    return (
+        f"{' '.join(named)}: {found}; pip matches platform tags literally: give each the target accepts "
+        f"(the GPU nodes': {', '.join(NODE_PLATFORMS)})"
+    )
 
 
 def _wheels(source: Path, resolved: list[Resolved], dest: Path) -> list[Path]:
@@ -194,9 +219,11 @@ def _binary_wheels(binary: list[Resolved], python_version, platforms, dest: Path
     return sorted(dest.glob("*.whl"))
 
 
-def _usable_folder(folder: Path) -> None:
+def _usable_folder(folder: Path) -> bool:
+    """Make ``folder`` if need be, and check that it takes files; whether it was made."""
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} is a file, not a folder")
+    made = not folder.exists()
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -207,6 +234,7 @@ def _usable_folder(folder: Path) -> None:
         probe.unlink()
     except OSError as error:
         raise ValueError(f"{folder}: cannot write there ({error.strerror})") from None
+    return made
 
 
 def describe(house: Wheelhouse, source: Path) -> str:

@@ -145,6 +145,40 @@ def test_a_target_gets_its_binary_wheels(tmp_path, monkeypatch, capsys):
     assert [line.split()[0] for line in must_have.splitlines()] == ["torch>=2.4"]
 
 
+def _no_wheels(command, *args):
+    """pip finding no wheel for the target: as it fails for a platform tag no wheel carries (linux_x86_64)."""
+    if command == "download":
+        raise RuntimeError("pip download: ERROR: No matching distribution found for numpy==2.4.6")
+    _fake_pip()(command, *args)
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["made for the run", "there before"])
+def test_a_target_without_wheels_is_exit_2_and_leaves_no_folder_behind(
+    existing, tmp_path, monkeypatch, capsys
+):
+    """`--platform linux_x86_64` gave exit 3 and an empty folder that looked like a wheelhouse. A folder that was
+    there before keeps what it held."""
+    monkeypatch.setattr(wheelhouse, "_pip", _no_wheels)
+    house = tmp_path / "house"
+    if existing:
+        house.mkdir()
+        (house / "kept-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    argv = ["wheelhouse", str(house), "--source", str(ROOT), "--platform", "linux_x86_64"]
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert "--platform linux_x86_64: No matching distribution found for numpy==2.4.6" in line
+    assert "manylinux_2_28_x86_64" in line
+    assert [p.name for p in tmp_path.iterdir()] == (["house"] if existing else [])
+    assert not existing or [p.name for p in house.iterdir()] == ["kept-1.0-py3-none-any.whl"]
+
+
+def test_without_a_target_pip_failing_is_the_machine_s_exit_3(tmp_path, monkeypatch, capsys):
+    """The GPU nodes' own tags not found means the index or the network, not the user's input."""
+    monkeypatch.setattr(wheelhouse, "_pip", _no_wheels)
+    assert main(["wheelhouse", str(tmp_path / "house"), "--source", str(ROOT)]) == 3
+    assert "No matching distribution" in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     ("where", "message"),
     [
