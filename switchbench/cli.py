@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if broken:  # an installed attention family that does not load: say which, run nothing
         print(f"switchbench: error: {broken[0]}", file=sys.stderr)
         return 2
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    empty = _empty_values(parser, args)
+    if empty:  # `--out "$DIR"` with DIR unset: '' read as a path is the current folder, or the default
+        print(f"switchbench {args.command}: error: {empty[0]} is empty; give a value", file=sys.stderr)
+        return 2
     try:
         with kernels_in_force(args):
             return args.run(args) or 0
@@ -73,6 +78,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 3
+
+
+def _empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """The flags (or positionals) given an empty string: no switchbench value means anything empty."""
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
+        args.command
+    ]
+    return [
+        action.option_strings[0] if action.option_strings else action.metavar or action.dest.upper()
+        for action in command._actions
+        if (value := getattr(args, action.dest, None)) == "" or (isinstance(value, list) and "" in value)
+    ]
 
 
 def _settle_heap() -> None:

@@ -256,6 +256,13 @@ def describe(house: Wheelhouse, source: Path) -> str:
     return "\n".join(lines)
 
 
+def _path(text: str) -> Path:
+    """A path given on the command line; an empty one (an unset variable) is no path, not the current folder."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty; give a path")
+    return Path(text)
+
+
 def _python_version(text: str) -> str:
     if not re.fullmatch(r"3(\.\d+)?", text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a Python 3 version such as 3.12")
@@ -263,9 +270,11 @@ def _python_version(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", type=Path, help="the wheelhouse folder (made if missing; wheels are added)")
     parser.add_argument(
-        "--source", type=Path, default=Path("."), help="the switchbench checkout (default: .)"
+        "folder", type=_path, help="the wheelhouse folder (made if missing; wheels are added)"
+    )
+    parser.add_argument(
+        "--source", type=_path, default=Path("."), help="the switchbench checkout (default: .)"
     )
     parser.add_argument(
         "--python-version", type=_python_version, help="also fetch binary wheels for this Python (e.g. 3.12)"

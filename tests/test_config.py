@@ -85,7 +85,8 @@ def test_config_round_trips_through_a_dict():
         (["params", "no-such-preset"], "unknown preset 'no-such-preset'"),
         (["params", "--d-model", "abc"], "invalid int value"),
         (["params", "--pos", "alibi"], "invalid choice"),
-        (["params", "--model", "switchhead", "--experts", ""], "experts must be a non-empty subset"),
+        (["params", "--model", "switchhead", "--experts", "x"], "experts must be a non-empty subset"),
+        (["params", "--model", "switchhead", "--experts", ""], "--experts is empty; give a value"),
     ],
 )
 def test_cli_rejects_bad_configs_with_exit_2(capsys, argv, message):

@@ -135,6 +135,26 @@ def test_output_locations_are_checked_before_any_work(command, case, tmp_path, m
     assert tree(tmp_path) == before
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["sweep", "--out", ""], "--out"),
+        (["train", "--out", ""], "--out"),  # read as no --out, it trained into the default folder
+        (["params", ""], "PRESET"),
+        (["speed", "--presets", "tiny-transformer", ""], "--presets"),
+        (["wheelhouse", ""], "folder"),
+    ],
+)
+def test_an_empty_value_is_refused_and_nothing_is_written_here(argv, named, tmp_path, monkeypatch, capsys):
+    """`--out "$DIR"` with DIR unset: an empty path is the current folder, where `sweep --out ''` wrote its
+    results (and `wheelhouse ''` its wheels)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    assert named in capsys.readouterr().err and not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("nested", [False, True], ids=["existing folder", "folders to make"])
 def test_checking_a_location_leaves_nothing_behind(nested, tmp_path):
     folder = tmp_path / "a" / "b" if nested else tmp_path

@@ -175,12 +175,11 @@ def register(commands) -> None:
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument(
         "--out",
-        type=Path,
         default=TABLE,
         help="the Triton configurations' table to update (default: the package's)",
     )
     parser.add_argument(
-        "--auto-out", type=Path, default=AUTO_TABLE, help="auto's table to update (default: the package's)"
+        "--auto-out", default=AUTO_TABLE, help="auto's table to update (default: the package's)"
     )
     parser.set_defaults(run=_run)
 
