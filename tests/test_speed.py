@@ -125,6 +125,15 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
         (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),
         (["speed", "--presets", "tiny-transformer:T=0"], "T must be in"),
+        # each was ignored without a word: --groups beside --presets, a member timed twice, --fit-from off a GPU
+        (
+            ["speed", "--presets", "tiny-transformer", "--groups", "tiny"],
+            "--presets makes one group and --groups",
+        ),
+        (["speed", "--presets", "tiny-transformer", "tiny-moa", "tiny-moa"], "tiny-moa is named twice"),
+        (["speed", "--groups", "tiny", "tiny"], "tiny is named twice"),
+        (["speed", "--device", "cpu", "--fit-from", "8"], "--fit-from fits one GPU's batch"),
+        (["decode", "tiny-transformer", "--groups", "tiny"], "presets given make one group and --groups"),
     ],
 )
 def test_cli_bad_input(capsys, argv, message):

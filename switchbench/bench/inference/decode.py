@@ -375,7 +375,7 @@ def _run(args) -> int:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
         raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
-    groups = preset_groups(args.presets, args.groups or (GPU_GROUPS if device == "cuda" else CPU_GROUPS))
+    groups = preset_groups(args.presets, args.groups, GPU_GROUPS if device == "cuda" else CPU_GROUPS)
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:

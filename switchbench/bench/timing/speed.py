@@ -415,6 +415,8 @@ def _measure(args, device: str, world: distributed.World) -> int:
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
     if args.fit_from is not None and args.fit_from < 1:
         raise ValueError(f"--fit-from must be >= 1; got {args.fit_from}")
+    if args.fit_from is not None and (args.batch is not None or device != "cuda" or world.distributed):
+        raise ValueError("--fit-from fits one GPU's batch: it goes without --batch, on one CUDA device")
     if args.cuda_graphs and (device != "cuda" or world.distributed):
         raise ValueError(
             "--cuda-graphs needs one process on a CUDA device: CUDA graphs capture one GPU's work"
@@ -502,12 +504,20 @@ def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, .
     if args.quick and not (args.groups or args.presets):
         return {"gate": GATE_LAYERS}, ("layer",)
     default = GPU_GROUPS if device == "cuda" else CPU_GROUPS
-    return preset_groups(args.presets, args.groups or default), tuple(args.scopes)
+    return preset_groups(args.presets, args.groups, default), tuple(args.scopes)
 
 
-def preset_groups(presets: list[str] | None, groups: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+def preset_groups(
+    presets: list[str] | None, groups: list[str] | None, default: tuple[str, ...] = ()
+) -> dict[str, tuple[str, ...]]:
     """The groups a command compares: ``presets`` as one custom group (the first its baseline) when given, else the
-    named ``groups``; a ValueError names any unknown one."""
+    named ``groups``, else ``default``'s; a ValueError names any unknown or repeated one, or both given."""
+    if presets and groups:
+        raise ValueError("the presets given make one group and --groups names groups: give one")
+    named = presets or groups or []
+    repeated = next((name for name in named if named.count(name) > 1), None)
+    if repeated:
+        raise ValueError(f"{repeated} is named twice: each member or group is measured once")
     if presets:
         unknown = [p for p in presets if p.partition(OVERRIDES)[0] not in PRESETS]
         if unknown:
@@ -515,6 +525,7 @@ def preset_groups(presets: list[str] | None, groups: tuple[str, ...]) -> dict[st
         for preset in presets:
             from_name(preset)  # a ValueError says what is wrong with a change
         return {"custom": tuple(presets)}
+    groups = groups or default
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown groups {', '.join(unknown)}; known: {', '.join(GROUPS)}")
