@@ -128,7 +128,7 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         # each was ignored without a word: --groups beside --presets, a member timed twice, --fit-from off a GPU
         (
             ["speed", "--presets", "tiny-transformer", "--groups", "tiny"],
-            "--presets makes one group and --groups",
+            "presets given make one group and --groups",
         ),
         (["speed", "--presets", "tiny-transformer", "tiny-moa", "tiny-moa"], "tiny-moa is named twice"),
         (["speed", "--groups", "tiny", "tiny"], "tiny is named twice"),
