@@ -315,6 +315,18 @@ def test_two_checkpoints_of_one_name_are_refused_before_any_work(run_folder, tmp
     assert not out.exists()
 
 
+def test_an_example_for_a_language_model_is_refused_before_any_work(tmp_path, capsys):
+    """--example picks a ListOps validation example: a language model's analysis ignored it without a word."""
+    run = tmp_path / "lm"
+    training.train(
+        TrainConfig("lm", "tiny-switchhead", steps=1, batch=1, eval_every=1, warmup=1), run, progress=False
+    )
+    out = tmp_path / "analysis"
+    argv = ["analyze", str(run / "checkpoint.pt"), "--example", "3", "--out", str(out)]
+    fails_cleanly(capsys, argv, says="--example picks a ListOps validation example; a language model reads")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
 @pytest.mark.parametrize("command", ["analyze", "train --resume"])
 def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, tmp_path, capsys):

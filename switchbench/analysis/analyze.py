@@ -24,6 +24,10 @@ def _inputs(
 ) -> tuple[torch.Tensor, list[str], torch.Tensor]:
     """(one sequence to plot [1, t], its token labels, a sample for the statistics [B, t])."""
     cfg, seed = run["cfg"], run["train"].get("seed", 0)
+    if example is not None and run["task"] != "listops":
+        raise ValueError(
+            "--example picks a ListOps validation example; a language model reads --input or its text"
+        )
     if run["task"] == "listops":
         data_cfg = listops.ListOpsConfig(max_length=cfg.T)
         sample = listops.generate(size, seed=10**6 + seed, cfg=data_cfg)
