@@ -85,6 +85,10 @@ def test_config_round_trips_through_a_dict():
         (["params", "no-such-preset"], "unknown preset 'no-such-preset'"),
         (["params", "--d-model", "abc"], "invalid int value"),
         (["params", "--pos", "alibi"], "invalid choice"),
+        (
+            ["params", "--model", "moh", "--moh-router", "top2"],
+            "invalid choice: 'top2' (choose from 'softmax', 'norm')",
+        ),
         (["params", "--model", "switchhead", "--experts", "x"], "experts must be a non-empty subset"),
         (["params", "--model", "switchhead", "--experts", ""], "--experts is empty; give a value"),
     ],

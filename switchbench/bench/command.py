@@ -39,8 +39,12 @@ def add_json(parser: argparse.ArgumentParser) -> None:
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """A positional PRESET, one flag per ModelConfig field (named after its symbol) and one per option of a
     registered family (``--n-kv-heads``), each overriding the preset."""
-    parser.add_argument("preset", nargs="?", help="a preset name (see `switchbench presets`)")
-    group = parser.add_argument_group("configuration (overrides the preset)")
+    parser.add_argument(
+        "preset",
+        nargs="?",
+        help="a preset, or NAME:field=value,... (see `switchbench presets`; default: ModelConfig's)",
+    )
+    group = parser.add_argument_group("configuration (each default: the preset's)")
     choices = _CHOICES | {"model": registry.names()}
     for field in _config_fields():
         flag = "--" + field.name.replace("_", "-")
@@ -49,10 +53,9 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
             kind = registry.as_name if field.name == "model" else kind
-            metavar = "|".join(choices[field.name]) if field.name in choices else field.name.upper()
-            group.add_argument(
-                flag, dest=field.name, type=kind, choices=choices.get(field.name), metavar=metavar
-            )
+            among = choices.get(field.name) or field.metadata.get("choices")
+            metavar = "|".join(among) if among else field.name.upper()
+            group.add_argument(flag, dest=field.name, type=kind, choices=among, metavar=metavar)
 
 
 def _config_fields() -> list[dataclasses.Field]:

@@ -346,8 +346,12 @@ def write_report(results: Path, out: Path, environment: dict) -> Path:
 
 def register(commands) -> None:
     parser = commands.add_parser("report", help="one self-contained HTML report of everything measured")
-    parser.add_argument("--results", default="results", help="the results folder to report on")
-    parser.add_argument("--out", default="results/report.html")
+    parser.add_argument(
+        "--results", default="results", help="the results folder to report on (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out", default="results/report.html", help="the HTML file to write (default: %(default)s)"
+    )
     parser.set_defaults(run=_run_command)
 
 

@@ -343,7 +343,12 @@ def register(commands) -> None:
     parser = commands.add_parser(
         "train", help="train a small model for the routing analysis (CPU by default)"
     )
-    parser.add_argument("--task", choices=["listops", "lm"], default="listops")
+    parser.add_argument(
+        "--task",
+        choices=["listops", "lm"],
+        default="listops",
+        help="ListOps or a byte-level LM (default: listops)",
+    )
     parser.add_argument(
         "--model",
         type=registry.as_key,
@@ -354,11 +359,21 @@ def register(commands) -> None:
         "--preset",
         help="a preset, or NAME:field=value,... (default: listops-<model>-h<H> for ListOps, tiny-<model> for LM)",
     )
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=1000, help="training steps (default: %(default)s)")
+    parser.add_argument("--batch", type=int, default=32, help="sequences a step (default: %(default)s)")
+    parser.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help="AdamW's peak learning rate, after warm-up (default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="weights and data (default: %(default)s)")
+    parser.add_argument(
+        "--eval-every",
+        type=int,
+        default=100,
+        help="steps between evaluations and checkpoints (default: %(default)s)",
+    )
     parser.add_argument(
         "--stop-at",
         type=float,

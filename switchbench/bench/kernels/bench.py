@@ -643,7 +643,12 @@ def register(commands) -> None:
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--batch", type=int, help="sequences (default: 64 on a GPU, 1 on the CPU)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument(
+        "--dtype",
+        choices=list(DTYPES),
+        default="bf16",
+        help="the inputs' type, as autocast hands them over (default: bf16)",
+    )
     parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
     parser.add_argument(
         "--cuda-graphs",

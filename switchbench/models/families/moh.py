@@ -19,7 +19,7 @@ weights come out of the MLP; the norm router has none, and its presets keep the 
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -43,7 +43,8 @@ class Options:
     shared_heads: int = 1  # h_s: always-on heads, the first ones
     routed_k: int = 1  # routed heads each token picks among the H - h_s others
     balance_coef: float = 0.01  # times the mean of the layers' balance losses (MoH-ViT's training)
-    moh_router: str = "softmax"  # softmax: MoH-ViT's router matrices; norm: MoH-LLaMA3's query norms
+    # softmax: MoH-ViT's router matrices; norm: MoH-LLaMA3's query norms (the choices: the command line's too)
+    moh_router: str = field(default="softmax", metadata={"choices": ROUTERS})
 
     def __post_init__(self):
         in_range("shared_heads", self.shared_heads, 0)
