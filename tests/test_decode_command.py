@@ -159,9 +159,11 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
     [
         (["decode", "nope"], "unknown presets: nope"),
         (["decode", "--groups", "nope"], "unknown groups nope"),
-        (["decode", "--batches", "0"], "must be >= 1"),
+        (["decode", "--batches", "4", "0"], "--batches must be >= 1; got 0"),
+        (["decode", "--contexts", "-8"], "--contexts must be >= 1; got -8"),
+        (["decode", "--warmup", "-1"], "--warmup must be >= 0; got -1"),
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
-        (["decode", "--prefill-rounds", "0"], "prefill rounds must be"),
+        (["decode", "--prefill-rounds", "0"], "--prefill-rounds must be >= 1; got 0"),
         (["decode", "--threads", "0"], "--threads must be >= 1; got 0"),
     ],
 )

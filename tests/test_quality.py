@@ -175,7 +175,10 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
         (["--batch", "4096"], "too short for batch 4096"),
         (["--presets", "bytes-920k-moh-h4", "bytes-920k-moh-norm-h4"], "are both moh; one model a family"),
         (["--presets", "bytes-920k-moh-nrom-h4"], "did you mean bytes-920k-moh-norm-h4"),
-        (["--presets", "tiny-moh-norm"], "chunks of one length"),  # 32 bytes, the others 64
+        (
+            ["--presets", "tiny-moh-norm"],
+            "chunks of one length, for equal tokens a step: bytes-",
+        ),  # 32 bytes, the others 64
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys, monkeypatch):

@@ -126,8 +126,11 @@ class Plan:
     def __post_init__(self):
         if self.seeds < 2:
             raise ValueError(f"--seeds must be >= 2: an interval across seeds needs two; got {self.seeds}")
+        lengths = {f"{preset} T={cfg.T}" for preset, cfg in self.models.values()}
         if len({cfg.T for _, cfg in self.models.values()}) != 1:
-            raise ValueError("the models of a plan must read chunks of one length (equal tokens per step)")
+            raise ValueError(
+                f"the models must read chunks of one length, for equal tokens a step: {', '.join(sorted(lengths))}"
+            )
         for family in self.models:
             self.train_config(family, 0)  # checks steps, batch, lr and clip
 

@@ -369,8 +369,11 @@ def _run(args) -> int:
     writable_folder(Path(args.out))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     batches, contexts = args.batches or GRIDS[device][0], args.contexts or GRIDS[device][1]
-    if min(batches) < 1 or min(contexts) < 1 or min(args.rounds, args.prefill_rounds) < 1 or args.warmup < 0:
-        raise ValueError("batches, contexts, rounds and prefill rounds must be >= 1 and warmup >= 0")
+    least = {"--batches": (min(batches), 1), "--contexts": (min(contexts), 1), "--rounds": (args.rounds, 1)}
+    least |= {"--prefill-rounds": (args.prefill_rounds, 1), "--warmup": (args.warmup, 0)}
+    for flag, (value, lowest) in least.items():
+        if value < lowest:
+            raise ValueError(f"{flag} must be >= {lowest}; got {value}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
