@@ -219,3 +219,11 @@ def test_a_kernel_over_the_archs_shared_memory_fails():
         ]
     )
     assert kernel_check.failing(rows).tolist() == [True, False, True]
+
+
+def test_the_worker_s_progress_is_a_bar_and_its_other_lines_the_error(capsys):
+    """kernel-check ran minutes without a word: the worker reports each compiled kernel, shown as a bar where
+    stderr is a terminal (none here), and the rest of its stderr is kept for an error."""
+    lines = [f"{kernel_check.PROGRESS} 1 3\n", "a warning\n", f"{kernel_check.PROGRESS} 3 3\n", "Traceback\n"]
+    assert kernel_check._follow(iter(lines)) == ["a warning\n", "Traceback\n"]
+    assert capsys.readouterr().err == ""  # no terminal: the bar stays quiet

@@ -19,11 +19,13 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
 import torch
+from tqdm import tqdm
 
 from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import roofline
@@ -118,12 +120,42 @@ def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences triton 3.9's warning; the default it keeps
     request = json.dumps({"archs": archs, "dtypes": dtypes, "sizes": sizes})
-    done = subprocess.run(
-        [sys.executable, "-m", __name__], input=request, capture_output=True, text=True, env=env
+    worker = subprocess.Popen(
+        [sys.executable, "-m", __name__],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
-    if done.returncode:
-        raise RuntimeError(f"kernel-check worker failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout)
+    worker.stdin.write(request)
+    worker.stdin.close()
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(worker.stdout.read()))
+    reader.start()
+    errors = _follow(worker.stderr)
+    reader.join()
+    if worker.wait():
+        raise RuntimeError(f"kernel-check worker failed:\n{''.join(errors)[-4000:]}")
+    return json.loads(out[0])
+
+
+# How the worker reports each compiled kernel on its stderr: PROGRESS done total
+PROGRESS = "kernel-check-progress"
+
+
+def _follow(stderr) -> list[str]:
+    """The worker's stderr, read to its end: its progress lines shown as a bar (a terminal's alone: tqdm's
+    disable=None), every other line kept for the error."""
+    errors = []
+    with tqdm(desc="kernel-check: compiling", unit="kernel", disable=None) as bar:
+        for line in stderr:
+            if line.startswith(PROGRESS):
+                done, bar.total = map(int, line.split()[1:])
+                bar.update(done - bar.n)
+            else:
+                errors.append(line)
+    return errors
 
 
 def launches(case: Case, dtype: torch.dtype) -> list[tuple[str, object, object, tuple, dict]]:
@@ -327,8 +359,11 @@ def _worker() -> None:
     jobs = _jobs(request["archs"], request["dtypes"], request["sizes"])
     unique = list(dict.fromkeys(job for _, job in jobs))
     context = multiprocessing.get_context("spawn")
+    results = {}
     with ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=context) as pool:
-        results = dict(zip(unique, pool.map(_compile, unique), strict=True))
+        for done, (job, result) in enumerate(zip(unique, pool.map(_compile, unique), strict=True), 1):
+            results[job] = result
+            print(PROGRESS, done, len(unique), file=sys.stderr, flush=True)
     print(json.dumps([row | results[job] for row, job in jobs]))
 
 
