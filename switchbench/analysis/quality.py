@@ -126,11 +126,9 @@ class Plan:
     def __post_init__(self):
         if self.seeds < 2:
             raise ValueError(f"--seeds must be >= 2: an interval across seeds needs two; got {self.seeds}")
-        lengths = {f"{preset} T={cfg.T}" for preset, cfg in self.models.values()}
         if len({cfg.T for _, cfg in self.models.values()}) != 1:
-            raise ValueError(
-                f"the models must read chunks of one length, for equal tokens a step: {', '.join(sorted(lengths))}"
-            )
+            lengths = ", ".join(sorted(f"{preset} T={cfg.T}" for preset, cfg in self.models.values()))
+            raise ValueError(f"the models must read chunks of one length, for equal tokens a step: {lengths}")
         for family in self.models:
             self.train_config(family, 0)  # checks steps, batch, lr and clip
 

@@ -734,9 +734,8 @@ def _yardstick(rows: list[dict], device: str, dtype: torch.dtype) -> tuple[float
     )
     if dense is None or dense["tflops"] <= peak:
         return peak, "square product"
-    return dense[
-        "tflops"
-    ], f"dense {dense['case']} {dense['pass']}: faster than the square product's {peak:.3g}"
+    source = f"dense {dense['case']} {dense['pass']}: faster than the square product's {peak:.3g}"
+    return dense["tflops"], source
 
 
 def _tflops(peak: float | None) -> str:

@@ -330,11 +330,12 @@ MOE_SHARES = ("routing", EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT)
 def dense_equivalent(preset: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, float] | None:
     """Per pass, what dense matmuls of the same useful MACs as ``preset``'s expert matmuls take on this device: every
     layer's, each timed alone as kernel-bench's dense comparator. None for a model without experts."""
-    cases = registry.layer_expert_matmuls(from_name(preset), batch)
+    cfg = from_name(preset)
+    cases = registry.layer_expert_matmuls(cfg, batch)
     if not cases:
         return None
     timed = [dense_equivalent_ms(c, device, dtype) for c in cases]
-    return {p: from_name(preset).n_layers * sum(t[p] for t in timed) for p in timed[0]}
+    return {p: cfg.n_layers * sum(t[p] for t in timed) for p in timed[0]}
 
 
 def moe_overhead(shares: list[dict], step_ms: float, what: str, dense: dict[str, float]) -> dict:
