@@ -120,22 +120,16 @@ def check(archs: list[str], dtypes: list[str], sizes: list[str]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silences triton 3.9's warning; the default it keeps
     request = json.dumps({"archs": archs, "dtypes": dtypes, "sizes": sizes})
-    worker = subprocess.Popen(
-        [sys.executable, "-m", __name__],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    worker.stdin.write(request)
-    worker.stdin.close()
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(worker.stdout.read()))
-    reader.start()
-    errors = _follow(worker.stderr)
-    reader.join()
-    if worker.wait():
+    pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with subprocess.Popen([sys.executable, "-m", __name__], text=True, env=env, **pipes) as worker:
+        worker.stdin.write(request)
+        worker.stdin.close()
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.append(worker.stdout.read()))
+        reader.start()
+        errors = _follow(worker.stderr)
+        reader.join()
+    if worker.returncode:
         raise RuntimeError(f"kernel-check worker failed:\n{''.join(errors)[-4000:]}")
     return json.loads(out[0])
 
