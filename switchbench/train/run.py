@@ -73,8 +73,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.task not in ("listops", "lm"):
             raise ValueError(f"task must be one of listops, lm; got {self.task!r}")
-        if self.model is None:
-            from_name(self.preset)  # a ValueError names the closest presets, or what is wrong with a change
+        # model_config reads the preset: a ValueError names the closest presets, or what is wrong with a change
         if self.model_config.causal != (self.task == "lm"):
             raise ValueError(f"preset {self.preset} is for {'lm' if self.model_config.causal else 'listops'}")
         for name in ("steps", "batch", "eval_every"):
