@@ -1,5 +1,6 @@
 """Routing analysis: the ListOps data, the statistics, training with checkpoints, and every figure."""
 
+import json
 import math
 from pathlib import Path
 
@@ -224,6 +225,19 @@ def test_moa_switchall_and_lm_runs_are_analysed(runs, tmp_path):
     summary = (tmp_path / "summary.csv").read_text()
     assert "lm-moa,0,attn" in summary and "lm-switchall,0,mlp" in summary
     assert "Routing explorer: byte-level text" in (tmp_path / "explorer.html").read_text()
+
+
+@pytest.mark.slow
+def test_analysing_again_into_a_folder_replaces_the_earlier_analysis(runs, tmp_path):
+    """The files of an earlier analysis that this one does not write again (a model no longer analysed, the
+    similarity of a pair) are removed, so the report cannot show them as current; files it did not write stay."""
+    analyze([runs["lm"], runs["lm-moa"]], tmp_path, sample=2)
+    (tmp_path / "notes.txt").write_text("mine")
+    assert (tmp_path / "similarity.csv").exists() and (tmp_path / "lm-moa-usage.png").exists()
+    analyze([runs["lm"]], tmp_path, sample=2)
+    files = set(json.loads((tmp_path / "metadata.json").read_text())["files"])
+    assert {p.name for p in tmp_path.iterdir()} == files | {"metadata.json", "notes.txt"}
+    assert "lm-usage.png" in files and not any("moa" in name or "similarity" in name for name in files)
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ import functools
 import io
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -241,13 +243,42 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     assert '<a href="results/tables/table2.csv">' in page  # the CSV, as seen from the report
     assert '<a href="results/analysis/listops/explorer.html">Routing explorer</a>' in page
     beside = page[
-        page.index('id="preferences-by-task"') : page.index("<h3>listops</h3>")
+        page.index('id="preferences-by-task"') : page.index('<h3 id="routing-listops">listops</h3>')
     ]  # ListOps' and text's
     assert (
         "<h4>listops</h4>" in beside
         and "<h4>text</h4>" in beside
         and "× 4.25" in beside
         and "× 3.50" in beside
+    )
+
+
+def test_two_analyses_keep_ids_apart_and_each_says_how_it_was_made(fixture_results, tmp_path):
+    """Headings of two analyses get ids of their own (the summary links to the right one), each analysis' regenerate
+    lines are its own training and analysis as its metadata.json records them, and a folder name is URL-encoded."""
+    analyses = fixture_results / "analysis"
+    shutil.copytree(analyses / "listops", analyses / "list ops#2")
+    metadata = json.loads((analyses / "list ops#2" / "metadata.json").read_text())
+    metadata["checkpoints"][0]["train"] |= {"task": "listops", "preset": "listops-switchhead-h2", "seed": 1}
+    (analyses / "list ops#2" / "metadata.json").write_text(
+        json.dumps(metadata | {"example": 3, "sample": 64})
+    )
+    page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
+    ids = re.findall(r'id="([^"]+)"', page)
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    assert {"routing-listops-similarity", "routing-list-ops-2-similarity"} <= set(ids)
+    assert 'href="#routing-list-ops-2-similarity"' in page and 'href="#routing-listops-similarity"' in page
+    assert 'href="results/analysis/list%20ops%232/explorer.html"' in page
+    regen = re.findall(r'<p class="regen">([^<]*)</p>', page)
+    assert "switchbench train --steps 100 --out runs/m" in regen
+    assert (
+        "switchbench train --task listops --preset listops-switchhead-h2 --steps 100 --seed 1 --out runs/m"
+        in regen
+    )
+    assert "switchbench analyze runs/m/checkpoint.pt --out results/analysis/listops" in regen
+    assert (
+        "switchbench analyze runs/m/checkpoint.pt --example 3 --sample 64 --out &#39;results/analysis/list ops#2&#39;"
+        in regen
     )
 
 
@@ -290,17 +321,35 @@ def test_summary_sets_each_claim_beside_its_measurement(fixture_results):
     assert (accuracy.paper, accuracy.verdict) == ("around 95%", "differs: -53.0 pp after 100 steps")
     similar = lines["attention maxima alike, d vs m (mean over layers)"]
     assert similar.ours == "r = 0.60, JS distance 0.30 (two dense seeds: r = 0.80, JS 0.20)"
-    assert similar.verdict == "differs: r -0.20 below two seeds" and similar.link == "#similarity"
+    assert (
+        similar.verdict == "differs: r -0.20 below two seeds"
+        and similar.link == "#routing-listops-similarity"
+    )
     assert lines["experts never chosen, m"].ours == "1 expert, in 1 of 1 routers"
 
 
-def test_an_unreadable_section_is_left_out_with_a_note(fixture_results, tmp_path, capsys):
-    (fixture_results / "speed" / "test-cpu" / "fp32-b4.json").write_text("{not json")
-    (fixture_results / "analysis" / "listops" / "similarity.csv").write_text('a,"b\n1')
+def test_an_unreadable_run_or_analysis_is_left_out_alone_and_named(fixture_results, tmp_path, capsys):
+    """One broken file hides only its own run or analysis; the note on stderr names it."""
+    speed, analyses = fixture_results / "speed" / "test-cpu", fixture_results / "analysis"
+    shutil.copy(speed / "fp32-b4.json", speed / "fp32-b8.json")
+    shutil.copytree(analyses / "listops", analyses / "listops-again")
+    (speed / "fp32-b4.json").write_text("{not json")
+    (analyses / "listops" / "similarity.csv").write_text('a,"b\n1')
     page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
     err = capsys.readouterr().err.splitlines()
-    assert len(err) == 2 and "'Speed' left out" in err[0] and "'Routing' left out" in err[1]
-    assert "Compute and memory" in page and 'id="speed"' not in page and 'id="analysis"' not in page
+    assert len(err) == 2, err
+    assert f"{speed / 'fp32-b4.json'} left out" in err[0] and "not a readable run file" in err[0]
+    assert f"{analyses / 'listops'} left out" in err[1] and "similarity.csv" in err[1]
+    assert 'id="speed"' in page and "fp32-b8.json" in page and "fp32-b4.json" not in page
+    assert 'id="analysis"' in page and "analysis/listops-again" in page and "analysis/listops<" not in page
+
+
+def test_an_unreadable_section_is_left_out_with_a_note(fixture_results, tmp_path, capsys):
+    (fixture_results / "tables" / "table2.csv").write_text('a,"b\n1')
+    page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "'Compute and memory' left out" in err[0] and "table2.csv" in err[0], err
+    assert 'id="tables"' not in page and 'id="speed"' in page
 
 
 def test_cli_report_on_a_missing_folder(capsys, tmp_path):
@@ -515,7 +564,8 @@ def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():
     assert summary.weakest_operator(row) == "SM 31.0%"
     assert summary.weakest_operator({"model": "dense", "val_accuracy": 0.62}) == ""  # an older log
     lines = summary._accuracy(
-        {"log": [row], "training": {}}, {"value": 0.95, "tolerance": 0.05, "printed": "95%"}
+        {"log": [row], "training": {}, "anchor": "routing-listops"},
+        {"value": 0.95, "tolerance": 0.05, "printed": "95%"},
     )
     assert lines[0].ours == "62.0% (weakest: SM 31.0%)"
 

@@ -76,11 +76,14 @@ def analyze(
     provenance: dict | None = None,
 ) -> list[Path]:
     """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics.
-    ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json."""
+    ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json, with the
+    files written. An earlier analysis in ``out`` is replaced: its files that this one does not write again (another
+    model's selections, a similarity of models no longer analysed) are removed once this one is written."""
     started = environment("cpu") | (provenance or {})  # before this run's own files change the checkout
     runs = _load(paths)
     logs = _logs(runs, paths)  # read (and checked) before any work
     out, written = Path(out), []
+    earlier = _files_of(out)
     maxima, sample_maxima, rows = {}, {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
     # Every model reads the same inputs (those of the first run's seed), so their maps can be compared.
     ids, labels, tokens = _inputs(runs[0], source, example, sample)
@@ -112,9 +115,26 @@ def analyze(
         "example": example,
         "tokens": list(labels),  # the plotted sequence, which the attention-maxima figure counts in positions
         "sample": sample,
+        "files": sorted(p.name for p in written),
     }
     written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))
+    for name in earlier - set(metadata["files"]):
+        (out / name).unlink(missing_ok=True)
     return written
+
+
+def _files_of(out: Path) -> set[str]:
+    """The files an earlier analysis in ``out`` wrote, as its metadata.json lists them (none when it lists none:
+    files whose origin is not recorded are left alone). Only plain names count: nothing outside ``out``."""
+    try:
+        files = json.loads((out / "metadata.json").read_text()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        return set()
+    return {
+        name
+        for name in files
+        if isinstance(name, str) and name == Path(name).name and name != "metadata.json"
+    }
 
 
 def explore(

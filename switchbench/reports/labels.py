@@ -1,7 +1,22 @@
 """How each number of the report was obtained, in words, from the metadata saved beside it: the clock and threads
 of a timing, the steps and mode of a training, the device and the run that made it."""
 
+import shlex
 from pathlib import PurePath
+
+# train's flags for what a checkpoint records of its training (TrainConfig's fields), in train's order
+TRAIN_FLAGS = (
+    ("task", "--task"),
+    ("preset", "--preset"),
+    ("steps", "--steps"),
+    ("batch", "--batch"),
+    ("lr", "--lr"),
+    ("seed", "--seed"),
+    ("eval_every", "--eval-every"),
+    ("stop_at", "--stop-at"),
+    ("text", "--text"),
+    ("hf_dataset", "--hf-dataset"),
+)
 
 
 def timing(metadata: dict, gpu: bool) -> str:
@@ -35,6 +50,27 @@ def training(metadata: dict) -> dict[str, dict]:
             "quick": metadata.get("quick"),
         }
     return out
+
+
+def regenerate(metadata: dict, folder: str) -> list[str]:
+    """The commands that made an analysis in ``folder`` (relative to the results folder), from its metadata.json:
+    each checkpoint's training as it recorded it, then the analysis."""
+    checkpoints = metadata.get("checkpoints", [])
+    if not checkpoints:
+        return []
+    commands = []
+    for checkpoint in checkpoints:
+        train = checkpoint.get("train", {})
+        argv = ["switchbench", "train"]
+        for key, flag in TRAIN_FLAGS:
+            if train.get(key) is not None:
+                argv += [flag, str(train[key])]
+        commands.append(shlex.join([*argv, "--out", str(PurePath(checkpoint["path"]).parent)]))
+    argv = ["switchbench", "analyze", *(c["path"] for c in checkpoints)]
+    for key, flag in (("input", "--input"), ("example", "--example"), ("sample", "--sample")):
+        if metadata.get(key) is not None:
+            argv += [flag, str(metadata[key])]
+    return [*commands, shlex.join([*argv, "--out", f"results/{folder}"])]
 
 
 def trained(run: dict | None) -> str:

@@ -3,12 +3,13 @@ kind; token strings and file contents are escaped (jinja2 autoescape).
 
 The page is a summary (the paper's claims beside this suite's numbers), then one section per kind of result that
 exists. A section is a name, a loader that reads its files from the results folder (None: nothing to show) and
-its template ``sections/<name>.html.j2``; a section whose files cannot be read is left out with a note on stderr.
+its template ``sections/<name>.html.j2``. A run or analysis whose files cannot be read is left out with a note on
+stderr naming it, and the rest of its section is shown; a section that cannot be read at all is left out the same way.
 """
 
 import base64
-import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from switchbench.bench.command import device_from_args
 from switchbench.bench.published import WALLCLOCK
 from switchbench.core.environment import environment
 from switchbench.core.results import newest, read_csv, writable_file, write_atomic
-from switchbench.core.schema import read_run, read_table
+from switchbench.core.schema import read_json, read_run, read_table
 from switchbench.reports import labels, summary
 
+UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # malformed CSV or JSON, a missing field
 STRONGEST = 12  # token preferences shown before the disclosure
 TABLES = {
     "table1": "Table 1",
@@ -52,11 +54,28 @@ def _image(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode() if path.exists() else None
 
 
+def _each(items, load: Callable, quiet: bool = False) -> list:
+    """``load`` of each item (a run's file or an analysis folder) that can be read; each one that cannot is named on
+    stderr (unless ``quiet``) and left out, so one broken file does not hide its neighbours."""
+    loaded = []
+    for item in items:
+        try:
+            loaded.append(load(item))
+        except UNREADABLE as error:
+            if not quiet:
+                print(f"switchbench report: {item} left out: {_reason(error)}", file=sys.stderr)
+    return loaded
+
+
+def _reason(error: Exception) -> str:
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 def _metadata(path: Path) -> dict:
     """A results folder's metadata.json (what made its files, where, from which commit), or {}."""
     if not path.exists():
         return {}
-    metadata = json.loads(path.read_text())
+    metadata = read_json(path, "metadata file")
     if not isinstance(metadata, dict):
         raise ValueError(f"{path}: not a JSON object")
     return metadata
@@ -99,16 +118,16 @@ def load_sweep(results: Path) -> dict | None:
     }
 
 
-def load_speed(results: Path) -> dict | None:
+def load_speed(results: Path, quiet: bool = False) -> dict | None:
     """The newest run of each configuration (groups, compile mode, expert matmul) in each device folder, and the
-    paper's Table 5: a GPU's evidence is one run per group and mode, not one run of everything."""
+    paper's Table 5: a GPU's evidence is one run per group and mode, not one run of everything. ``quiet``: say
+    nothing of unreadable runs (the Speed section has said it)."""
     runs = []
     for folder in sorted(p for p in (results / "speed").glob("*") if p.is_dir()):
         newest_of = {}
         # newest by the time a run recorded, where it did: a checkout gives every file the same modification time
-        loaded = [
-            _run(path, "speed") for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        ]
+        paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        loaded = _each(paths, lambda path: _run(path, "speed"), quiet)
         for run in sorted(loaded, key=lambda run: run["metadata"].get("time", "")):
             newest_of[labels.speed_configuration(run["metadata"])] = run
         runs += newest_of.values()
@@ -119,10 +138,10 @@ def load_decode(results: Path) -> dict | None:
     """The newest decode run of each device folder, each with a summary per preset at its largest cell beside the
     training-step time ratio of the same preset where a speed run has one."""
     folders = sorted(p for p in (results / "decode").glob("*") if p.is_dir())
-    runs = [_run(path, "decode") for path in map(newest, folders) if path is not None]
+    runs = _each([p for p in map(newest, folders) if p is not None], lambda path: _run(path, "decode"))
     if not runs:
         return None
-    speed = load_speed(results) or {"runs": []}
+    speed = load_speed(results, quiet=True) or {"runs": []}
     training = {
         r["preset"]: r["ratio_time"]
         for run in speed["runs"]
@@ -151,7 +170,7 @@ def load_kernels(results: Path) -> dict | None:
 def load_profile(results: Path) -> dict | None:
     """The newest profile of each device folder: its shares as one row per share with a cell per model."""
     folders = sorted(p for p in (results / "profile").glob("*") if p.is_dir())
-    runs = [_profile(path) for path in map(newest, folders) if path is not None]
+    runs = _each([p for p in map(newest, folders) if p is not None], _profile)
     return {"runs": runs} if runs else None
 
 
@@ -179,11 +198,11 @@ def _profile(path: Path) -> dict:
 def load_quality(results: Path) -> dict | None:
     """Every quality run of each device folder, the strongest first (most seeds x tokens per run): its runs, its
     summary per family and its figure. The summary takes each family's claim from the strongest run that has it."""
-    runs = [
-        _quality(path, results)
-        for folder in sorted(p for p in (results / "quality").glob("*") if p.is_dir())
-        for path in sorted(folder.glob("*.json"))
-    ]
+    folders = sorted(p for p in (results / "quality").glob("*") if p.is_dir())
+    runs = _each(
+        [path for folder in folders for path in sorted(folder.glob("*.json"))],
+        lambda path: _quality(path, results),
+    )
     runs.sort(key=lambda run: (run["metadata"].get("device", ""), -quality_strength(run)))
     return {"runs": runs} if runs else None
 
@@ -205,7 +224,15 @@ def _quality(path: Path, results: Path) -> dict:
 
 def load_analyses(results: Path) -> list[dict] | None:
     folders = sorted(p for p in (results / "analysis").glob("*") if p.is_dir())
-    return [_analysis(folder, results) for folder in folders] or None
+    analyses = _each(folders, lambda folder: _analysis(folder, results))
+    anchors = set()
+    for analysis in analyses:  # each analysis' headings get ids of their own, unique on the page
+        anchor = "routing-" + re.sub(r"[^A-Za-z0-9_-]", "-", analysis["name"])
+        while anchor in anchors:
+            anchor += "-"
+        anchors.add(anchor)
+        analysis["anchor"] = anchor
+    return analyses or None
 
 
 def _analysis(run: Path, results: Path) -> dict:
@@ -231,6 +258,7 @@ def _analysis(run: Path, results: Path) -> dict:
         "similarity": rows("similarity"),
         "similarity_image": _image(run / "similarity.png"),
         "explorer": (run / "explorer.html").exists(),
+        "regenerate": labels.regenerate(metadata, run.relative_to(results).as_posix()),
     }
     strongest = sorted(found["preferences"], key=lambda r: -r["lift"])[:STRONGEST]
     return found | {
@@ -267,9 +295,10 @@ def collect(results: Path) -> dict[str, object]:
     for section in SECTIONS:
         try:
             data = section.load(Path(results))
-        except (OSError, ValueError, KeyError, TypeError) as error:  # malformed CSV or JSON, a missing field
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-            print(f"switchbench report: section '{section.title}' left out: {reason}", file=sys.stderr)
+        except UNREADABLE as error:
+            print(
+                f"switchbench report: section '{section.title}' left out: {_reason(error)}", file=sys.stderr
+            )
             continue
         if data is not None:
             loaded[section.name] = data

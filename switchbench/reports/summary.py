@@ -321,7 +321,7 @@ def _accuracy(analysis: dict, claim: dict) -> list[Line]:
                 _pct(accuracy) + (f" (weakest: {worst})" if worst else ""),
                 verdict,
                 ok,
-                "#curves",
+                f"#{analysis['anchor']}-curves",
             )
         )
     return out
@@ -360,7 +360,7 @@ def _similarity(analysis: dict, claim: dict) -> list[Line]:
                 ours,
                 "no baseline to compare with",
                 None,
-                "#similarity",
+                f"#{analysis['anchor']}-similarity",
             )
         ]
     ours += f" (two dense seeds: r = {base['pearson']:.2f}, JS {base['js_distance']:.2f})"
@@ -372,7 +372,7 @@ def _similarity(analysis: dict, claim: dict) -> list[Line]:
             ours,
             verdict,
             ok,
-            "#similarity",
+            f"#{analysis['anchor']}-similarity",
         )
     ]
 
@@ -422,7 +422,7 @@ def _dead_experts(analysis: dict) -> list[Line]:
                 ours,
                 "none" if not dead else "some experts unused",
                 None,
-                "#usage",
+                f"#{analysis['anchor']}-usage",
             )
         )
     return out
