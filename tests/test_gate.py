@@ -155,6 +155,42 @@ def test_scaled_baseline_is_a_regression(tmp_path, capsys):
     assert out.count("REGRESSION") == len(SWITCHHEAD_TIMES) and "FAIL" in out
 
 
+def test_a_run_that_measured_nothing_is_refused_and_one_that_lost_rows_fails(tmp_path, capsys):
+    """Every row errored: no evidence of a regression, exit 2 saying so (it used to print '57 regressed'). Some rows
+    errored: the gate fails, counting them apart from regressions."""
+    broken = _run_like(_committed())
+    for row in broken["rows"]:
+        row["status"] = "error"
+    path = _write(tmp_path / "broken.json", broken)
+    assert main(["check", str(path), "--baseline", str(BASELINE)]) == 2
+    err = capsys.readouterr().err.strip()
+    n = sum(len(entry) - ("baseline" in entry) for entry in _committed()["ratios"].values())
+    assert err.endswith(f"the run measured none of the {n} quantities the baseline gates ({n} error)"), err
+    partial = _run_like(_committed())
+    lost = next(r for r in partial["rows"] if "ratio_time" in r)
+    lost["status"] = "OOM"
+    path = _write(tmp_path / "partial.json", partial)
+    assert main(["check", str(path), "--baseline", str(BASELINE)]) == 1
+    lost_quantities = sum(k in lost for k in ("ratio_time", *gate.EXACT))
+    assert f"FAIL, {lost_quantities} not measured" in capsys.readouterr().out
+
+
+def test_write_refuses_one_run_twice_and_runs_of_two_machines(tmp_path, capsys):
+    run = _run_like(_committed(), rounds=6)
+    first = _write(tmp_path / "a.json", run)
+    copy_of_it = _write(tmp_path / "b.json", run)
+    assert (
+        main(["check", str(first), str(copy_of_it), "--baseline", str(tmp_path / "x.json"), "--write"]) == 2
+    )
+    assert "the same run is given twice" in capsys.readouterr().err
+    elsewhere = copy.deepcopy(run)
+    elsewhere["metadata"]["machine"] = {"cpu": "another processor"}
+    other = _write(tmp_path / "c.json", elsewhere)
+    assert main(["check", str(first), str(other), "--baseline", str(tmp_path / "x.json"), "--write"]) == 2
+    assert "measured differently (machine)" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 def _kernel_bench_run() -> dict:
     return {
         "metadata": {"device": "x86_64"},

@@ -7,6 +7,7 @@ the one that recorded it (``time_tolerance``). Memory and MAC ratios and operato
 exactly against the committed ones. Exit codes: 0 pass, 1 regression, 2 unusable input.
 """
 
+import collections
 import json
 import math
 import statistics
@@ -156,9 +157,14 @@ def _switchhead_vs_dense(key: str, entry: dict) -> bool:
 def baseline_from(runs: list[dict], tolerances: dict[str, float] = TOLERANCES) -> dict:
     """The gated quantities of one or more runs of one benchmark: ratios against another preset and every row's
     operator calls. A time ratio is the median of the runs' medians, so no one run's shift sets the limit."""
-    differ = [k for k in COMPARABLE if len({repr(_setting(run["metadata"], k)) for run in runs}) > 1]
+    # the machine too: the committed ratios' tolerance holds on the machine that timed them, so they have one
+    differ = [
+        k for k in (*COMPARABLE, "machine") if len({repr(_setting(run["metadata"], k)) for run in runs}) > 1
+    ]
     if differ:
         raise ValueError(f"the runs were measured differently ({', '.join(differ)})")
+    if len({json.dumps(run, sort_keys=True) for run in runs}) < len(runs):
+        raise ValueError("the same run is given twice: a baseline pools separate runs")
     rows: dict[str, list[dict]] = {}
     for run in runs:
         for row in run["rows"]:
@@ -219,7 +225,7 @@ def _too_few_rounds(runs: list[dict]) -> str | None:
 def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict]:
     """One verdict per gated quantity of the baseline: reference value, measured, interval, limit, verdict. Time
     ratios are held to ``reference``'s (a run of the baseline's code on this machine) when given, else to the
-    committed ones."""
+    committed ones. A run that measured none of them is refused: it is a broken run, not a regression."""
     _comparable(run, baseline, "baseline")
     if reference:
         _comparable(run, reference, "reference run")
@@ -234,6 +240,9 @@ def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict
             else:
                 tolerance = time_tolerance_here if name == TIME else baseline["tolerances"][name]
                 verdicts.append(_verdict(key, name, entry[name], rows[key], tolerance))
+    nothing = _measured_nothing(verdicts)
+    if nothing:
+        raise ValueError(nothing)
     return verdicts
 
 
@@ -361,12 +370,35 @@ def _run(args) -> int:
 
 def print_verdicts(verdicts: list[dict], against: str, about: dict, as_json: bool) -> int:
     """The verdicts as a table, or JSON with ``about``, and what they were checked against; the exit code."""
-    failed = sum(v["verdict"] != "ok" for v in verdicts)
+    regressed = sum(v["verdict"] == "REGRESSION" for v in verdicts)
+    unmeasured = sum(v["verdict"] not in ("ok", "REGRESSION") for v in verdicts)
     if as_json:
-        summary = {"against": against, "confidence": CONFIDENCE, "checks": verdicts, "regressions": failed}
+        summary = {
+            "against": against,
+            "confidence": CONFIDENCE,
+            "checks": verdicts,
+            "regressions": regressed,
+            "not_measured": unmeasured,
+        }
         print(json.dumps(about | summary, indent=2))
     else:
         print(report(verdicts))
         print(against)
-        print(f"{len(verdicts)} quantities checked: {f'FAIL, {failed} regressed' if failed else 'ok'}")
-    return 1 if failed else 0
+        failed = [f"{regressed} regressed"] * bool(regressed) + [f"{unmeasured} not measured"] * bool(
+            unmeasured
+        )
+        print(f"{len(verdicts)} quantities checked: {'FAIL, ' + ', '.join(failed) if failed else 'ok'}")
+    return 1 if regressed or unmeasured else 0
+
+
+def _measured_nothing(verdicts: list[dict]) -> str | None:
+    """Why the verdicts judge nothing (no row of the run measured a gated quantity: every one errored, ran out of
+    memory or is missing), or None: such a run is no evidence of a regression, but of a broken run."""
+    if not verdicts or any(v["verdict"] in ("ok", "REGRESSION") for v in verdicts):
+        return None
+    statuses = collections.Counter(v["verdict"] for v in verdicts)
+    return f"the run measured none of the {len(verdicts)} quantities the baseline gates ({_counts(statuses)})"
+
+
+def _counts(counter) -> str:
+    return ", ".join(f"{n} {status}" for status, n in counter.most_common())
