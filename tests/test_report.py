@@ -357,6 +357,38 @@ def test_cli_report_on_a_missing_folder(capsys, tmp_path):
     assert "no results folder" in capsys.readouterr().err
 
 
+def test_cli_report_says_when_there_is_nothing_to_report(capsys, tmp_path):
+    (tmp_path / "results").mkdir()
+    assert main(["report", "--results", str(tmp_path / "results")]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"switchbench report: nothing to report: {tmp_path / 'results'} holds no result a section reads"
+    )
+    assert list(tmp_path.rglob("*")) == [tmp_path / "results"]
+
+
+def test_cli_report_goes_into_its_results_folder_and_replaces_only_a_report(
+    fixture_results, capsys, tmp_path
+):
+    """The default --out is the results folder's report.html (it was ./results/report.html whatever --results
+    said); an existing file that is not a report (a baseline given as --out by mistake) is refused, unchanged."""
+    assert main(["report", "--results", str(fixture_results)]) == 0
+    written = fixture_results / "report.html"
+    assert (
+        capsys.readouterr().out.strip() == f"wrote {written}" and "switchbench report" in written.read_text()
+    )
+    assert (
+        main(["report", "--results", str(fixture_results), "--out", str(written)]) == 0
+    )  # an earlier report
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text('{"ratios": {}}')
+    assert main(["report", "--results", str(fixture_results), "--out", str(baseline)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(f"--out {baseline} exists and is not a switchbench report: refusing to replace it"), (
+        err
+    )
+    assert baseline.read_text() == '{"ratios": {}}'
+
+
 def browse(report: Path, screenshot: Path) -> dict:
     """Open the report from a file URL in headless Chromium with every network request refused."""
     with opened(report) as (page, seen):

@@ -74,16 +74,20 @@ WRITERS = {
     "analyze": (["analyze", "some/checkpoint.pt", "--out", "OUT"], (analyze, "analyze"), False),
     "all": (["all", "--quick", "--results", "OUT", "--runs", "RUNS"], (main_job, "STEPS"), False),
     "all --runs": (["all", "--quick", "--results", "RESULTS", "--runs", "OUT"], (main_job, "STEPS"), False),
-    "report": (["report", "--results", "RESULTS", "--out", "OUT"], (report, "write_report"), True),
+    "report": (["report", "--results", "RESULTS", "--out", "OUT"], (report, "collect"), True),
     "check --write": (["check", "RUN", "--baseline", "OUT", "--write"], (gate, "load_run"), True),
 }
 PROC = Path("/proc")
 
 
-def _bad_location(tmp_path: Path, case: str, is_file: bool, monkeypatch) -> tuple[Path, str]:
+# What a command writing a file may replace: an earlier file of its own kind
+EARLIER = {"report": "<!DOCTYPE html>\n<title>switchbench report</title>\n"}
+
+
+def _bad_location(tmp_path: Path, command: str, case: str, is_file: bool, monkeypatch) -> tuple[Path, str]:
     """An output location of kind ``case`` for a command writing a folder (or a file); the expected message."""
     existing = tmp_path / "existing"
-    existing.write_text("earlier results\n")
+    existing.write_text(EARLIER.get(command, "earlier results\n"))
     if case == "existing file":
         return (existing, "") if is_file else (existing, "is a file")
     if case == "a folder":
@@ -123,7 +127,7 @@ def test_output_locations_are_checked_before_any_work(command, case, tmp_path, m
     monkeypatch.setattr(module, work, _no_work if work != "STEPS" else (main_job.Step("work", _no_work),))
     results_folder = tmp_path / "results"
     results_folder.mkdir()
-    out, message = _bad_location(tmp_path, case, is_file, monkeypatch)
+    out, message = _bad_location(tmp_path, command, case, is_file, monkeypatch)
     before = tree(tmp_path)
     where = {"OUT": str(out), "RUNS": str(tmp_path / "runs"), "RESULTS": str(results_folder), "RUN": "r.json"}
     argv = [where.get(a, a) for a in argv]
@@ -403,13 +407,15 @@ def test_a_run_of_the_wrong_shape_is_named(command, bad, tmp_path, capsys):
 
 
 def skips_the_section(capsys, tmp_path: Path, says: str) -> str:
-    """The report is written without the section whose file is unusable; one line on stderr names the file."""
+    """The report leaves out the file that is unusable, with one line on stderr naming it; with nothing else under
+    results/, it says there is nothing to report and writes nothing (exit 1)."""
     argv = ["report", "--results", str(tmp_path / "results"), "--out", str(tmp_path / "report.html")]
-    assert main(argv) == 0
-    err = capsys.readouterr().err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err and "left out" in err and says in err, err
-    assert (tmp_path / "report.html").read_text().startswith("<!DOCTYPE html>")
-    return err
+    assert main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "Traceback" not in err[0] and "left out" in err[0] and says in err[0], err
+    assert err[1].startswith("switchbench report: nothing to report: ")
+    assert not (tmp_path / "report.html").exists()
+    return err[0]
 
 
 @pytest.mark.parametrize(

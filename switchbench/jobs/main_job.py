@@ -30,8 +30,8 @@ from switchbench.bench.inference import decode
 from switchbench.bench.timing import speed
 from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import commit
-from switchbench.core.results import save_run, writable_file, writable_folder
-from switchbench.reports.report import report_environment, write_report
+from switchbench.core.results import save_run, writable_folder
+from switchbench.reports.report import replaceable, report_environment, write_report
 from switchbench.train.run import TrainConfig, default_preset, run_name, train
 
 # The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.
@@ -220,7 +220,7 @@ def _run(args) -> None:
     # a full run's models are results too: committed, so the next sitting continues them
     runs = writable_folder(Path(args.runs or ("runs-quick" if args.quick else "results/runs")), "--runs")
     log = {}
-    writable_file(results / "report.html", "--results")
+    replaceable(results / "report.html", "--results")
     args = argparse.Namespace(**vars(args), provenance=_provenance(args))
     for step in STEPS:
         start = time.perf_counter()

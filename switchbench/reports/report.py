@@ -369,8 +369,24 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
 
 
 def write_report(results: Path, out: Path, environment: dict) -> Path:
-    link = Path(os.path.relpath(Path(results).resolve(), Path(out).resolve().parent)).as_posix()
-    return write_atomic(Path(out), render(collect(results), environment, link))
+    return write_atomic(Path(out), render(collect(results), environment, _link(results, out)))
+
+
+def _link(results: Path, out: Path) -> str:
+    """The results folder as the report at ``out`` reaches it."""
+    return Path(os.path.relpath(Path(results).resolve(), Path(out).resolve().parent)).as_posix()
+
+
+def replaceable(path: Path, flag: str = "--out") -> Path:
+    """``path`` if the report can be written there losing nothing: a new file or an earlier report, not a file of
+    another kind (a baseline given as --out by mistake); else a one-line ValueError."""
+    writable_file(path, flag)
+    if path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(1024)
+        if not (head.startswith(b"<!DOCTYPE html>") and b"<title>switchbench report</title>" in head):
+            raise ValueError(f"{flag} {path} exists and is not a switchbench report: refusing to replace it")
+    return path
 
 
 def register(commands) -> None:
@@ -378,17 +394,24 @@ def register(commands) -> None:
     parser.add_argument(
         "--results", default="results", help="the results folder to report on (default: %(default)s)"
     )
-    parser.add_argument(
-        "--out", default="results/report.html", help="the HTML file to write (default: %(default)s)"
-    )
+    parser.add_argument("--out", help="the HTML file to write (default: report.html in the results folder)")
     parser.set_defaults(run=_run_command)
 
 
-def _run_command(args) -> None:
-    if not Path(args.results).is_dir():
+def _run_command(args) -> int:
+    results = Path(args.results)
+    if not results.is_dir():
         raise ValueError(f"no results folder at {args.results}")
-    writable_file(Path(args.out))
-    print(f"wrote {write_report(Path(args.results), Path(args.out), report_environment())}")
+    out = replaceable(Path(args.out or results / "report.html"))
+    loaded = collect(results)
+    if not loaded:
+        print(
+            f"switchbench report: nothing to report: {results} holds no result a section reads",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"wrote {write_atomic(out, render(loaded, report_environment(), _link(results, out)))}")
+    return 0
 
 
 def report_environment() -> dict:
