@@ -55,6 +55,50 @@ def test_a_quick_runs_accuracy_is_labelled_and_not_judged(fixture_results, tmp_p
     assert "<b>m</b> 42.0% (150 training steps, quick run, on cpu)" in page
 
 
+@pytest.mark.parametrize(
+    ("steps", "batch", "accuracy", "verdict", "reproduced"),
+    [
+        # a 20-step run on its own (not the main job's quick mode) used to be judged 'differs'
+        (
+            20,
+            128,
+            0.42,
+            "not comparable: 2,560 training examples, 0.0% of the paper's 102,400,000 (-53.0 pp)",
+            None,
+        ),
+        (
+            62_500,
+            128,
+            0.86,
+            "not comparable: 8,000,000 training examples, 7.8% of the paper's 102,400,000 (-9.0 pp)",
+            None,
+        ),
+        (200_000, 512, 0.42, "differs: -53.0 pp after 200,000 steps", False),  # as long as the authors'
+        (20, 128, 0.94, "reproduced after 20 steps", True),  # within tolerance however short
+    ],
+)
+def test_an_accuracy_short_of_the_claim_is_judged_only_after_the_authors_training(
+    fixture_results,  # noqa: F811
+    steps,
+    batch,
+    accuracy,
+    verdict,
+    reproduced,
+):
+    """The authors trained 200k steps of batch 512: fewer training examples (steps x batch, by hand) are no evidence
+    against their ~95%."""
+    path = fixture_results / "analysis" / "listops" / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata["checkpoints"][0] |= {"step": steps, "train": {"batch": batch, "steps": steps, "device": "cpu"}}
+    path.write_text(json.dumps(metadata))
+    _csv(
+        fixture_results / "analysis" / "listops" / "training_log.csv",
+        [{"model": "m", "step": steps, "val_accuracy": accuracy}],
+    )
+    line = next(line for line in summary.lines(collect(fixture_results)) if "ListOps" in line.claim)
+    assert (line.verdict, line.reproduced) == (verdict, reproduced)
+
+
 def _rows(pair: list[float], base: list[float]) -> list[dict]:
     return [
         {"model_a": a, "model_b": b, "baseline": baseline, "layer": layer, "pearson": r, "js_distance": 0.3}

@@ -38,14 +38,15 @@ def job(metadata: dict) -> str:
 
 
 def training(metadata: dict) -> dict[str, dict]:
-    """Per trained model (its run folder's name), the steps it was trained for, on which device, in which mode,
-    from an analysis' metadata.json."""
+    """Per trained model (its run folder's name), the steps it was trained for, their batch, on which device, in
+    which mode, from an analysis' metadata.json."""
     out = {}
     for checkpoint in metadata.get("checkpoints", []):
         path = PurePath(checkpoint["path"])  # named as the analysis names it: runs/<name>/checkpoint.pt
         name = path.parent.name if path.name == "checkpoint.pt" else path.stem
         out[name] = {
             "steps": checkpoint.get("step"),
+            "batch": checkpoint.get("train", {}).get("batch"),
             "device": checkpoint.get("train", {}).get("device"),
             "quick": metadata.get("quick"),
         }

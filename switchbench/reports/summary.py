@@ -23,6 +23,9 @@ QUALITY_CLAIMS = {
     "switchall": (3, "test_ppl", None, ("matches", "better")),
     "moa": (1, "val_ppl", 4, None),
 }
+# The authors' ListOps training (their NDR set-up, which the SwitchHead analysis reuses): 200k steps of batch 512.
+# A run that saw fewer examples and falls short of the claim has not been trained enough to contradict it.
+PAPER_LISTOPS_EXAMPLES = 200_000 * 512
 # Below this mean correlation two seeds of one model share no attention pattern, so there is none to reproduce.
 REFERENCE_MIN_R = 0.5
 
@@ -300,18 +303,17 @@ def weakest_operator(row: dict) -> str:
 
 
 def _accuracy(analysis: dict, claim: dict) -> list[Line]:
-    """Each model's final accuracy, labelled with its training steps, mode and device; a quick run's accuracy
-    is too short a training to decide the claim, and the verdict says so rather than 'differs'."""
+    """Each model's final accuracy, labelled with its training steps, mode and device. A shortfall decides the
+    claim only after as many training examples as the authors' (or where the run's are not recorded); a shorter
+    training's verdict says it is not comparable rather than 'differs'."""
     out = []
     for model, row in _last_evaluations(analysis["log"]).items():
         accuracy, worst = row["val_accuracy"], weakest_operator(row)
         run = analysis.get("training", {}).get(model) or {}
         verdict, ok = _verdict(accuracy, claim["value"], claim["tolerance"])
-        if run.get("quick") and not ok:
-            verdict, ok = (
-                f"not comparable: a {run['steps']:,}-step quick run ({verdict.removeprefix('differs: ')})",
-                None,
-            )
+        short = _too_short(run)
+        if short and not ok:
+            verdict, ok = f"not comparable: {short} ({verdict.removeprefix('differs: ')})", None
         elif run.get("steps") is not None:
             verdict += f" after {run['steps']:,} steps"
         out.append(
@@ -325,6 +327,19 @@ def _accuracy(analysis: dict, claim: dict) -> list[Line]:
             )
         )
     return out
+
+
+def _too_short(run: dict) -> str | None:
+    """How a run's training falls short of the authors' (a quick run, or fewer examples), or None."""
+    if run.get("quick"):
+        return f"a {run['steps']:,}-step quick run"
+    if run.get("steps") is None or run.get("batch") is None:
+        return None
+    examples = run["steps"] * run["batch"]
+    if examples >= PAPER_LISTOPS_EXAMPLES:
+        return None
+    share = examples / PAPER_LISTOPS_EXAMPLES
+    return f"{examples:,} training examples, {share:.1%} of the paper's {PAPER_LISTOPS_EXAMPLES:,}"
 
 
 def mean_similarity(rows: list[dict]) -> list[dict]:
