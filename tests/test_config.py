@@ -4,9 +4,12 @@ import json
 import re
 
 import pytest
+import torch
+from small import T, make_lm, random_tokens, small_cfg
 
 from switchbench.cli import main
-from switchbench.models.config import ModelConfig
+from switchbench.models import family as registry
+from switchbench.models.config import MLP_FIELDS, ROUTING_FIELDS, ModelConfig, unread
 from switchbench.models.presets import PRESETS, from_name
 
 BAD = [
@@ -40,6 +43,59 @@ def test_bad_config_names_field_and_range(changes, message):
 def test_fields_of_other_families_are_not_checked():
     """A dense model does not care about its unused expert settings."""
     ModelConfig(model="transformer", n_experts=2, k=7)
+
+
+# A valid value other than small_cfg's for each field only some models read
+CHANGED = {
+    "n_experts": 5,
+    "k": 1,
+    "experts": "qvo",
+    "shared_selection": True,
+    "entropy_reg": 0.5,
+    "expert_dropout": 0.5,
+    "moa_gating": "sigmoid",
+    "moa_cv_coef": 0.7,
+    "moa_switch_coef": 0.7,
+    "moa_z_coef": 0.7,
+    "d_ff": 40,
+    "mlp_experts": 5,
+    "mlp_expert_size": 6,
+    "mlp_k": 1,
+    "mlp_entropy_reg": 0.3,
+    "mlp_expert_dropout": 0.5,
+}
+
+
+def _training_step(cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    model = make_lm(cfg).train()
+    torch.manual_seed(1)  # the same dropout draws
+    out = model(random_tokens(cfg, T))
+    return out.logits, torch.as_tensor(out.aux_loss)
+
+
+@pytest.mark.parametrize("model", registry.names())
+def test_a_field_is_refused_exactly_where_the_model_would_ignore_it(model):
+    """Each field only some models read, changed on each family's model: where `unread` says the model ignores it,
+    a training step (logits and auxiliary loss, same weights and dropout draws) is bit for bit the same; where it
+    reads it, the step changes. So a refused change is always a no-op, and an accepted one never is."""
+    assert set(CHANGED) == set(ROUTING_FIELDS) | {f for fields in MLP_FIELDS.values() for f in fields}
+    base = small_cfg(model)
+    logits, aux = _training_step(base)
+    for name, value in CHANGED.items():
+        changed = base.replace(**{name: value})
+        new_logits, new_aux = _training_step(changed)
+        same = (
+            new_logits.shape == logits.shape and torch.equal(new_logits, logits) and torch.equal(new_aux, aux)
+        )
+        assert same == (unread(changed, [name]) == [name]), (model, name)
+
+
+def test_unread_fields_are_refused_by_flags_and_preset_changes(capsys):
+    assert main(["params", "wikitext103-47m-moa-h4", "--k", "3"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--k: no effect on a moa model, which does not read it")
+    with pytest.raises(ValueError, match="n_experts: no effect on a transformer model"):
+        from_name("c4-47m-transformer-h10:n_experts=3")
+    assert from_name("wikitext103-47m-moa-h4:n_experts=12").n_experts == 12
 
 
 def test_unknown_preset_suggests_close_names():

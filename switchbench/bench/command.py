@@ -13,7 +13,7 @@ import torch
 from tabulate import tabulate
 
 from switchbench.models import family as registry
-from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig
+from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig, unread
 from switchbench.models.presets import from_name
 from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import choice as attention_choice
@@ -75,7 +75,12 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
         given["options"] = carried | options
     elif model != base.model:
         given["options"] = ()  # another family's options do not carry over; the new one takes its defaults
-    return base.replace(**given)
+    cfg = base.replace(**given)
+    ignored = unread(cfg, given)
+    if ignored:
+        flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
+        raise ValueError(f"{flags}: no effect on a {cfg.model} model, which does not read it")
+    return cfg
 
 
 def describe(cfg: ModelConfig) -> str:

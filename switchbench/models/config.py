@@ -13,6 +13,25 @@ from switchbench.models import family as registry
 
 POSITIONS = ("xl", "rope")
 MOA_GATINGS = ("softmax", "sigmoid")
+# Shared fields that only some families read: the routing of SwitchHead and MoA (each family names those it reads,
+# Family.reads) and each MLP's width. A change by hand to one the model does not read would leave the numbers as
+# they were under a label that says otherwise, so it is refused (:func:`unread`).
+ROUTING_FIELDS = (
+    "n_experts",
+    "k",
+    "experts",
+    "shared_selection",
+    "entropy_reg",
+    "expert_dropout",
+    "moa_gating",
+    "moa_cv_coef",
+    "moa_switch_coef",
+    "moa_z_coef",
+)
+MLP_FIELDS = {
+    "dense": ("d_ff",),
+    "sigma_moe": ("mlp_experts", "mlp_expert_size", "mlp_k", "mlp_entropy_reg", "mlp_expert_dropout"),
+}
 
 
 @dataclass(frozen=True)
@@ -137,6 +156,13 @@ def _family_options(family: "registry.Family", given) -> tuple[tuple[str, Any], 
             f"{', '.join(unknown)} is no option of model {family.name} (its options: {', '.join(sorted(known))})"
         )
     return tuple(sorted(asdict(family.options(**given)).items()))
+
+
+def unread(cfg: ModelConfig, names) -> list[str]:
+    """Those of ``names`` (fields changed by hand) that ``cfg``'s model does not read."""
+    ignored = set(ROUTING_FIELDS) - set(cfg.family.reads)
+    ignored |= {name for mlp, names_of in MLP_FIELDS.items() if mlp != cfg.mlp for name in names_of}
+    return [name for name in names if name in ignored]
 
 
 def one_of(name, value, allowed):

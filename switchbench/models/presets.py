@@ -7,7 +7,7 @@ from dataclasses import fields
 from types import MappingProxyType
 
 from switchbench.models import family as registry
-from switchbench.models.config import ModelConfig
+from switchbench.models.config import ModelConfig, unread
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
 _SMALL_XL = dict(d_model=412, n_layers=16, T=256, context_blocks=1, vocab=8000, dropout=0.1)
@@ -147,7 +147,14 @@ def from_name(name: str) -> ModelConfig:
         close = difflib.get_close_matches(base, PRESETS, n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(close)}?" if close else "; `switchbench presets` lists them"
         raise ValueError(f"unknown preset {base!r}{hint}")
-    return PRESETS[base].replace(**_changes(name, changes)) if changes else PRESETS[base]
+    if not changes:
+        return PRESETS[base]
+    changed = _changes(name, changes)
+    cfg = PRESETS[base].replace(**changed)
+    ignored = unread(cfg, changed)
+    if ignored:
+        raise ValueError(f"{name}: {', '.join(ignored)}: no effect on a {cfg.model} model, which does not read it")
+    return cfg
 
 
 def _changes(name: str, text: str) -> dict:

@@ -170,6 +170,7 @@ FAMILY = register(
         validate=validate,
         describe=lambda cfg: f"E{cfg.n_experts} {cfg.moa_gating}",
         routing="heads",
+        reads=("n_experts", "moa_gating", "moa_cv_coef", "moa_switch_coef", "moa_z_coef"),
         head_slots=True,
         expert_matmuls=expert_matmuls,
         paper_cost=paper_cost,

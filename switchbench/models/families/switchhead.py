@@ -293,6 +293,7 @@ FAMILY = register(
         validate=validate,
         describe=describe,
         routing="experts",
+        reads=("n_experts", "k", "experts", "shared_selection", "entropy_reg", "expert_dropout"),
         expert_matmuls=expert_matmuls,
         paper_cost=paper_cost,
         printed_cost=printed_cost,
