@@ -153,7 +153,9 @@ def from_name(name: str) -> ModelConfig:
     cfg = PRESETS[base].replace(**changed)
     ignored = unread(cfg, changed)
     if ignored:
-        raise ValueError(f"{name}: {', '.join(ignored)}: no effect on a {cfg.model} model, which does not read it")
+        raise ValueError(
+            f"{name}: {', '.join(ignored)}: no effect on a {cfg.model} model, which does not read it"
+        )
     return cfg
 
 
