@@ -410,7 +410,8 @@ def test_on_the_durations_the_h100_suggests_the_first_call_brings_back_figures(t
 
 def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["evidence", "--device", "cpu", "--list", "--json"]) == 0
+    monkeypatch.setattr(evidence, "device_from_args", lambda choice: choice or "cpu")  # a machine without CUDA
+    assert main(["evidence", "--list", "--json"]) == 0  # no --device: the GPU's plan, from anywhere
     out = json.loads(capsys.readouterr().out)
     planned = [entry["step"] for call in out["calls"] for entry in call]
     assert (
@@ -420,11 +421,41 @@ def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, caps
     resumable = {s.name for s in evidence.STEPS if s.resumable}  # listed in each call they go on in, whole
     room = 540 - out["report_reserve"] - evidence.exit_reserve(540)
     assert all(sum(e["seconds"] for e in call if e["step"] not in resumable) <= room for call in out["calls"])
-    assert main(["evidence", "--device", "cpu", "--list", "--budget", "200"]) == 0
+    monkeypatch.setattr(
+        evidence, "device_from_args", lambda choice: choice or "cpu"
+    )  # a machine without CUDA
+    assert main(["evidence", "--list", "--budget", "200"]) == 0  # no --device: the GPU's plan, from anywhere
     text = capsys.readouterr().out
+    assert text.startswith("the plan on a CUDA GPU: ")
     assert (
         "never: speed-practitioner-262m needs ~300 s, more than one call holds" in text and "call 1: " in text
     )
+
+
+def test_the_list_plans_the_device_asked_for_and_the_report_alone(capsys):
+    """--device cpu lists the CPU rehearsal (it listed the GPU's plan); --only report is one call of the report
+    (it was 0 calls)."""
+    assert main(["evidence", "--device", "cpu", "--list", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cpu = {s.name: s.cpu_seconds for s in evidence.STEPS}
+    assert all(entry["seconds"] == cpu[entry["step"]] for call in out["calls"] for entry in call)
+    assert "kernel-tune-47m: needs a CUDA GPU" in out["skipped"]
+    assert main(["evidence", "--device", "cpu", "--list", "--only", "report"]) == 0
+    text = capsys.readouterr().out
+    assert "1 calls of 540 s" in text and "  call 1: report (~" in text
+
+
+def test_a_budget_that_leaves_the_steps_no_time_is_refused(tmp_path, capsys, monkeypatch):
+    """The report's 20 s (declared, on a GPU) and the exit's twentieth are kept from every call: 21 s leave nothing."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["evidence", "--list", "--budget", "21"]) == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith("--budget 21 s leaves the steps no time: 20 s are kept for the report and 1 s for the exit")
+    )
+    assert main(["evidence", "--list", "--budget", "23"]) == 0
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.slow  # a pytest of its own under xdist: 15 s

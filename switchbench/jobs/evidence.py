@@ -939,7 +939,7 @@ def run_chain(
         say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
     started = time.monotonic()
     end = started + budget - exit_reserve(budget)
-    report = next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
+    report = _report_step(only)
     reserve = expected_seconds(report, state, ctx.device) if report else 0.0
     ctx.deadline = end - reserve
     ran = []
@@ -961,6 +961,25 @@ def run_chain(
     for line in missing:
         say(f"  {line}")
     return state
+
+
+def _report_step(only: list[str] | None) -> Step | None:
+    """The report step, when the call runs it (at its end, in the time kept for it)."""
+    return next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
+
+
+def check_budget(budget: float, state: dict, device: str, only: list[str] | None) -> None:
+    """A one-line ValueError when a call of ``budget`` s leaves its steps no time: all of it kept for the report
+    and the exit (every call would run nothing but the report)."""
+    if not math.isfinite(budget) or budget <= 0:
+        raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
+    report = _report_step(only)
+    reserve = expected_seconds(report, state, device) if report else 0.0
+    if only != [REPORT] and budget - exit_reserve(budget) - reserve <= 0:
+        raise ValueError(
+            f"--budget {budget:g} s leaves the steps no time: {reserve:.0f} s are kept for the report and "
+            f"{exit_reserve(budget):.0f} s for the exit"
+        )
 
 
 ROOM_TO_RETRY = 1.25  # a step stopped with a whole call is tried again in a call this much longer than it had
@@ -1105,16 +1124,18 @@ def register(commands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     device = device_from_args(args.device)
-    if not math.isfinite(args.budget) or args.budget <= 0:
-        raise ValueError(f"--budget must be a finite number of seconds > 0; got {args.budget}")
     results = writable_folder(Path(args.results), "--results")
     runs = writable_folder(Path(args.runs), "--runs")
     if args.pack:
         writable_file(Path(args.pack), "--pack")
     folder = results / "evidence" / slug(device_name(device))
     state_path = folder / "state.json"
+    state = load_state(state_path, fingerprint())
+    # --list without --device plans a GPU's calls from anywhere; --device cpu lists the CPU rehearsal's
+    planned = (args.device or "cuda") if args.list else device
+    check_budget(args.budget, state if planned == device else _blank(state), planned, args.only)
     if args.list:
-        return _list(args, load_state(state_path, fingerprint()), device)
+        return _list(args, state, device, planned)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
@@ -1132,18 +1153,22 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _list(args: argparse.Namespace, state: dict, device: str) -> int:
-    """The GPU plan, call by call, with each step's expected seconds, on any device (off a GPU from the declared
-    estimates and nothing done), and what this device's chain still misses."""
-    gpu_state = (
-        state if device == "cuda" else {"fingerprint": state["fingerprint"], "steps": {}, "durations": {}}
-    )
-    todo, notes = plan(gpu_state, "cuda", args.only, args.retry_failed)
+def _blank(state: dict) -> dict:
+    """``state`` with nothing done and no duration learnt: a plan for another device, from declared estimates."""
+    return {"fingerprint": state["fingerprint"], "steps": {}, "durations": {}}
+
+
+def _list(args: argparse.Namespace, state: dict, device: str, planned_on: str) -> int:
+    """The plan on ``planned_on``, call by call, with each step's expected seconds (from the declared estimates and
+    nothing done when that is not this device), and what this device's chain still misses."""
+    here = planned_on == device
+    plan_state = state if here else _blank(state)
+    todo, notes = plan(plan_state, planned_on, args.only, args.retry_failed)
     report = [s for s in todo if s.name == REPORT]
-    seconds = {s.name: expected_seconds(s, gpu_state, "cuda") for s in todo}
+    seconds = {s.name: expected_seconds(s, plan_state, planned_on) for s in todo}
     reserve = sum(seconds[s.name] for s in report)
     steps = [s for s in todo if s.name != REPORT]
-    calls = schedule(steps, lambda s: seconds[s.name], args.budget, reserve)
+    calls = schedule(steps, lambda s: seconds[s.name], args.budget, reserve) or [report] * bool(report)
     planned = {s.name for call in calls for s in call}
     payload = {
         "budget": args.budget,
@@ -1156,9 +1181,10 @@ def _list(args: argparse.Namespace, state: dict, device: str) -> int:
     if args.json:
         print(json.dumps(payload, indent=2))
         return 0
+    where = "a CUDA GPU" if planned_on == "cuda" else "the CPU (a rehearsal on tiny presets)"
     print(
-        f"the plan on a CUDA GPU: {len(calls)} calls of {args.budget:.0f} s, {reserve:.0f} s of each kept for the "
-        f"report{'' if device == 'cuda' else ' (declared estimates; nothing done yet)'}"
+        f"the plan on {where}: {len(calls)} calls of {args.budget:.0f} s, {reserve:.0f} s of each kept for the "
+        f"report{'' if here else ' (declared estimates; nothing done yet)'}"
     )
     for number, call in enumerate(calls, 1):
         print(f"  call {number}: " + ", ".join(f"{s.name} (~{seconds[s.name]:.0f} s)" for s in call))
