@@ -410,7 +410,8 @@ def test_on_the_durations_the_h100_suggests_the_first_call_brings_back_figures(t
 
 def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(evidence, "device_from_args", lambda choice: choice or "cpu")  # a machine without CUDA
+    # a machine without CUDA
+    monkeypatch.setattr(evidence, "device_from_args", lambda choice: choice or "cpu")
     assert main(["evidence", "--list", "--json"]) == 0  # no --device: the GPU's plan, from anywhere
     out = json.loads(capsys.readouterr().out)
     planned = [entry["step"] for call in out["calls"] for entry in call]
