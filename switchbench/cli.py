@@ -102,8 +102,15 @@ def _settle_heap() -> None:
     atexit.register(gc.unfreeze)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the flags are one --help away), as every other error is."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="switchbench", description=__doc__)
+    parser = _Parser(prog="switchbench", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(commands)
