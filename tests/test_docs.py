@@ -268,7 +268,7 @@ def _refuse(self, message):
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    with mock.patch.object(argparse.ArgumentParser, "error", _refuse):
+    with mock.patch.object(cli._Parser, "error", _refuse):
         return _parser().parse_args(argv)
 
 
