@@ -14,7 +14,7 @@ from switchbench.models.presets import PRESETS, from_name
 
 BAD = [
     (dict(model="switchhead", n_experts=4, k=5), "k must be in [1, 4]"),
-    (dict(d_model=0), "d_model must be in >= 1"),
+    (dict(d_model=0), "d_model must be >= 1; got 0"),
     (dict(n_heads=-2), "n_heads"),
     (dict(pos="alibi"), "pos must be one of xl, rope"),
     (dict(model="gpt"), "model must be one of"),

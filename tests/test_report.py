@@ -15,11 +15,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pytest
+import torch
 from browser import CHROMIUM, WIDTH, opened
 
 from switchbench.cli import main
+from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.reports import summary
-from switchbench.reports.report import collect, write_report
+from switchbench.reports.report import collect, report_environment, write_report
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -387,6 +389,18 @@ def test_cli_report_goes_into_its_results_folder_and_replaces_only_a_report(
         err
     )
     assert baseline.read_text() == '{"ratios": {}}'
+
+
+def test_the_environment_names_the_cpu_in_words(fixture_results, tmp_path):
+    """The CPU's fingerprint is a row of words (it was a Python dict printed as is)."""
+    fingerprint = cpu_fingerprint()
+    env = (
+        report_environment() if not torch.cuda.is_available() else {"machine": describe_machine(fingerprint)}
+    )
+    assert env["machine"].startswith(f"{fingerprint['model']} ({fingerprint['cores']} cores")
+    page = write_report(fixture_results, tmp_path / "report.html", env).read_text()
+    row = re.search(r"<tr><th>machine</th><td>([^<]*)</td></tr>", page)[1]
+    assert "{" not in row and f"{fingerprint['cores']} cores" in row
 
 
 def browse(report: Path, screenshot: Path) -> dict:

@@ -39,6 +39,12 @@ def cpu_fingerprint() -> dict:
     }
 
 
+def describe_machine(fingerprint: dict) -> str:
+    """A :func:`cpu_fingerprint` in words: 'AMD EPYC 7B13 (2 cores, AVX2, L1d 32K, L1i 32K, L2 512K, L3 32768K)'."""
+    about = [f"{fingerprint.get('cores')} cores", fingerprint.get("capability"), fingerprint.get("caches")]
+    return f"{fingerprint.get('model')} ({', '.join(str(a) for a in about if a)})"
+
+
 def _cpuinfo(field: str) -> str | None:
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()

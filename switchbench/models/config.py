@@ -179,6 +179,6 @@ def in_range(name, value, lo, hi=None, closed_hi=True):
         raise ValueError(f"{name} must be a finite number; got {value}")
     above = hi is None or (value <= hi if closed_hi else value < hi)
     if value < lo or not above:
-        upper = "" if hi is None else (f", {hi}]" if closed_hi else f", {hi})")
-        span = f"[{lo}{upper}" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be in {span}; got {value}")
+        if hi is None:
+            raise ValueError(f"{name} must be >= {lo}; got {value}")
+        raise ValueError(f"{name} must be in [{lo}, {hi}{']' if closed_hi else ')'}; got {value}")

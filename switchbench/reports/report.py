@@ -19,7 +19,7 @@ import jinja2
 
 from switchbench.bench.command import device_from_args
 from switchbench.bench.published import WALLCLOCK
-from switchbench.core.environment import environment
+from switchbench.core.environment import describe_machine, environment
 from switchbench.core.results import newest, read_csv, writable_file, write_atomic
 from switchbench.core.schema import read_json, read_run, read_table
 from switchbench.reports import labels, summary
@@ -417,4 +417,6 @@ def _run_command(args) -> int:
 def report_environment() -> dict:
     """Where the report was made, without the fields this machine does not have."""
     env = environment(device_from_args(None))
+    if env.get("machine"):
+        env["machine"] = describe_machine(env["machine"])
     return {key: value for key, value in env.items() if value is not None}

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import switchbench
 from switchbench.bench.timing import gate
-from switchbench.core.environment import cpu_fingerprint
+from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import writable_folder
 
 # The folder holding the package that is running: the code under test (a checkout, or a worktree run with -m)
@@ -256,4 +256,4 @@ def _machine(metadata: dict) -> str:
     fingerprint = metadata.get("machine")
     if not fingerprint:
         return "a machine the baseline does not name"
-    return f"{fingerprint['model']} ({fingerprint['cores']} cores, {fingerprint['capability']}, {fingerprint['caches']})"
+    return describe_machine(fingerprint)
