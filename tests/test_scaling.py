@@ -2,8 +2,10 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 
 from switchbench.bench.cost import scaling
 from switchbench.bench.cost.accounting import exact_cost
@@ -50,3 +52,31 @@ def test_sweep_files(tmp_path):
     assert len(rows) == sum(len(s) for s in scaling.SERIES.values()) * len(scaling.LENGTHS)
     assert {int(r["T"]) for r in rows} == {128, 256, 512, 1024, 2048, 4096, 8192, 16384}
     assert (tmp_path / "cost_scaling.png").stat().st_size > 10_000
+
+
+def test_a_sweep_stopped_while_writing_leaves_the_earlier_files_whole(tmp_path, monkeypatch):
+    """The CSV, the figure and the metadata are renamed into place together: a failure while drawing the SVG (an
+    interrupt, a full disk) leaves the earlier sweep's four files as they were and no temporary file."""
+    monkeypatch.setattr(scaling, "figure", lambda rows: _small_figure())
+    scaling.write_sweep(tmp_path, [{"T": 128, "macs": 1}])
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert sorted(before) == ["cost_scaling.csv", "cost_scaling.json", "cost_scaling.png", "cost_scaling.svg"]
+
+    class Stopped(Exception):
+        pass
+
+    def savefig(self, path, format, **kwargs):
+        if format == "svg":
+            raise Stopped
+        Path(path).write_bytes(b"new png")
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    with pytest.raises(Stopped):
+        scaling.write_sweep(tmp_path, [{"T": 256, "macs": 2}])
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def _small_figure():
+    fig = Figure(figsize=(1, 1))
+    fig.add_subplot().plot([0, 1])
+    return fig

@@ -146,21 +146,23 @@ def new_figure(**options):
     return Figure(**options)
 
 
-def save_figure(fig, stem: Path, dpi: int = 100) -> list[Path]:
-    """A matplotlib figure as STEM.png and STEM.svg, each written atomically; a pyplot figure is closed."""
+def save_figure(
+    fig, stem: Path, dpi: int = 100, also: dict[Path, Callable[[Path], object]] | None = None
+) -> list[Path]:
+    """A matplotlib figure as STEM.png and STEM.svg, and the files of ``also`` (path -> writer, e.g. the numbers
+    behind the figure and its metadata), all renamed into place together once every one is written: a run stopped
+    on the way leaves the earlier set whole. A pyplot figure is closed."""
     box = _tight_box(fig)
     # the layout found for the box kept for both files: each savefig would run the layout engine again (two thirds
     # of the time saving 18 heat maps took)
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")
+    images = {
+        Path(stem).with_suffix(f".{fmt}"): lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches=box)
+        for fmt in ("png", "svg")
+    }
     try:
-        written = [
-            replace_atomically(
-                Path(stem).with_suffix(f".{fmt}"),
-                lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches=box),
-            )
-            for fmt in ("png", "svg")
-        ]
+        written = replace_together(images | (also or {}))
     finally:
         fig.set_layout_engine(engine)
     if (
@@ -203,7 +205,12 @@ def frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:
 
 def write_csv(path: Path, rows: list[dict] | pd.DataFrame) -> Path:
     """Rows as CSV, full precision, missing cells empty; written atomically."""
-    return replace_atomically(path, lambda tmp: frame(rows).to_csv(tmp, index=False))
+    return replace_atomically(path, csv_writer(rows))
+
+
+def csv_writer(rows: list[dict] | pd.DataFrame) -> Callable[[Path], object]:
+    """What :func:`write_csv` writes, as a writer for :func:`replace_together`."""
+    return lambda path: frame(rows).to_csv(path, index=False)
 
 
 def read_csv(path: Path) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.cost.accounting import exact_cost
 from switchbench.core.environment import environment
-from switchbench.core.results import new_figure, save_figure, writable_folder, write_atomic, write_csv
+from switchbench.core.results import csv_writer, new_figure, save_figure, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
@@ -123,22 +123,22 @@ def figure(rows: list[dict]) -> Figure:
     return fig
 
 
-def plot(rows: list[dict], path: Path) -> list[Path]:
-    """The sweep's figure as PNG and SVG."""
-    return save_figure(figure(rows), path, dpi=110)
-
-
 def write_sweep(folder: Path, rows: list[dict], provenance: dict | None = None) -> list[Path]:
     """The sweep's rows as CSV, their plot as PNG and SVG, and cost_scaling.json saying where and how (with
-    ``provenance``, the main job's mode and starting commit), written last."""
+    ``provenance``, the main job's mode and starting commit), renamed into place together: a sweep stopped on the
+    way leaves the earlier set whole, never a new CSV beside an old figure."""
     metadata = environment("cpu") | (provenance or {})  # read before writing: the commit, not a dirty one
-    written = [write_csv(folder / "cost_scaling.csv", rows), *plot(rows, folder / "cost_scaling")]
+    stem = folder / "cost_scaling"
     metadata |= {
         "command": "switchbench sweep",
         "count": "exact_cost of one attention layer, one sequence, forward",
-        "files": [p.name for p in written],
+        "files": [f"{stem.name}.{suffix}" for suffix in ("csv", "png", "svg")],
     }
-    return [*written, write_atomic(folder / "cost_scaling.json", json.dumps(metadata, indent=2))]
+    also = {
+        stem.with_suffix(".csv"): csv_writer(rows),
+        stem.with_suffix(".json"): lambda tmp: tmp.write_text(json.dumps(metadata, indent=2)),
+    }
+    return save_figure(figure(rows), stem, dpi=110, also=also)
 
 
 def register(commands) -> None:
