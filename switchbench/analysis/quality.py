@@ -332,7 +332,9 @@ def register(commands) -> None:
     parser.add_argument(
         "--threads", type=int, help="intra-op threads (default: 1 on the CPU, PyTorch's on a GPU machine)"
     )
-    parser.add_argument("--out", default="results/quality", help="results go to OUT/<device>/")
+    parser.add_argument(
+        "--out", default="results/quality", help="results go to OUT/<device>/ (default: %(default)s)"
+    )
     add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)

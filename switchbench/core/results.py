@@ -157,10 +157,8 @@ def save_figure(
     # of the time saving 18 heat maps took)
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")
-    images = {
-        Path(stem).with_suffix(f".{fmt}"): lambda tmp, f=fmt: fig.savefig(tmp, format=f, dpi=dpi, bbox_inches=box)
-        for fmt in ("png", "svg")
-    }
+    draw = lambda fmt: lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=box)  # noqa: E731
+    images = {Path(stem).with_suffix(f".{fmt}"): draw(fmt) for fmt in ("png", "svg")}
     try:
         written = replace_together(images | (also or {}))
     finally:
