@@ -165,6 +165,10 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
         (["decode", "--prefill-rounds", "0"], "--prefill-rounds must be >= 1; got 0"),
         (["decode", "--threads", "0"], "--threads must be >= 1; got 0"),
+        (  # --count ignored them: nothing is timed
+            ["decode", "--count", "--rounds", "5", "--batches", "2", "--resume"],
+            "--rounds, --batches, --resume: --count times nothing (it counts caches and largest batches)",
+        ),
     ],
 )
 def test_bad_input(capsys, argv, message):

@@ -46,6 +46,7 @@ from switchbench.models.presets import from_name
 
 GPU_GROUPS, CPU_GROUPS = ("262m",), ("tiny", "tiny-rope")
 GRIDS = {"cuda": ((1, 16, 64), (512, 2048, 8192)), "cpu": ((1, 4), (64, 256))}
+TIMING = {"rounds": 10, "warmup": 2, "prefill_rounds": 3}  # defaults of the timing flags
 TOLERANCE = 1e-4  # the decoding check in float32
 PREFILL_CHUNK = 512  # prompt tokens per prefill call: a chunk's attention maps, not the prompt's, are held
 
@@ -335,13 +336,18 @@ def register(commands) -> None:
         type=int,
         help="tokens in the cache (default: 512 2048 8192 on a GPU, 64 256 on the CPU)",
     )
-    parser.add_argument("--rounds", type=int, default=10, help="timed rounds after warm-up")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=TIMING["rounds"],
+        help="timed rounds after warm-up (default %(default)s)",
+    )
+    parser.add_argument("--warmup", type=int, default=TIMING["warmup"], help="(default %(default)s)")
     parser.add_argument(
         "--prefill-rounds",
         type=int,
-        default=3,
-        help="of the timed rounds, those that time prefill too (default 3)",
+        default=TIMING["prefill_rounds"],
+        help="of the timed rounds, those that time prefill too (default %(default)s)",
     )
     parser.add_argument("--threads", type=int, help="intra-op threads on the CPU (default: PyTorch's)")
     parser.add_argument(
@@ -364,6 +370,17 @@ def register(commands) -> None:
     parser.set_defaults(run=_run)
 
 
+def _nothing_timed(args) -> None:
+    """A one-line ValueError naming the flags given to --count that only a timed run reads (--count ignored them)."""
+    given = [
+        f"--{name.replace('_', '-')}" for name, default in TIMING.items() if getattr(args, name) != default
+    ]
+    given += [flag for flag, value in (("--batches", args.batches), ("--threads", args.threads)) if value]
+    given += ["--resume"] * args.resume
+    if given:
+        raise ValueError(f"{', '.join(given)}: --count times nothing (it counts caches and largest batches)")
+
+
 def _run(args) -> int:
     device = device_from_args(args.device)
     writable_folder(Path(args.out))
@@ -382,6 +399,7 @@ def _run(args) -> int:
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:
+        _nothing_timed(args)
         rows = count_rows(groups, contexts, memory, width)
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
