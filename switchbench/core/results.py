@@ -157,7 +157,10 @@ def save_figure(
     # of the time saving 18 heat maps took)
     engine = fig.get_layout_engine()
     fig.set_layout_engine("none")
-    draw = lambda fmt: lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=box)  # noqa: E731
+
+    def draw(fmt: str) -> Callable[[Path], object]:
+        return lambda tmp: fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches=box)
+
     images = {Path(stem).with_suffix(f".{fmt}"): draw(fmt) for fmt in ("png", "svg")}
     try:
         written = replace_together(images | (also or {}))

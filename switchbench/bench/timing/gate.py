@@ -384,10 +384,9 @@ def print_verdicts(verdicts: list[dict], against: str, about: dict, as_json: boo
     else:
         print(report(verdicts))
         print(against)
-        failed = [f"{regressed} regressed"] * bool(regressed) + [f"{unmeasured} not measured"] * bool(
-            unmeasured
-        )
-        print(f"{len(verdicts)} quantities checked: {'FAIL, ' + ', '.join(failed) if failed else 'ok'}")
+        counts = ((regressed, "regressed"), (unmeasured, "not measured"))
+        failed = ", ".join(f"{n} {what}" for n, what in counts if n)
+        print(f"{len(verdicts)} quantities checked: {'FAIL, ' + failed if failed else 'ok'}")
     return 1 if regressed or unmeasured else 0
 
 
