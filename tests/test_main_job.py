@@ -223,7 +223,9 @@ def test_a_quick_main_job_in_a_fresh_clone(tmp_path):
         "listops-listops" not in page
         and "listops-listops" not in (results / "analysis" / "listops" / "summary.csv").read_text()
     )
-    assert (results / "analysis" / "listops" / "similarity.csv").exists() and 'id="similarity"' in page
+    assert (
+        results / "analysis" / "listops" / "similarity.csv"
+    ).exists() and 'id="routing-listops-similarity"' in page
     if CHROMIUM is not None:
         pytest.importorskip("playwright")
         seen = browse(report, tmp_path / "screen.png")
