@@ -265,8 +265,16 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
     resumed = json.loads(saved.read_text())
     assert (resumed["metadata"]["cells_done"], resumed["metadata"]["cells"]) == (2, 2)
     assert [r["cells_done"] for r in resumed["metadata"]["resumed"]] == [1]
-    first = {(r["preset"], r["batch"]): r["decode_ms"] for r in resumed["rows"] if r.get("batch") == 1}
-    assert first == {(r["preset"], r["batch"]): r["decode_ms"] for r in timed}
+    kept = (
+        "decode_ms",
+        "decode_floor_ms",
+        "prefill_floor_ms",
+    )  # floors too: against the first part's yardsticks
+    first = {(r["preset"], r["batch"]): [r[k] for k in kept] for r in resumed["rows"] if r.get("batch") == 1}
+    assert first == {(r["preset"], r["batch"]): [r[k] for k in kept] for r in timed}
+    for yardstick in decode.YARDSTICKS:
+        assert resumed["metadata"][yardstick] == run["metadata"][yardstick]
+        assert resumed["metadata"]["resumed"][0][f"{yardstick}_here"] > 0  # what the second part measured
     assert {r["batch"] for r in resumed["rows"] if "decode_ms" in r} == {1, 2}
     assert len(resumed["rows"]) == 4  # two presets x two cells, none twice
 
@@ -277,3 +285,10 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
     (saved.parent / "other-grid.json").write_text(json.dumps(resumed))
     assert main([*argv, "--resume"]) == 0
     assert len(list(tmp_path.glob("*/*.json"))) == 4 and calls[-2:] == [(1, 8), (2, 8)]
+    # nor one timed with other threads or kernels: its cells would stand under this run's settings
+    for other in ({"threads": 7}, {"attention": "sdpa"}, {"routing_resolved": "count"}):
+        stopped = run | {"metadata": run["metadata"] | {"cells_done": 1, **other}}
+        (saved.parent / "other-settings.json").write_text(json.dumps(stopped))
+        files = len(list(tmp_path.glob("*/*.json")))
+        assert main([*argv, "--resume"]) == 0
+        assert len(list(tmp_path.glob("*/*.json"))) == files + 1 and calls[-2:] == [(1, 8), (2, 8)]

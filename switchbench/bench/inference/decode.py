@@ -451,14 +451,19 @@ def measure(
     that stopped midway on the same grid (its finished cells kept, the rest measured into its files)."""
     dtype = DTYPES[dtype_name]
     width = torch.empty((), dtype=dtype).element_size()
-    measured = _metadata(grid, device, dtype_name) | {"expert_matmul": expert_matmul} | (extra or {})
+    kernels = kernel_metadata(expert_matmul, device)
+    measured = _metadata(grid, device, dtype_name) | {k: kernels[k] for k in SAME_KERNELS} | (extra or {})
     folder = out / slug(measured["device"])
     earlier, stem = [], new_run_stem(folder, f"{dtype_name}-decode")
     if resume and (unfinished := _unfinished(folder, measured)):
         stem, earlier_run = unfinished.with_suffix(""), json.loads(unfinished.read_text())
         earlier = earlier_run["rows"]
         kept = {k: earlier_run["metadata"].get(k) for k in ("commit", "time", "cells_done")}
-        measured["resumed"] = [*earlier_run["metadata"].get("resumed", []), kept]
+        # this part's own yardsticks go on record; every row's floors stay against the first part's, so the cells
+        # kept are as they were and all cells of the run are put beside one peak and one bandwidth
+        here = {f"{k}_here": measured[k] for k in YARDSTICKS}
+        measured |= {k: earlier_run["metadata"][k] for k in YARDSTICKS}
+        measured["resumed"] = [*earlier_run["metadata"].get("resumed", []), kept | here]
     cells = len(grid.groups) * len(grid.batches) * len(grid.contexts)
 
     def save(rows: list[dict]) -> tuple[dict, list[dict], Path]:
@@ -474,7 +479,8 @@ def measure(
     return save(run(grid, device, dtype, save, earlier))
 
 
-# What makes a stopped run one to continue: the same device and grid, measured the same way
+# What makes a stopped run one to continue: the same device and grid, measured the same way (threads and kernels)
+SAME_KERNELS = ("expert_matmul", "attention", "routing_resolved")
 SAME_GRID = (
     "device",
     "dtype",
@@ -485,8 +491,10 @@ SAME_GRID = (
     "warmup",
     "prefill_rounds",
     "memory_for_max_batch_bytes",
-    "expert_matmul",
+    "threads",
+    *SAME_KERNELS,
 )
+YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
 
 
 def _unfinished(folder: Path, metadata: dict) -> Path | None:
