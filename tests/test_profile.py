@@ -240,9 +240,19 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
         assert (
             r["ms"] == pytest.approx(r["moe_ms"] - r["dense_equivalent_ms"]) and r["dense_equivalent_ms"] > 0
         )
+        dense = next(
+            x for x in printed["rows"] if x["preset"] == "tiny-transformer:d_ff=96" and x["what"] == what
+        )
+        # on the CPU against dense's profiled step, the clock its shares are on (it used the unprofiled one)
+        assert r["dense_step_ms"] == dense["ms_profiled"] and r["dense_preset"] == dense["preset"]
+        assert r["fraction_of_dense_step"] == pytest.approx(r["ms"] / dense["ms_profiled"])
     page = render({"profile": load_profile(tmp_path)}, {})
     assert "Where a training step" in page and page.count("tiny-switchhead<br>") == 2
     assert "MoE overhead: routing and expert matmul" in page
+    assert (
+        f"{100 * overhead['train step']['fraction_of_dense_step']:.1f}% of tiny-transformer:d_ff=96's step"
+        in page
+    )
     assert main([*args, "--top", "2", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "tiny-switchhead, train step: MoE overhead " in text
@@ -251,6 +261,22 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
         sorted(line.split()[0] for line in listed)
         == ["tiny-switchhead"] * 2 + ["tiny-transformer:d_ff=96"] * 2
     )
+
+
+@pytest.mark.parametrize(("device", "step_ms"), [("cuda", 300.0), ("cpu", 415.0)])
+def test_the_overhead_stands_beside_dense_s_step_on_the_shares_clock(device, step_ms):
+    """An H200's 262M profile: dense's step 301.3 ms unprofiled, 415.4 ms profiled (the profiler's host cost), and
+    SwitchHead's overhead 37.4 ms of kernel time. On a GPU a kernel's time is the same under the profiler, so the
+    overhead is 12.4% of the real step; on the CPU every operator's time carries the profiler's cost, so the
+    profiled step is the one to divide by."""
+    dense = {"preset": "c4-262m-transformer-h16", "what": "train step", "kind": "share", "name": "attention"}
+    dense |= {"ms_unprofiled": 300.0, "ms_profiled": 415.0}
+    overhead = {"preset": "c4-262m-switchhead-h4", "what": "train step", "kind": "moe overhead", "ms": 37.5}
+    overhead |= {"moe_ms": 63.0, "dense_equivalent_ms": 25.5}
+    rows = profile._beside_dense([dense, overhead], device)
+    assert rows[1]["fraction_of_dense_step"] == pytest.approx(37.5 / step_ms)
+    (line,) = profile.overhead_lines(rows)
+    assert line.endswith(f", {100 * 37.5 / step_ms:.1f}% of c4-262m-transformer-h16's train step")
 
 
 def test_the_expert_matmuls_of_a_preset_are_its_attention_s_and_its_mlp_s():

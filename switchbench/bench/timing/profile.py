@@ -416,6 +416,28 @@ def run(
             if dense:
                 profiled.append(moe_overhead(profiled, timing["ms_profiled"], name, dense))
             rows += [{"preset": preset, "what": name, "batch": batch} | timing | r for r in profiled]
+    return _beside_dense(rows, device)
+
+
+def _beside_dense(rows: list[dict], device: str) -> list[dict]:
+    """Each MoE overhead row with the step of the dense preset profiled in the same run, and the overhead as a
+    fraction of it. The step on the shares' own clock: on a GPU the unprofiled one (a kernel's duration is the same
+    under the profiler, the host's time between kernels is not); on the CPU the profiled one (every operator's time
+    there includes the profiler's cost, the overhead's shares too)."""
+    clock = "ms_unprofiled" if device == "cuda" else "ms_profiled"
+    dense = {
+        r["what"]: (r["preset"], r[clock])
+        for r in rows
+        if r["kind"] == "share" and registry.get(from_name(r["preset"]).model).key == "dense"
+    }
+    for r in rows:
+        if r["kind"] == "moe overhead" and r["what"] in dense:
+            preset, step_ms = dense[r["what"]]
+            r |= {
+                "dense_preset": preset,
+                "dense_step_ms": step_ms,
+                "fraction_of_dense_step": r["ms"] / step_ms,
+            }
     return rows
 
 
@@ -517,20 +539,14 @@ def _run(args) -> int:
 
 def overhead_lines(rows: list[dict]) -> list[str]:
     """A line per MoE overhead row, as a fraction of the dense model's step where the run profiled one."""
-    steps = {
-        (r["preset"], r["what"]): r["ms_unprofiled"]
-        for r in rows
-        if r["kind"] == "share" and registry.get(from_name(r["preset"]).model).key == "dense"
-    }
     lines = []
     for r in (r for r in rows if r["kind"] == "moe overhead"):
         line = (
             f"{r['preset']}, {r['what']}: MoE overhead {r['ms']:+.2f} ms (routing and expert matmul "
             f"{r['moe_ms']:.2f} ms, dense matmuls of the same useful MACs {r['dense_equivalent_ms']:.2f} ms)"
         )
-        dense = next(((p, ms) for (p, what), ms in steps.items() if what == r["what"]), None)
-        if dense:
-            line += f", {100 * r['ms'] / dense[1]:.1f}% of {dense[0]}'s {r['what']}"
+        if "fraction_of_dense_step" in r:
+            line += f", {100 * r['fraction_of_dense_step']:.1f}% of {r['dense_preset']}'s {r['what']}"
         lines.append(line)
     return lines
 
