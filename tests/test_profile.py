@@ -219,9 +219,12 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
         "1",
         "--warmup",
         "0",
+        "--threads",
+        "1",
     ]
     assert main([*args, "--forward", "--out", str(out), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
+    assert printed["metadata"]["threads"] == 1
     saved = Path(printed["saved"])
     assert saved.parent == out / saved.parent.name and saved.with_suffix(".csv").exists()
     assert printed["metadata"]["presets"] == ["tiny-transformer:d_ff=96", "tiny-switchhead"]
@@ -320,6 +323,7 @@ def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monk
         (["tiny-switchhead:d_ff=many"], "d_ff must be int; got 'many'"),
         (["tiny-switchhead", "--steps", "0"], "must be >= 1"),
         (["tiny-switchhead", "--fit-from", "0"], "must be >= 1"),
+        (["tiny-switchhead", "--threads", "0"], "--threads must be >= 1"),
         (["tiny-switchhead", "--batch", "2", "--fit-from", "4"], "--batch and --fit-from: give one"),
     ],
 )

@@ -41,7 +41,7 @@ from switchbench.bench.command import (
 from switchbench.bench.kernels.bench import dense_equivalent_ms
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
 from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH
-from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
+from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops
 from switchbench.core import optim, precision
 from switchbench.core.environment import environment
 from switchbench.core.profiler import profiled
@@ -468,6 +468,7 @@ def register(commands) -> None:
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, averaged (default 3)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
+    parser.add_argument("--threads", type=int, help="intra-op threads (default: PyTorch's)")
     parser.add_argument("--out", default="results/profile", help="results go to OUT/<device>/")
     add_kernel_choices(parser)
     add_json(parser)
@@ -482,9 +483,9 @@ def _run(args) -> int:
         args.steps < 1
         or args.warmup < 0
         or args.top < 1
-        or any(n is not None and n < 1 for n in (args.batch, args.fit_from))
+        or any(n is not None and n < 1 for n in (args.batch, args.fit_from, args.threads))
     ):
-        raise ValueError("--steps, --top, --batch and --fit-from must be >= 1 and --warmup >= 0")
+        raise ValueError("--steps, --top, --batch, --fit-from, --threads must be >= 1 and --warmup >= 0")
     if args.batch is not None and args.fit_from is not None:
         raise ValueError("--batch and --fit-from: give one")
     writable_folder(Path(args.out))
@@ -496,7 +497,9 @@ def _run(args) -> int:
         if reason:
             raise ValueError(f"{preset} at batch {batch}: {reason}; try a smaller --batch")
     what = ["train step", "forward"] if args.forward else ["train step"]
-    rows = run(args.presets, what, batch, device, dtype, args.steps, args.warmup, args.top)
+    with intra_op_threads(args.threads):
+        rows = run(args.presets, what, batch, device, dtype, args.steps, args.warmup, args.top)
+        threads = torch.get_num_threads()
     metadata = (
         environment(device)
         | {
@@ -507,6 +510,7 @@ def _run(args) -> int:
             "fit_from": args.fit_from,
             "steps": args.steps,
             "warmup": args.warmup,
+            "threads": threads,  # intra-op: on a busy CPU one thread per core makes every operator wait
             "presets": args.presets,
             "what": what,
             "compile": "eager",
@@ -521,7 +525,8 @@ def _run(args) -> int:
         print(json.dumps({"metadata": metadata, "rows": rows, "saved": str(path)}, indent=2))
         return 0
     print(
-        f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps; "
+        f"{metadata['device']}, {metadata['precision']}, batch {batch}, {args.steps} profiled steps, "
+        f"{threads} intra-op thread{'s' * (threads != 1)}; "
         f"counted: {metadata['counted']}; {describe_kernels(metadata)}"
     )
     print(side_by_side(rows).to_string())
