@@ -355,6 +355,18 @@ def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
         assert message in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # the trained runs
+def test_an_input_longer_than_the_model_reads_is_refused(runs, tmp_path, capsys):
+    """An LM's --input used to be cut to its last T bytes while metadata.json kept the whole string; ListOps already
+    refused one too long."""
+    T = PRESETS["tiny-switchhead"].T
+    assert main(["analyze", str(runs["lm"]), "--input", "x" * (T + 1), "--out", str(tmp_path / "a")]) == 2
+    assert (
+        capsys.readouterr().err.strip().endswith(f"the input has {T + 1} bytes; this model reads at most {T}")
+    )
+    assert not (tmp_path / "a").exists()
+
+
 def test_checkpoint_from_before_the_xl_terms_loads(tmp_path):
     """A configuration saved before ``xl_bias_and_scale`` existed was built without u, v and a learned scale."""
     cfg = PRESETS["tiny-transformer"].replace(xl_bias_and_scale=False)

@@ -44,7 +44,9 @@ def _inputs(
         ids, _ = listops.encode([(tokens, 0)], len(tokens))
         return ids, tokens, listops.encode(sample, cfg.T)[0]
     data = text.encode(text.load_text(run["train"].get("text"), run["train"].get("hf_dataset")))
-    ids = text.encode(source)[-cfg.T :] if source is not None else data[: cfg.T]
+    ids = text.encode(source) if source is not None else data[: cfg.T]
+    if ids.numel() > cfg.T:  # cut, the plot and metadata.json's input would tell two different sequences
+        raise ValueError(f"the input has {ids.numel()} bytes; this model reads at most {cfg.T}")
     rows = min(size, data.numel() // cfg.T)
     if ids.numel() == 0 or rows == 0:
         raise ValueError(f"the text is too short: the model reads chunks of {cfg.T} bytes")
