@@ -221,6 +221,16 @@ def test_a_kernel_over_the_archs_shared_memory_fails():
     assert kernel_check.failing(rows).tolist() == [True, False, True]
 
 
+@pytest.mark.parametrize(("spill", "code"), [(0, 0), (64, 1)])
+def test_the_exit_says_whether_a_kernel_fails(spill, code, monkeypatch, capsys):
+    """kernel-check exited 0 with 172 of 198 kernels failing: a CI step could not see a spill."""
+    row = {"kernel": "matmul", "case": "c", "dtype": "bf16", "arch": "sm_90", "config": "-", "compiled": True}
+    row |= {"registers": 128, "spill_bytes": spill, "shared_bytes": 1024, "mma": "wgmma", "pipelined": True}
+    monkeypatch.setattr(kernel_check, "check", lambda arch, dtype, sizes: [row])
+    assert main(["kernel-check", "--json"]) == code
+    assert json.loads(capsys.readouterr().out)["failed"] == code
+
+
 def test_the_worker_s_progress_is_a_bar_and_its_other_lines_the_error(capsys):
     """kernel-check ran minutes without a word: the worker reports each compiled kernel, shown as a bar where
     stderr is a terminal (none here), and the rest of its stderr is kept for an error."""
