@@ -189,6 +189,24 @@ def test_the_docs_table_of_cache_sizes_is_the_count():
         assert cells[5].strip(" |") == f"{row['max_batch_at_2048']:,} / {row['max_batch_at_8192']:,}"
 
 
+def test_the_count_says_what_it_sized_for(capsys):
+    """`decode --count` printed 147,456 bytes a token for 262M dense on a CPU machine (fp32) where the docs say 73,728
+    (bf16), with no word of the dtype or the memory."""
+    assert main(["decode", "--count", "--groups", "262m", "--dtype", "bf16", "--memory-gib", "80"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.splitlines()[0] == "bf16 cache (2 bytes a number); largest batches in 80 GiB" and "73,728" in out
+    )
+    assert (
+        main(["decode", "--count", "--groups", "262m", "--dtype", "fp32", "--memory-gib", "80", "--json"])
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    dense = next(r for r in rows if r["preset"] == "c4-262m-transformer-h16")
+    assert (dense["dtype"], dense["memory_for_max_batch_bytes"]) == ("fp32", 80 * 2**30)
+    assert dense["kv_cache_bytes_per_token"] == 2 * 73_728
+
+
 def _decode_json(capsys, *argv: str) -> dict:
     assert main(["decode", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)

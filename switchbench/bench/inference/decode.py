@@ -400,7 +400,10 @@ def _run(args) -> int:
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:
         _nothing_timed(args)
-        rows = count_rows(groups, contexts, memory, width)
+        sized = {"dtype": dtype_name, "memory_for_max_batch_bytes": memory}  # what every count depends on
+        rows = [r | sized for r in count_rows(groups, contexts, memory, width)]
+        if not args.json:
+            print(f"{dtype_name} cache ({width} bytes a number); largest batches in {memory / 2**30:.4g} GiB")
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
     grid = Grid(
