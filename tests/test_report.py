@@ -403,6 +403,21 @@ def test_the_environment_names_the_cpu_in_words(fixture_results, tmp_path):
     assert "{" not in row and f"{fingerprint['cores']} cores" in row
 
 
+def test_counts_below_ten_thousand_are_written_out():
+    """A tiny model's 1,024 bytes of cache a token read "1.02e+03" beside 512 and 256."""
+    from switchbench.reports.report import _count
+
+    assert [_count(v) for v in (1024, 512, 9000, 2.5, 12_345, 527_000_000, 7.44e9)] == [
+        "1,024",
+        "512",
+        "9,000",
+        "2.5",
+        "0.0123M",
+        "527M",
+        "7.44G",
+    ]
+
+
 def browse(report: Path, screenshot: Path) -> dict:
     """Open the report from a file URL in headless Chromium with every network request refused."""
     with opened(report) as (page, seen):

@@ -340,7 +340,7 @@ def _count(value) -> str:
     rounded = float(f"{number:.3g}")  # 999.6M is 1G
     if abs(rounded) >= 1e9:
         return f"{rounded / 1e9:.3g}G"
-    return f"{rounded / 1e6:.3g}M" if abs(rounded) >= 1e4 else f"{rounded:.3g}"
+    return f"{rounded / 1e6:.3g}M" if abs(rounded) >= 1e4 else _number(value)  # 1,024 bytes, not 1.02e+03
 
 
 def _mib(value) -> str:
