@@ -277,9 +277,10 @@ def test_two_analyses_keep_ids_apart_and_each_says_how_it_was_made(fixture_resul
         "switchbench train --task listops --preset listops-switchhead-h2 --steps 100 --seed 1 --out runs/m"
         in regen
     )
-    assert "switchbench analyze runs/m/checkpoint.pt --out results/analysis/listops" in regen
+    # --out is the folder as the report was pointed at it (--results elsewhere than results/ included)
+    assert f"switchbench analyze runs/m/checkpoint.pt --out {analyses / 'listops'}" in regen
     assert (
-        "switchbench analyze runs/m/checkpoint.pt --example 3 --sample 64 --out &#39;results/analysis/list ops#2&#39;"
+        f"switchbench analyze runs/m/checkpoint.pt --example 3 --sample 64 --out &#39;{analyses / 'list ops#2'}&#39;"
         in regen
     )
 

@@ -54,7 +54,7 @@ def training(metadata: dict) -> dict[str, dict]:
 
 
 def regenerate(metadata: dict, folder: str) -> list[str]:
-    """The commands that made an analysis in ``folder`` (relative to the results folder), from its metadata.json:
+    """The commands that made the analysis in ``folder`` (as the report was pointed at it), from its metadata.json:
     each checkpoint's training as it recorded it, then the analysis."""
     checkpoints = metadata.get("checkpoints", [])
     if not checkpoints:
@@ -71,7 +71,7 @@ def regenerate(metadata: dict, folder: str) -> list[str]:
     for key, flag in (("input", "--input"), ("example", "--example"), ("sample", "--sample")):
         if metadata.get(key) is not None:
             argv += [flag, str(metadata[key])]
-    return [*commands, shlex.join([*argv, "--out", f"results/{folder}"])]
+    return [*commands, shlex.join([*argv, "--out", folder])]
 
 
 def trained(run: dict | None) -> str:

@@ -258,7 +258,7 @@ def _analysis(run: Path, results: Path) -> dict:
         "similarity": rows("similarity"),
         "similarity_image": _image(run / "similarity.png"),
         "explorer": (run / "explorer.html").exists(),
-        "regenerate": labels.regenerate(metadata, run.relative_to(results).as_posix()),
+        "regenerate": labels.regenerate(metadata, run.as_posix()),
     }
     strongest = sorted(found["preferences"], key=lambda r: -r["lift"])[:STRONGEST]
     return found | {
