@@ -23,3 +23,30 @@ def test_a_checkout_records_its_head_and_the_variable_overrides_a_copy_s_own_his
     assert environment.commit().removesuffix("-dirty") == head.strip()
     monkeypatch.setenv("SWITCHBENCH_COMMIT", "0123abcd")
     assert environment.commit() == "0123abcd"
+
+
+def test_output_kept_in_a_checkout_is_not_a_change_but_code_is(tmp_path, monkeypatch):
+    """A fresh clone with a user's untracked out/ folder recorded `-dirty`; a module git does not know inside the
+    package, or a tracked file changed, still does."""
+    monkeypatch.delenv("SWITCHBENCH_COMMIT", raising=False)
+
+    def git(*args):
+        config = ["-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+        return subprocess.run(
+            ["git", "-C", str(tmp_path), *config, *args], capture_output=True, text=True
+        ).stdout
+
+    git("init", "-q")
+    (tmp_path / "switchbench").mkdir()
+    (tmp_path / "switchbench" / "core.py").write_text("x = 1\n")
+    git("add", "-A")
+    git("commit", "-qm", "first")
+    head = git("rev-parse", "HEAD").strip()
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "run.json").write_text("{}")
+    assert environment.commit(tmp_path) == head
+    (tmp_path / "switchbench" / "plugin.py").write_text("y = 2\n")
+    assert environment.commit(tmp_path) == head + "-dirty"
+    (tmp_path / "switchbench" / "plugin.py").unlink()
+    (tmp_path / "switchbench" / "core.py").write_text("x = 2\n")
+    assert environment.commit(tmp_path) == head + "-dirty"

@@ -29,8 +29,11 @@ def git(repo: Path, *args: str) -> str:
 
 
 def git_state(repo: Path) -> str:
-    """What environment.commit() records: HEAD, with -dirty when the checkout has changes."""
-    return git(repo, "rev-parse", "HEAD").strip() + ("-dirty" if git(repo, "status", "--porcelain") else "")
+    """What environment.commit() records: HEAD, with -dirty when a tracked file changed or the package holds one git
+    does not know."""
+    changed = git(repo, "status", "--porcelain", "--untracked-files=no")
+    unknown = git(repo, "ls-files", "--others", "--exclude-standard", "--", "switchbench")
+    return git(repo, "rev-parse", "HEAD").strip() + ("-dirty" if changed or unknown else "")
 
 
 @pytest.fixture

@@ -80,23 +80,30 @@ def _version(package: str) -> str | None:
         return None
 
 
-def commit() -> str | None:
-    """The commit ``SWITCHBENCH_COMMIT`` names, else the checkout's, with ``-dirty`` when it has changes; None
-    outside a git checkout. The variable comes first: a copy of the tree sent to a GPU node may carry a git
-    history of its own (one seen on a node had a snapshot commit of its own making), whose HEAD names nothing here."""
+CHECKOUT = Path(__file__).resolve().parents[2]  # the checkout holding the package, when it runs from one
+
+
+def commit(root: Path = CHECKOUT) -> str | None:
+    """The commit ``SWITCHBENCH_COMMIT`` names, else the checkout's at ``root``, with ``-dirty`` when its code may
+    differ from the commit's: a tracked file changed, or a file git does not know inside the package (a module it
+    would import). Output a user keeps in the checkout (an --out folder) is not a change. None outside a git
+    checkout. The variable comes first: a copy of the tree sent to a GPU node may carry a git history of its own
+    (one seen on a node had a snapshot commit of its own making), whose HEAD names nothing here."""
     if named := os.environ.get("SWITCHBENCH_COMMIT"):
         return named
-    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True
-        )
+        head = git("rev-parse", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        unknown = git("ls-files", "--others", "--exclude-standard", "--", "switchbench").stdout.strip()
     except OSError:
         return None
-    if out.returncode:
+    if head.returncode:
         return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return head.stdout.strip() + ("-dirty" if changed or unknown else "")
 
 
 def _nvidia_driver() -> str | None:
