@@ -29,6 +29,7 @@ RUN_KEYS = {
     "train_macs",
     "train_seconds",
     "mfu",
+    "matmul_peak_tflops",
     "memory_bytes",
     "peak_allocated_bytes",
     "params",
@@ -241,6 +242,9 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
         assert set(row) == RUN_KEYS
         assert row["val_perplexity"] == pytest.approx(2 ** row["val_bits_per_byte"])
         assert row["tokens"] == 3 * 16 * 64 and row["train_seconds"] > 0 and row["memory_bytes"] > 0
+        # the MFU can be checked from the file: the run's FLOPs (2 a MAC) over its time, over the peak it records
+        achieved = 2 * row["train_macs"] / row["train_seconds"] / (row["matmul_peak_tflops"] * 1e12)
+        assert row["mfu"] == pytest.approx(achieved, rel=1e-9)
     assert [s["verdict"] for s in saved["summary"]] == ["baseline", saved["summary"][1]["verdict"]]
     assert saved["summary"][1]["train_macs_vs_dense"] < 1  # SwitchHead: fewer MACs at equal parameters
     assert saved["metadata"]["tokens_per_run"] == 3072 and saved["metadata"]["threads"] == 1

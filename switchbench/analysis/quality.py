@@ -199,6 +199,7 @@ def _train(plan: Plan, family: str, seed: int, progress: bool) -> dict:
         "val_perplexity": 2**bpb,  # per byte
         "train_seconds": last["train_seconds"],
         "mfu": last["mfu"],  # of the whole run: it evaluates once, at its end
+        "matmul_peak_tflops": last["matmul_peak_tflops"],  # what the MFU divides by
         "peak_allocated_bytes": torch.cuda.max_memory_allocated() if plan.device == "cuda" else None,
     }
 

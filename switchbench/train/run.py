@@ -169,7 +169,13 @@ class LMTask:
             )
         # every process cuts the same streams and trains on its share of them
         self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)[rows].to(cfg.device)
-        self.flops = 6 * len(self.train) * model_macs(model_cfg)
+        # model FLOPs of a step after XL memory, and of one that starts the streams again (no memory to attend to)
+        self.flops = {
+            carried: 6
+            * len(self.train)
+            * model_macs(model_cfg if carried else model_cfg.replace(context_blocks=0))
+            for carried in (True, False)
+        }
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
 
@@ -179,8 +185,9 @@ class LMTask:
         return step % self.chunks != 0
 
     def step_flops(self, step: int) -> float:
-        """Model FLOPs of this process's training step (a chunk of T tokens per stream, after XL memory)."""
-        return self.flops
+        """Model FLOPs of this process's training step: a chunk of T tokens per stream, after its XL memory unless
+        it starts the streams again."""
+        return self.flops[self.continues(step)]
 
     def loss(self, model, step: int, state=None):
         i = step % self.chunks
@@ -282,6 +289,7 @@ def train(
         row["train_seconds"] = seconds
         if ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps) and world.main:
             row["mfu"] = flops / max(seconds - since, 1e-9) / peak
+            row["matmul_peak_tflops"] = peak / 1e12  # the yardstick, so the MFU can be checked from the log
             flops, since = 0.0, seconds
             model.eval()
             row |= task.evaluate(model)
