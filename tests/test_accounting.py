@@ -107,6 +107,11 @@ def test_tables_files(tmp_path, capsys):
     assert main(["tables", "--out", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert len(printed["rows"]) == 55 and {r["reproduced"] for r in printed["rows"]} == {"yes", "with C = 2"}
+    # every column of the CSVs, numbers as numbers (it held the terminal's formatted strings, "43.9%")
+    headline = next(
+        r for r in printed["rows"] if r["table"] == "2" and r["preset"] == "c4-262m-switchhead-h4"
+    )
+    assert headline["macs_vs_dense"] == pytest.approx(0.4392, abs=5e-5) and headline["macs_exact"] > 0
     names = [
         f"{n}.{ext}"
         for n in ("table1", "table2", "table3", "table7", "macmatched")

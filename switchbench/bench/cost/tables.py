@@ -295,7 +295,9 @@ def _run_tables(args) -> None:
         for t in TABLES
         for r in built[f"table{t}"]
     ]
-    emit({"rows": summary, "written": [str(p) for p in written]}, args.json, summary)
+    # JSON: every column of every row, numbers as numbers (the CSVs' content); the terminal: the compact view
+    rows = [{"table": t} | r for t in TABLES for r in built[f"table{t}"]]
+    emit({"rows": rows, "written": [str(p) for p in written]}, args.json, summary)
     if not args.json:
         print(f"wrote {len(written)} files under {args.out}")
 
