@@ -186,7 +186,7 @@ def test_presets_match_their_dense_rows_in_weights_per_layer():
     ("options", "heads", "message"),
     [
         ({"n_kv_heads": 3}, 4, "multiple of n_kv_heads"),
-        ({"n_kv_heads": 0}, 4, "n_kv_heads must be in"),
+        ({"n_kv_heads": 0}, 4, "n_kv_heads must be >= 1; got 0"),
         ({"n_kv_heads": 2, "n_shared": 1}, 4, "n_shared is no option of model gqa"),
     ],
 )

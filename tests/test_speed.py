@@ -124,7 +124,7 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
         (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
         (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),
-        (["speed", "--presets", "tiny-transformer:T=0"], "T must be in"),
+        (["speed", "--presets", "tiny-transformer:T=0"], "T must be >= 1; got 0"),
         # each was ignored without a word: --groups beside --presets, a member timed twice, --fit-from off a GPU
         (
             ["speed", "--presets", "tiny-transformer", "--groups", "tiny"],
