@@ -14,7 +14,7 @@ from switchbench.cli import main
 from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
-from switchbench.train import checkpoint, listops
+from switchbench.train import checkpoint, listops, text
 from switchbench.train.run import ListOpsTask, TrainConfig, _reached, run_name, train
 
 
@@ -379,3 +379,9 @@ def test_checkpoint_from_before_the_xl_terms_loads(tmp_path):
     torch.save(payload, path)
     loaded = checkpoint.load(path)
     assert loaded["cfg"] == cfg
+
+
+def test_byte_labels_are_ascii_or_hex():
+    """A byte above 0x7f is part of a UTF-8 sequence: 'é' (c3 a9) was labelled 'Ã' '©', letters the text never held."""
+    labels = [text.decode_token(b) for b in "aé \n\t~".encode() + bytes([0x7F, 0x97])]
+    assert labels == ["a", "\\xc3", "\\xa9", "␣", "\\n", "\\t", "~", "\\x7f", "\\x97"]

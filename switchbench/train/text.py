@@ -39,8 +39,10 @@ def count_bytes(n: int) -> str:
 
 
 def decode_token(token: int) -> str:
-    """One byte as a readable label."""
-    char = bytes([token]).decode("latin-1")
+    """One byte as a readable label: ASCII as its character, every other byte as ``\\xNN``. A byte above 0x7f is
+    part of a UTF-8 sequence, not a character of its own: 'é' is the two tokens \\xc3 \\xa9, which Latin-1 would
+    label 'Ã' and '©', letters the text never held."""
+    char = chr(token) if token < 0x80 else "\x00"  # \x00: not printable, so written \xNN
     return {"\n": "\\n", " ": "␣", "\t": "\\t"}.get(char, char if char.isprintable() else f"\\x{token:02x}")
 
 
