@@ -169,12 +169,10 @@ class LMTask:
             )
         # every process cuts the same streams and trains on its share of them
         self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)[rows].to(cfg.device)
-        # model FLOPs of a step after XL memory, and of one that starts the streams again (no memory to attend to)
-        self.flops = {
-            carried: 6
-            * len(self.train)
-            * model_macs(model_cfg if carried else model_cfg.replace(context_blocks=0))
-            for carried in (True, False)
+        streams = len(self.train)
+        self.flops = {  # model FLOPs of a step after XL memory, and of one that starts the streams again
+            True: 6 * streams * model_macs(model_cfg),
+            False: 6 * streams * model_macs(model_cfg.replace(context_blocks=0)),
         }
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
