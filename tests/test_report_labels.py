@@ -1,6 +1,7 @@
 """The report says how every number was obtained (clock and threads, training steps and mode, device), gives a
 verdict only where a baseline can decide it, and shows published figures as the paper prints them."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -186,3 +187,15 @@ def test_the_attention_maxima_figure_links_its_full_size_and_prints_its_tokens(f
 def test_unused_experts_read_as_a_phrase(fixture_results):  # noqa: F811
     lines = {line.claim: line.ours for line in summary.lines(collect(fixture_results))}
     assert lines["experts never chosen, m"] == "1 expert, in 1 of 1 routers"  # not "1 in 1 of 1 routers"
+
+
+def test_the_regenerate_lines_use_train_s_own_flags():
+    """Each training field a regenerate line writes is a flag `switchbench train` takes, read into that field."""
+    from switchbench.cli import _parser
+    from switchbench.reports import labels
+    from switchbench.train.run import TrainConfig
+
+    train = next(a for a in _parser()._actions if a.dest == "command").choices["train"]
+    dests = {flag: action.dest for action in train._actions for flag in action.option_strings}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    assert all(dests.get(flag) == key and key in fields for key, flag in labels.TRAIN_FLAGS)
