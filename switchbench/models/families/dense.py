@@ -14,12 +14,16 @@ from switchbench.models.layers.window import Window, with_memory
 
 
 class DenseAttention(Observable, nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """H query heads over ``n_kv_heads`` key and value heads (H unless given), each shared by a group of
+    H / n_kv_heads query heads: dense attention, and the layer grouped-query attention specializes."""
+
+    def __init__(self, cfg: ModelConfig, n_kv_heads: int | None = None):
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
-        inner = cfg.n_heads * cfg.d_head
-        self.q, self.k, self.v = (nn.Linear(cfg.d_model, inner, bias=False) for _ in range(3))
-        self.o = nn.Linear(inner, cfg.d_model, bias=False)
+        self.n_kv_heads = cfg.n_heads if n_kv_heads is None else n_kv_heads
+        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=False)
+        self.k, self.v = (nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False) for _ in range(2))
+        self.o = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
         for proj in (self.q, self.k, self.v, self.o):
             init_projection_(proj.weight, proj.in_features, cfg.n_layers)
         self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
@@ -28,14 +32,16 @@ class DenseAttention(Observable, nn.Module):
         return self.attend_cached(x, self.cache_entries(with_memory(mem, x), window.k_pos), window), 0.0
 
     def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """What the source tokens xs [B, L, d_model] at ``positions`` [L] leave in a cache: K and V [B, H, L, D]."""
-        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_heads, self.d_head)
+        """What the source tokens xs [B, L, d_model] at ``positions`` [L] leave in a cache: K and V [B, Hk, L, D],
+        Hk = n_kv_heads heads."""
+        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_kv_heads, self.d_head)
 
     def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
         """The current tokens x [B, t, d_model] attend to the cached keys and values of the window."""
-        # B batch, t current tokens, H heads, D d_head
+        # B batch, t current tokens, H query heads, D d_head
         B, t, _ = x.shape
         q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
+        # each query head reads its group's key head, none repeated (a decoder reads Hk heads of cache)
         out, maps = self.attention(q, *entries, window, self.observing, keys_ready=True)  # [B, H, t, D]
         self.record(maps=maps)
         return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))

@@ -16,16 +16,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torch import Tensor, nn
-
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
+from switchbench.models.families.dense import DenseAttention
 from switchbench.models.family import Family, register
-from switchbench.models.layers.initialization import init_projection_
-from switchbench.models.layers.kv_cache import CacheEntry, keys_values
-from switchbench.models.layers.observe import Observable
-from switchbench.models.layers.positions import positional_attention
-from switchbench.models.layers.window import Window, with_memory
+from switchbench.models.layers.kv_cache import CacheEntry
 
 
 @dataclass(frozen=True)
@@ -41,33 +36,9 @@ def validate(cfg: ModelConfig) -> None:
         raise ValueError(f"n_heads ({cfg.n_heads}) must be a multiple of n_kv_heads ({cfg.opts.n_kv_heads})")
 
 
-class GroupedQueryAttention(Observable, nn.Module):
+class GroupedQueryAttention(DenseAttention):
     def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads, self.n_kv_heads, self.d_head = cfg.n_heads, cfg.opts.n_kv_heads, cfg.d_head
-        self.q = nn.Linear(cfg.d_model, cfg.n_heads * cfg.d_head, bias=False)
-        self.k, self.v = (nn.Linear(cfg.d_model, self.n_kv_heads * cfg.d_head, bias=False) for _ in range(2))
-        self.o = nn.Linear(cfg.n_heads * cfg.d_head, cfg.d_model, bias=False)
-        for proj in (self.q, self.k, self.v, self.o):
-            init_projection_(proj.weight, proj.in_features, cfg.n_layers)
-        self.attention = positional_attention(cfg, cfg.n_heads, global_biases=True, learned_scale=True)
-
-    def forward(self, x: Tensor, mem: Tensor | None, window: Window) -> tuple[Tensor, float]:
-        return self.attend_cached(x, self.cache_entries(with_memory(mem, x), window.k_pos), window), 0.0
-
-    def cache_entries(self, xs: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """K and V [B, Hk, L, D] of the source tokens xs [B, L, d_model] at ``positions`` [L]: Hk heads, not H."""
-        return keys_values(self.k, self.v, self.attention, xs, positions, self.n_kv_heads, self.d_head)
-
-    def attend_cached(self, x: Tensor, entries: tuple[Tensor, Tensor], window: Window) -> Tensor:
-        # B batch, t current tokens, H query heads, Hk key heads, D d_head
-        B, t, _ = x.shape
-        k, v = entries  # [B, Hk, S, D]
-        q = self.q(x).view(B, t, self.n_heads, self.d_head).transpose(1, 2)  # [B, H, t, D]
-        # each query head reads its group's key head, none repeated (a decoder reads Hk heads of cache)
-        out, maps = self.attention(q, k, v, window, self.observing, keys_ready=True)  # [B, H, t, D]
-        self.record(maps=maps)
-        return self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
+        super().__init__(cfg, n_kv_heads=cfg.opts.n_kv_heads)
 
 
 def kv_cache(cfg: ModelConfig) -> tuple[CacheEntry, ...]:
