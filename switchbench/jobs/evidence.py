@@ -939,8 +939,7 @@ def run_chain(
         say(f"  to do  {step.name} (~{expected_seconds(step, state, ctx.device):.0f} s): {step.owes}")
     started = time.monotonic()
     end = started + budget - exit_reserve(budget)
-    report = _report_step(only)
-    reserve = expected_seconds(report, state, ctx.device) if report else 0.0
+    report, reserve = _report_step(only), _report_reserve(only, state, ctx.device)
     ctx.deadline = end - reserve
     ran = []
     for step in [s for s in todo if s.name != REPORT]:
@@ -968,13 +967,18 @@ def _report_step(only: list[str] | None) -> Step | None:
     return next((s for s in STEPS if s.name == REPORT), None) if not only or REPORT in only else None
 
 
+def _report_reserve(only: list[str] | None, state: dict, device: str) -> float:
+    """Seconds kept at a call's end for its report: none where the call runs no report."""
+    report = _report_step(only)
+    return expected_seconds(report, state, device) if report else 0.0
+
+
 def check_budget(budget: float, state: dict, device: str, only: list[str] | None) -> None:
     """A one-line ValueError when a call of ``budget`` s leaves its steps no time: all of it kept for the report
     and the exit (every call would run nothing but the report)."""
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
-    report = _report_step(only)
-    reserve = expected_seconds(report, state, device) if report else 0.0
+    reserve = _report_reserve(only, state, device)
     if only != [REPORT] and budget - exit_reserve(budget) - reserve <= 0:
         raise ValueError(
             f"--budget {budget:g} s leaves the steps no time: {reserve:.0f} s are kept for the report and "
@@ -1166,7 +1170,7 @@ def _list(args: argparse.Namespace, state: dict, device: str, planned_on: str) -
     todo, notes = plan(plan_state, planned_on, args.only, args.retry_failed)
     report = [s for s in todo if s.name == REPORT]
     seconds = {s.name: expected_seconds(s, plan_state, planned_on) for s in todo}
-    reserve = sum(seconds[s.name] for s in report)
+    reserve = _report_reserve(args.only, plan_state, planned_on)  # as run_chain keeps it
     steps = [s for s in todo if s.name != REPORT]
     calls = schedule(steps, lambda s: seconds[s.name], args.budget, reserve) or [report] * bool(report)
     planned = {s.name for call in calls for s in call}
