@@ -368,8 +368,10 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
     )
 
 
-def write_report(results: Path, out: Path, environment: dict) -> Path:
-    return write_atomic(Path(out), render(collect(results), environment, _link(results, out)))
+def write_report(results: Path, out: Path, environment: dict, loaded: dict | None = None) -> Path:
+    """The report on ``results`` at ``out``; ``loaded``: what :func:`collect` read of it, where already read."""
+    loaded = collect(results) if loaded is None else loaded
+    return write_atomic(Path(out), render(loaded, environment, _link(results, out)))
 
 
 def _link(results: Path, out: Path) -> str:
@@ -410,7 +412,7 @@ def _run_command(args) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"wrote {write_atomic(out, render(loaded, report_environment(), _link(results, out)))}")
+    print(f"wrote {write_report(results, out, report_environment(), loaded)}")
     return 0
 
 
