@@ -704,6 +704,22 @@ def test_top_k_of_few_experts_by_rank_is_torch_top_k(E, routing):
     assert ranked(tied.to(_device(routing)), 8).tolist() == [[1, 4, 0, 2, 7, 5, 3, 6]]
 
 
+@pytest.mark.parametrize("routing", ["count", "triton"])
+def test_a_diverged_router_s_nan_ranks_first_and_every_id_is_an_expert(routing):
+    """NaN fails every comparison: counted as the largest (torch.topk's order), ties to the lower id, the ranks stay
+    a permutation; else two experts share a rank and the Triton kernel's sum of their ids names no expert."""
+    nan, inf = float("nan"), float("inf")
+    rows = [[nan, nan, nan, nan], [0.3, nan, 0.9, nan], [-inf, nan, inf, 0.1], [0.2, 0.7, nan, -inf]]
+
+    def naive(row: list[float], k: int) -> list[int]:
+        return sorted(range(len(row)), key=lambda e: (-(inf if math.isnan(row[e]) else row[e]), e))[:k]
+
+    ranked = top_by_rank if routing == "count" else top_k_by_rank
+    for k in (1, 2, 4):
+        got = ranked(torch.tensor(rows, dtype=F64).to(_device(routing)), k).tolist()
+        assert got == [naive(row, k) for row in rows]
+
+
 def _device(routing: str) -> str:
     """Where ``routing``'s top-k runs: Triton's where its kernels run."""
     return TRITON_DEVICE if routing == "triton" else "cpu"

@@ -36,6 +36,8 @@ def top_by_rank(candidates: Tensor, k: int) -> Tensor:
     elementwise kernels of static shape."""
     E = candidates.shape[-1]
     ids = torch.arange(E, device=candidates.device)
+    # NaN (a diverged router) counts as the largest, as in torch.topk, so that the ranks stay a permutation
+    candidates = candidates.nan_to_num(nan=math.inf, posinf=math.inf, neginf=-math.inf)
     mine, other = candidates[..., :, None], candidates[..., None, :]  # [..., E, E]: (expert, another)
     ahead = (other > mine) | ((other == mine) & (ids < ids[:, None]))
     rank = ahead.sum(-1)  # [..., E], a permutation of 0..E-1

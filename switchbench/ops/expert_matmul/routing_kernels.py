@@ -31,6 +31,9 @@ def _top_k_kernel(
     e = tl.arange(0, BLOCK_E)
     ok = (r < rows)[:, None] & (e < E)[None, :]
     value = tl.load(scores_ptr + r[:, None] * stride_row + e[None, :], mask=ok, other=float("-inf"))
+    # NaN, which fails every comparison, counts as the largest, as in torch.topk: else two experts share rank 0 and
+    # their ids' sum, past E, would be read as another head's expert
+    value = tl.where(value != value, float("inf"), value)
     mine, other = value[:, :, None], value[:, None, :]  # [rows, expert, another]
     lower = e[None, None, :] < e[None, :, None]
     ahead = (other > mine) | ((other == mine) & lower)
