@@ -120,6 +120,28 @@ def test_the_term_gets_no_gradient_at_distances_no_query_meets_a_key(unwritten_i
     assert grads[-1][..., read.to(TRITON_DEVICE)].ne(0).all()
 
 
+@pytest.mark.parametrize("biased", [True, False], ids=["xl", "no-term"])
+def test_a_query_that_reads_no_key_gives_zero_and_leaves_every_gradient_finite(biased):
+    """A mask row with no key (no window of the suite's makes one; a user's mask may): its output is 0 and it adds
+    nothing to any gradient. The rest is the explicit attention in float64 where the row reads a key but passes
+    back no gradient. Before, its log-sum-exp was -inf and exp(-inf - -inf) put NaN in every gradient of its tile."""
+    q, k, v, pos, mask = _inputs(1, 2, 1, 8, 16, 8, True, biased, torch.float32)
+    empty, some = mask.clone(), mask.clone()
+    empty[3], some[3] = False, False
+    some[3, 0] = True
+    cotangent = _draw(9, 1, 2, 8, 8)
+    quiet = cotangent.clone()
+    quiet[:, :, 3] = 0
+    have = _attend(kernels.fused, q, k, v, pos, empty, cotangent.float())
+    want = _attend(_explicit, *(x if x is None else x.double() for x in (q, k, v, pos)), some, quiet)
+    assert all(x.isfinite().all() for x in have)
+    assert not have[0][:, :, 3].any()
+    rows = [r for r in range(8) if r != 3]
+    torch.testing.assert_close(have[0][:, :, rows].double(), want[0][:, :, rows], rtol=1e-5, atol=1e-5)
+    for got, expected in zip(have[1:], want[1:], strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("model", "pos"),
     [  # dense's and SwitchHead's XL models on this kernel, in float64, also in tests/test_attention_kernels.py

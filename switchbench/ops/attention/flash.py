@@ -177,7 +177,9 @@ def _forward_kernel(
     total = tl.where(total == 0.0, 1.0, total)  # a row past the last query, or one that reads no key: o = 0
     o = acc / total[:, None]
     tl.store(o_ptr + at, o.to(o_ptr.dtype.element_ty), mask=row_in[:, None] & dim_in[None, :])
-    tl.store(lse_ptr + bh * t + rows, m + tl.log(total), mask=row_in)
+    # a row that reads no key: +inf, so that the backward's exp(s - lse) is 0, not exp(-inf + inf) = NaN
+    lse = tl.where(m == float("-inf"), float("inf"), m + tl.log(total))
+    tl.store(lse_ptr + bh * t + rows, lse, mask=row_in)
 
 
 @triton.jit
