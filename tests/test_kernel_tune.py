@@ -201,3 +201,25 @@ def test_retuning_autotunes_shapes_the_table_already_holds(monkeypatch):
         assert triton_path._config("scatter_matmul", key, cuda) is None
     assert triton_path._config("scatter_matmul", key, cuda) is saved
     tuning.ahead_of_time.cache_clear()
+
+
+def test_json_is_what_the_two_tables_now_hold_for_this_gpu(tmp_path, monkeypatch, capsys):
+    """kernel-tune --json prints, alone on stdout, the configurations and auto's choices it wrote for this GPU
+    (timing stood in for: it needs one), as the files then read back."""
+    configs = {"scatter_matmul": {"1024x64x64 bfloat16": "M64 N64 K64 w4 s4"}}
+    auto = {"choices": {"262m-v": "triton"}, "routing": "triton", "routing_ms": {"triton": 0.5, "sort": 1.5}}
+    monkeypatch.setattr(kernel_tune, "device_from_args", lambda choice: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
+    monkeypatch.setattr(kernel_tune, "tune", lambda sizes, batches, dtype: configs)
+    monkeypatch.setattr(kernel_tune, "time_implementations", lambda sizes, batches, dtype: [])
+    monkeypatch.setattr(kernel_tune, "fastest", lambda rows: auto)
+    out, auto_out = tmp_path / "tuned.json", tmp_path / "auto.json"
+    assert main(["kernel-tune", "--json", "--out", str(out), "--auto-out", str(auto_out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+
+    def this_gpu(path):
+        return next(t for t in json.loads(path.read_text())["tables"] if t["device"] == H100)
+
+    assert printed["device"] == H100 and printed["configs"] == this_gpu(out)["configs"] == configs
+    assert printed["auto"].items() <= this_gpu(auto_out).items() and printed["auto"]["routing"] == "triton"
+    assert (printed["out"], printed["auto_out"]) == (str(out), str(auto_out))

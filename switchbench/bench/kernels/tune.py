@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from switchbench.bench.command import DTYPES, device_from_args
+from switchbench.bench.command import DTYPES, add_json, device_from_args
 from switchbench.bench.kernels.bench import (
     SIZES,
     AttentionShape,
@@ -181,6 +181,7 @@ def register(commands) -> None:
     parser.add_argument(
         "--auto-out", default=AUTO_TABLE, help="auto's table to update (default: the package's)"
     )
+    add_json(parser)
     parser.set_defaults(run=_run)
 
 
@@ -191,15 +192,19 @@ def _run(args) -> int:
         raise ValueError(f"batches must be >= 1; got {args.batches}")
     out, auto_out = writable_file(args.out), writable_file(args.auto_out, "--auto-out")
     gpu, dtype = torch.cuda.get_device_name(), DTYPES[args.dtype]
+    say = (lambda line: None) if args.json else print
     configs = tune(args.sizes, args.batches, dtype)
     _update(out, gpu, {"configs": configs})
-    print(f"{sum(map(len, configs.values()))} tuned configurations for {gpu} written to {out}")
+    say(f"{sum(map(len, configs.values()))} tuned configurations for {gpu} written to {out}")
     auto = fastest(time_implementations(args.sizes, args.batches, dtype))
     _update(auto_out, gpu, auto | {"timed": TIMED})
-    print(
+    say(
         f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu}, and the fastest routing "
         f"({auto.get('routing', 'none timed')}), written to {auto_out}"
     )
+    if args.json:  # what was written to the two tables for this GPU, and where
+        payload = {"device": gpu, "dtype": args.dtype, "configs": configs, "auto": auto | {"timed": TIMED}}
+        print(json.dumps(payload | {"out": str(out), "auto_out": str(auto_out)}, indent=2))
     return 0
 
 
