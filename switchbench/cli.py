@@ -17,6 +17,7 @@ from switchbench.bench.kernels import tune as kernel_tune
 from switchbench.bench.timing import gate, profile, same_machine, speed
 from switchbench.jobs import evidence, main_job
 from switchbench.models import family as registry
+from switchbench.models.config import LARGEST_INT
 from switchbench.reports import report
 from switchbench.train import run as train
 
@@ -57,11 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     if empty:  # `--out "$DIR"` with DIR unset: '' read as a path is the current folder, or the default
         print(f"switchbench {args.command}: error: {empty[0]} is empty; give a value", file=sys.stderr)
         return 2
+    oversized = _oversized_values(parser, args)
+    if oversized:  # a count or size past 32 bits would reach torch as an overflow, or start endless work
+        flag, value = oversized[0]
+        print(
+            f"switchbench {args.command}: error: {flag} must be <= {LARGEST_INT}; got {value}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with kernels_in_force(args):
             return args.run(args) or 0
     except ValueError as error:
-        print(f"switchbench {args.command}: error: {error}", file=sys.stderr)
+        print(f"switchbench {args.command}: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `switchbench presets | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush writes nowhere
@@ -82,14 +91,40 @@ def main(argv: list[str] | None = None) -> int:
 
 def _empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
     """The flags (or positionals) given an empty string: no switchbench value means anything empty."""
-    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[
-        args.command
-    ]
     return [
-        action.option_strings[0] if action.option_strings else action.metavar or action.dest.upper()
-        for action in command._actions
+        _name(action)
+        for action in _command_actions(parser, args)
         if (value := getattr(args, action.dest, None)) == "" or (isinstance(value, list) and "" in value)
     ]
+
+
+def _oversized_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The flags given an integer past :data:`LARGEST_INT`, with the first such value of each."""
+    found = []
+    for action in _command_actions(parser, args):
+        value = getattr(args, action.dest, None)
+        big = [v for v in (value if isinstance(value, list) else [value]) if _is_int(v) and v > LARGEST_INT]
+        if big:
+            found.append((_name(action), big[0]))
+    return found
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _command_actions(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[argparse.Action]:
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[args.command]._actions
+
+
+def _name(action: argparse.Action) -> str:
+    return action.option_strings[0] if action.option_strings else action.metavar or action.dest.upper()
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line: a newline in a path the user gave is shown escaped, as the shell would write it."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def _settle_heap() -> None:
@@ -106,7 +141,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (the flags are one --help away), as every other error is."""
 
     def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the flags)\n")
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (--help lists the flags)\n")
 
 
 def _parser() -> argparse.ArgumentParser:

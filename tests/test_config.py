@@ -147,6 +147,19 @@ def test_config_round_trips_through_a_dict():
         ),
         (["params", "--model", "switchhead", "--experts", "x"], "experts must be a non-empty subset"),
         (["params", "--model", "switchhead", "--experts", ""], "--experts is empty; give a value"),
+        # past 32 bits: refused by name, not an overflow inside torch (exit 3)
+        (["params", "--d-model", str(10**30)], f"--d-model must be <= 2147483647; got {10**30}"),
+        (
+            ["params", "tiny-switchhead:n_experts=" + str(2**31)],
+            f"n_experts must be <= 2147483647; got {2**31}",
+        ),
+        (["count", "tiny-switchhead", "--T", str(2**62)], "--T must be <= 2147483647"),
+        (["speed", "--quick", "--batch", str(10**30)], "--batch must be <= 2147483647"),
+        (["decode", "tiny-switchhead", "--contexts", "8", str(10**30)], "--contexts must be <= 2147483647"),
+        (["gate", "--rounds", str(10**30)], "--rounds must be <= 2147483647"),
+        # a newline in a path the user gave is shown escaped: the error stays one line
+        (["check", "a\nb", "--baseline", "nowhere.json"], "a\\nb"),
+        (["params", "--pos", "al\nibi"], "al\\nibi"),
     ],
 )
 def test_cli_rejects_bad_configs_with_exit_2(capsys, argv, message):

@@ -170,6 +170,11 @@ def one_of(name, value, allowed):
         raise ValueError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
 
 
+# No size or count of the suite's passes 32 bits: its kernels index a row in int32, and a larger one would reach torch
+# as an overflow, not as a refusal
+LARGEST_INT = 2**31 - 1
+
+
 def in_range(name, value, lo, hi=None, closed_hi=True):
     if isinstance(value, bool) or not isinstance(value, type(lo) if isinstance(lo, int) else (int, float)):
         raise ValueError(
@@ -177,6 +182,8 @@ def in_range(name, value, lo, hi=None, closed_hi=True):
         )
     if not math.isfinite(value):  # NaN compares false with every bound
         raise ValueError(f"{name} must be a finite number; got {value}")
+    if isinstance(value, int) and value > LARGEST_INT:
+        raise ValueError(f"{name} must be <= {LARGEST_INT}; got {value}")
     above = hi is None or (value <= hi if closed_hi else value < hi)
     if value < lo or not above:
         if hi is None:
