@@ -164,6 +164,11 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
         (["decode", "--warmup", "-1"], "--warmup must be >= 0; got -1"),
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),
         (["decode", "--prefill-rounds", "0"], "--prefill-rounds must be >= 1; got 0"),
+        (
+            ["decode", "--rounds", "2", "--prefill-rounds", "4"],
+            "--prefill-rounds (4) must be <= --rounds (2)",
+        ),
+        (["decode", "--memory-gib", "1e30"], "--memory-gib must be a positive number of GiB up to 2**20"),
         (["decode", "--threads", "0"], "--threads must be >= 1; got 0"),
         (  # --count ignored them: nothing is timed
             ["decode", "--count", "--rounds", "5", "--batches", "2", "--resume"],

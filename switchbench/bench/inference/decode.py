@@ -391,10 +391,14 @@ def _run(args) -> int:
     for flag, (value, lowest) in least.items():
         if value < lowest:
             raise ValueError(f"{flag} must be >= {lowest}; got {value}")
+    # prefill is timed in the first of the timed rounds: the default (3) shrinks to fewer rounds, a count given does not
+    if args.prefill_rounds > args.rounds and args.prefill_rounds != TIMING["prefill_rounds"]:
+        raise ValueError(f"--prefill-rounds ({args.prefill_rounds}) must be <= --rounds ({args.rounds})")
+    prefill_rounds = min(args.prefill_rounds, args.rounds)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
-    if args.memory_gib is not None and not 0 < args.memory_gib < float("inf"):
-        raise ValueError(f"--memory-gib must be a positive number; got {args.memory_gib}")
+    if args.memory_gib is not None and not 0 < args.memory_gib <= 2**20:
+        raise ValueError(f"--memory-gib must be a positive number of GiB up to 2**20; got {args.memory_gib}")
     groups = preset_groups(args.presets, args.groups, GPU_GROUPS if device == "cuda" else CPU_GROUPS)
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
@@ -406,9 +410,7 @@ def _run(args) -> int:
             print(f"{dtype_name} cache ({width} bytes a number); largest batches in {memory / 2**30:.4g} GiB")
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
-    grid = Grid(
-        groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, args.prefill_rounds
-    )
+    grid = Grid(groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, prefill_rounds)
     with intra_op_threads(args.threads):
         metadata, rows, path = measure(
             grid, device, dtype_name, Path(args.out), args.expert_matmul, resume=args.resume

@@ -413,6 +413,10 @@ def _measure(args, device: str, world: distributed.World) -> int:
         distributed.share(batch, world)  # a ValueError unless it splits evenly
     if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
         raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
+    if args.compile is not None and args.compile not in _compile_backends():
+        raise ValueError(
+            f"--compile {args.compile!r} is no torch.compile backend (inductor, cudagraphs, aot_eager, ...)"
+        )
     if args.fit_from is not None and args.fit_from < 1:
         raise ValueError(f"--fit-from must be >= 1; got {args.fit_from}")
     if args.fit_from is not None and (args.batch is not None or device != "cuda" or world.distributed):
@@ -572,3 +576,10 @@ def _published_wallclock() -> pd.DataFrame:
         "GPUs": "GPUs",
     }
     return table[list(names)].rename(columns=names)
+
+
+def _compile_backends() -> list[str]:
+    """The backends torch.compile takes here (checked before any model is built: torch names a bad one only then)."""
+    import torch._dynamo
+
+    return torch._dynamo.list_backends(exclude_tags=())
