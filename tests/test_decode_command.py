@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from switchbench.bench.command import slug
 from switchbench.bench.inference import decode, sizing
 from switchbench.bench.timing import speed
 from switchbench.cli import main
+from switchbench.core.environment import environment
 from switchbench.models import family as registry
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS
@@ -315,3 +317,22 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
         files = len(list(tmp_path.glob("*/*.json")))
         assert main([*argv, "--resume"]) == 0
         assert len(list(tmp_path.glob("*/*.json"))) == files + 1 and calls[-2:] == [(1, 8), (2, 8)]
+
+
+@pytest.mark.parametrize(
+    "content", ["{broken", "[]", '{"metadata": 3}'], ids=["not-json", "a-list", "no-metadata"]
+)
+def test_resume_names_a_file_in_the_folder_that_is_no_run(tmp_path, capsys, content):
+    """--resume reads the folder's runs to find the one to continue: one it cannot read is named, with exit 2, and
+    left as it was (it was a JSON error without the path, or a crash)."""
+    folder = tmp_path / slug(environment("cpu")["device"])  # where decode keeps this machine's runs
+    monkey = folder / "fp32-decode.json"
+    folder.mkdir()
+    monkey.write_text(content)
+    assert (
+        main(["decode", "tiny-transformer", "--device", "cpu", *FAST, "--out", str(tmp_path), "--resume"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"--resume: {monkey} is not a readable decode run" in err and len(err.splitlines()) == 1
+    assert monkey.read_text() == content

@@ -461,7 +461,7 @@ def measure(
     folder = out / slug(measured["device"])
     earlier, stem = [], new_run_stem(folder, f"{dtype_name}-decode")
     if resume and (unfinished := _unfinished(folder, measured)):
-        stem, earlier_run = unfinished.with_suffix(""), json.loads(unfinished.read_text())
+        stem, earlier_run = unfinished.with_suffix(""), _read_run(unfinished)
         earlier = earlier_run["rows"]
         kept = {k: earlier_run["metadata"].get(k) for k in ("commit", "time", "cells_done")}
         # this part's own yardsticks go on record; every row's floors stay against the first part's, so the cells
@@ -502,10 +502,24 @@ SAME_GRID = (
 YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
 
 
+def _read_run(path: Path) -> dict:
+    """A decode run's JSON; a one-line ValueError naming ``path`` where it is none (--resume would guess)."""
+    try:
+        run = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        run = error
+    if not isinstance(run, dict) or not isinstance(run.get("metadata", {}), dict):
+        why = f" ({run})" if isinstance(run, Exception) else ""
+        raise ValueError(
+            f"--resume: {path} is not a readable decode run{why}; move it away, or run without --resume"
+        )
+    return run
+
+
 def _unfinished(folder: Path, metadata: dict) -> Path | None:
     """The newest run in ``folder`` stopped before its last cell on the grid ``metadata`` describes, or None."""
     for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        earlier = json.loads(path.read_text()).get("metadata", {})
+        earlier = _read_run(path).get("metadata", {})
         same = all(earlier.get(key) == metadata[key] for key in SAME_GRID)
         if same and earlier.get("cells_done", 0) < earlier.get("cells", 0):
             return path
