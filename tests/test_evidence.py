@@ -456,6 +456,10 @@ def test_a_budget_that_leaves_the_steps_no_time_is_refused(tmp_path, capsys, mon
         .endswith("--budget 21 s leaves the steps no time: 20 s are kept for the report and 1 s for the exit")
     )
     assert main(["evidence", "--list", "--budget", "23"]) == 0
+    # the report alone ran out of its budget at once and exited 0, having done nothing
+    assert main(["evidence", "--list", "--only", "report", "--budget", "0.001"]) == 2
+    assert "leaves the report too little time: it takes about 20 s" in capsys.readouterr().err
+    assert main(["evidence", "--list", "--only", "report", "--budget", "22"]) == 0
     assert list(tmp_path.iterdir()) == []
 
 

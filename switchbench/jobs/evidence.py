@@ -979,6 +979,13 @@ def check_budget(budget: float, state: dict, device: str, only: list[str] | None
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
     reserve = _report_reserve(only, state, device)
+    if (
+        only == [REPORT] and budget - exit_reserve(budget) < reserve
+    ):  # the report alone: its time is the call's
+        raise ValueError(
+            f"--budget {budget:g} s leaves the report too little time: it takes about {reserve:.0f} s, and "
+            f"{exit_reserve(budget):.0f} s are kept for the exit"
+        )
     if only != [REPORT] and budget - exit_reserve(budget) - reserve <= 0:
         raise ValueError(
             f"--budget {budget:g} s leaves the steps no time: {reserve:.0f} s are kept for the report and "
