@@ -120,6 +120,9 @@ def test_a_preset_with_changed_fields_is_the_preset_replaced():
         ("c4-47m-switchhead-h2:causal=yes", "causal must be True or False"),
         ("c4-47m-switchhead-h2:k=9", "k must be in"),
         ("c4-47m-switchhead-h3:T=8", "did you mean c4-47m-switchhead-h2"),
+        # each was read without a word: the last of a repeated field won, and an empty list changed nothing
+        ("c4-47m-switchhead-h2:k=1,k=2", "k is given twice"),
+        ("c4-47m-switchhead-h2:", "no FIELD=VALUE after ':'"),
     ],
 )
 def test_a_bad_change_is_named(name, message):

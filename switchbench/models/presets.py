@@ -148,6 +148,8 @@ def from_name(name: str) -> ModelConfig:
         hint = f"; did you mean {', '.join(close)}?" if close else "; `switchbench presets` lists them"
         raise ValueError(f"unknown preset {base!r}{hint}")
     if not changes:
+        if name != base:  # `NAME:` with nothing after it: a change lost, most likely
+            raise ValueError(f"{name}: no FIELD=VALUE after {OVERRIDES!r}")
         return PRESETS[base]
     changed = _changes(name, changes)
     cfg = PRESETS[base].replace(**changed)
@@ -167,6 +169,8 @@ def _changes(name: str, text: str) -> dict:
         field, equals, value = item.partition("=")
         if not equals or field not in types:
             raise ValueError(f"{name}: {item!r} is no FIELD=VALUE of a ModelConfig field")
+        if field in changes:  # the last would win without a word
+            raise ValueError(f"{name}: {field} is given twice")
         kind = types[field] if isinstance(types[field], str) else types[field].__name__
         if kind == "bool" and value not in ("True", "False"):
             raise ValueError(f"{name}: {field} must be True or False; got {value!r}")
