@@ -204,6 +204,8 @@ def _broken_runs() -> dict:
     threads["metadata"]["threads"] = 2
     no_rounds = _run_like(committed)
     del next(r for r in no_rounds["rows"] if "ratio_time" in r)["ratio_time_rounds"]
+    bad_rounds = _run_like(committed)
+    next(r for r in bad_rounds["rows"] if "ratio_time" in r)["ratio_time_rounds"] = [0.5, "x"]
     wrong_type = _run_like(committed)
     wrong_type["rows"][0]["op_calls"] = "many"
     other_groups = _run_like(committed)
@@ -215,7 +217,8 @@ def _broken_runs() -> dict:
         "kernel-bench run": (_kernel_bench_run(), "a kernels run, not a speed run"),
         "rows not a list": ({"metadata": {}, "rows": {}}, "not a switchbench speed run"),
         "malformed count": (wrong_type, "malformed op_calls"),
-        "no per-round ratios": (no_rounds, "malformed ratio_time_rounds"),
+        "no per-round ratios": (no_rounds, "has no per-round ratios (ratio_time_rounds): a run of an older"),
+        "malformed per-round ratios": (bad_rounds, "malformed ratio_time_rounds"),
         "too few rounds": (_run_like(committed, rounds=5), "too few for a 95% interval"),
         "other threads": (threads, "threads 2 vs 1"),
         "other benchmark": (other_groups, "not the baseline's benchmark"),

@@ -390,7 +390,11 @@ def register(commands) -> None:
     parser.add_argument(
         "--out", help="run folder (default: runs/<run name>, e.g. runs/listops-switchhead-h2)"
     )
-    parser.add_argument("--resume", action="store_true", help="continue from the run folder's checkpoint; where there is none, start the run")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the run folder's checkpoint; where there is none, start the run",
+    )
     parser.add_argument("--force", action="store_true", help="start afresh over an earlier run in the folder")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     add_kernel_choices(parser)

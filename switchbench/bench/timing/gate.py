@@ -104,7 +104,9 @@ def run_problem(run) -> str | None:
         if missing:
             return f"row {i} has no {', '.join(missing)}: not a speed run (a kernel-bench run?)"
         bad = [name for name in (TIME, *EXACT) if name in row and not _is_number(row[name])]
-        if TIME in row and not _positive_numbers(row.get("ratio_time_rounds")):
+        if TIME in row and "ratio_time_rounds" not in row:  # a run from before the gate read each round
+            return f"row {i} ({_key(row)}) has no per-round ratios (ratio_time_rounds): a run of an older switchbench"
+        if TIME in row and not _positive_numbers(row["ratio_time_rounds"]):
             bad.append("ratio_time_rounds")
         if bad:
             return f"row {i} ({_key(row)}) has a malformed {', '.join(bad)}"
