@@ -390,6 +390,11 @@ def test_cli_report_goes_into_its_results_folder_and_replaces_only_a_report(
         err
     )
     assert baseline.read_text() == '{"ratios": {}}'
+    # a trailing slash names a folder: it wrote a file named as the folder
+    folder = f"{tmp_path / 'new'}/"
+    assert main(["report", "--results", str(fixture_results), "--out", folder]) == 2
+    assert capsys.readouterr().err.strip().endswith(f"--out {folder} names a folder; give a file name")
+    assert not (tmp_path / "new").exists()
 
 
 def test_the_environment_names_the_cpu_in_words(fixture_results, tmp_path):

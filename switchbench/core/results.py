@@ -60,9 +60,12 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
     return folder
 
 
-def writable_file(path: Path, flag: str = "--out") -> Path:
+def writable_file(path: Path | str, flag: str = "--out") -> Path:
     """``path`` if a file can be written there, else a one-line ValueError; checked as
-    :func:`writable_folder` checks, by making its folder and a temporary file beside it, then removing them."""
+    :func:`writable_folder` checks, by making its folder and a temporary file beside it, then removing them. A
+    path as typed that ends in a slash names a folder (Path would drop the slash and write a file of that name)."""
+    if isinstance(path, str) and path.endswith(("/", os.sep)):
+        raise ValueError(f"{flag} {path} names a folder; give a file name")
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name")

@@ -1138,7 +1138,7 @@ def _run(args: argparse.Namespace) -> int:
     results = writable_folder(Path(args.results), "--results")
     runs = writable_folder(Path(args.runs), "--runs")
     if args.pack:
-        writable_file(Path(args.pack), "--pack")
+        writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
     state_path = folder / "state.json"
     state = load_state(state_path, fingerprint())

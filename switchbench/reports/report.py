@@ -379,10 +379,10 @@ def _link(results: Path, out: Path) -> str:
     return Path(os.path.relpath(Path(results).resolve(), Path(out).resolve().parent)).as_posix()
 
 
-def replaceable(path: Path, flag: str = "--out") -> Path:
+def replaceable(path: Path | str, flag: str = "--out") -> Path:
     """``path`` if the report can be written there losing nothing: a new file or an earlier report, not a file of
     another kind (a baseline given as --out by mistake); else a one-line ValueError."""
-    writable_file(path, flag)
+    path = writable_file(path, flag)
     if path.is_file():
         with open(path, "rb") as f:
             head = f.read(1024)
@@ -404,7 +404,7 @@ def _run_command(args) -> int:
     results = Path(args.results)
     if not results.is_dir():
         raise ValueError(f"no results folder at {args.results}")
-    out = replaceable(Path(args.out or results / "report.html"))
+    out = replaceable(args.out or results / "report.html")
     loaded = collect(results)
     if not loaded:
         print(

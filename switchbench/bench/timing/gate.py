@@ -348,7 +348,7 @@ def register(commands) -> None:
 
 def _run(args) -> int:
     if args.write:
-        writable_file(Path(args.baseline), "--baseline")
+        writable_file(args.baseline, "--baseline")
     loaded = [load_run(path) for path in args.run_files]
     if args.write:
         try:
