@@ -534,6 +534,7 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
     [
         (["--lr", "inf"], "lr must be a finite number > 0"),
         (["--lr", "nan"], "lr must be a finite number > 0"),
+        (["--lr", "1e308"], "lr must be a finite number > 0 (float32's)"),  # it overflowed in the first step
         (["--seed", str(2**64)], "seed must be in [0, 2**64)"),
         (["--seed", "-1"], "seed must be in [0, 2**64)"),
         (["--text", "tempest.txt"], "--text and --hf-dataset are for --task lm"),

@@ -79,9 +79,12 @@ class TrainConfig:
         for name in ("steps", "batch", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
-        for name in ("lr", "clip"):
-            if not 0 < getattr(self, name) < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0; got {getattr(self, name)}")
+        for name in (
+            "lr",
+            "clip",
+        ):  # float32's largest: the optimizer's step and the clip are float32 products
+            if not 0 < getattr(self, name) <= torch.finfo(torch.float32).max:
+                raise ValueError(f"{name} must be a finite number > 0 (float32's); got {getattr(self, name)}")
         if self.stop_at is not None and self.task != "listops":
             raise ValueError(f"stop_at is a ListOps validation accuracy: the {self.task} task has none")
         if self.stop_at is not None and not 0 <= self.stop_at <= 1:
