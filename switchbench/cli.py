@@ -98,10 +98,17 @@ def _empty_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     ]
 
 
+# Integers the 32-bit ceiling does not hold: a seed names a stream (torch takes 64 bits), and a token budget is a
+# total that a full-scale run passes (its steps, which the kernels see, stay small)
+NOT_SIZES = {"seed", "tokens"}
+
+
 def _oversized_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[tuple[str, int]]:
-    """The flags given an integer past :data:`LARGEST_INT`, with the first such value of each."""
+    """The flags given a count or size past :data:`LARGEST_INT`, with the first such value of each."""
     found = []
     for action in _command_actions(parser, args):
+        if action.dest in NOT_SIZES:
+            continue
         value = getattr(args, action.dest, None)
         big = [v for v in (value if isinstance(value, list) else [value]) if _is_int(v) and v > LARGEST_INT]
         if big:
