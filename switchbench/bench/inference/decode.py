@@ -40,6 +40,7 @@ from switchbench.bench.timing.timer import (
     matmul_peak_tflops,
     memory_bandwidth_gbs,
 )
+from switchbench.core.environment import environment
 from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import from_name
@@ -394,7 +395,6 @@ def _run(args) -> int:
     # prefill is timed in the first of the timed rounds: the default (3) shrinks to fewer rounds, a count given does not
     if args.prefill_rounds > args.rounds and args.prefill_rounds != TIMING["prefill_rounds"]:
         raise ValueError(f"--prefill-rounds ({args.prefill_rounds}) must be <= --rounds ({args.rounds})")
-    prefill_rounds = min(args.prefill_rounds, args.rounds)
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     if args.memory_gib is not None and not 0 < args.memory_gib <= 2**20:
@@ -410,7 +410,9 @@ def _run(args) -> int:
             print(f"{dtype_name} cache ({width} bytes a number); largest batches in {memory / 2**30:.4g} GiB")
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
-    grid = Grid(groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, prefill_rounds)
+    grid = Grid(
+        groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, args.prefill_rounds
+    )
     with intra_op_threads(args.threads):
         metadata, rows, path = measure(
             grid, device, dtype_name, Path(args.out), args.expert_matmul, resume=args.resume
@@ -457,11 +459,14 @@ def measure(
     dtype = DTYPES[dtype_name]
     width = torch.empty((), dtype=dtype).element_size()
     kernels = kernel_metadata(expert_matmul, device)
+    folder = out / slug(environment(device)["device"])
+    runs = (
+        _runs(folder) if resume else {}
+    )  # each read, and a broken one named, before the yardsticks are measured
     measured = _metadata(grid, device, dtype_name) | {k: kernels[k] for k in SAME_KERNELS} | (extra or {})
-    folder = out / slug(measured["device"])
     earlier, stem = [], new_run_stem(folder, f"{dtype_name}-decode")
-    if resume and (unfinished := _unfinished(folder, measured)):
-        stem, earlier_run = unfinished.with_suffix(""), _read_run(unfinished)
+    if resume and (unfinished := _unfinished(runs, measured)):
+        stem, earlier_run = unfinished.with_suffix(""), runs[unfinished]
         earlier = earlier_run["rows"]
         kept = {k: earlier_run["metadata"].get(k) for k in ("commit", "time", "cells_done")}
         # this part's own yardsticks go on record; every row's floors stay against the first part's, so the cells
@@ -516,10 +521,17 @@ def _read_run(path: Path) -> dict:
     return run
 
 
-def _unfinished(folder: Path, metadata: dict) -> Path | None:
-    """The newest run in ``folder`` stopped before its last cell on the grid ``metadata`` describes, or None."""
-    for path in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        earlier = _read_run(path).get("metadata", {})
+def _runs(folder: Path) -> dict[Path, dict]:
+    """The decode runs in ``folder``, newest first."""
+    return {
+        p: _read_run(p) for p in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    }
+
+
+def _unfinished(runs: dict[Path, dict], metadata: dict) -> Path | None:
+    """The newest of ``runs`` stopped before its last cell on the grid ``metadata`` describes, or None."""
+    for path, run in runs.items():
+        earlier = run.get("metadata", {})
         same = all(earlier.get(key) == metadata[key] for key in SAME_GRID)
         if same and earlier.get("cells_done", 0) < earlier.get("cells", 0):
             return path
@@ -527,8 +539,6 @@ def _unfinished(folder: Path, metadata: dict) -> Path | None:
 
 
 def _metadata(grid: Grid, device: str, dtype_name: str) -> dict:
-    from switchbench.core.environment import environment
-
     dtype = DTYPES[dtype_name]
     return environment(device) | {
         "dtype": dtype_name,
