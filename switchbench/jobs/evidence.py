@@ -979,9 +979,8 @@ def check_budget(budget: float, state: dict, device: str, only: list[str] | None
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
     reserve = _report_reserve(only, state, device)
-    if (
-        only == [REPORT] and budget - exit_reserve(budget) < reserve
-    ):  # the report alone: its time is the call's
+    # the report alone: its time is the call's
+    if only == [REPORT] and budget - exit_reserve(budget) < reserve:
         raise ValueError(
             f"--budget {budget:g} s leaves the report too little time: it takes about {reserve:.0f} s, and "
             f"{exit_reserve(budget):.0f} s are kept for the exit"

@@ -460,9 +460,8 @@ def measure(
     width = torch.empty((), dtype=dtype).element_size()
     kernels = kernel_metadata(expert_matmul, device)
     folder = out / slug(environment(device)["device"])
-    runs = (
-        _runs(folder) if resume else {}
-    )  # each read, and a broken one named, before the yardsticks are measured
+    # each run read, and a broken one named, before the yardsticks are measured
+    runs = _runs(folder) if resume else {}
     measured = _metadata(grid, device, dtype_name) | {k: kernels[k] for k in SAME_KERNELS} | (extra or {})
     earlier, stem = [], new_run_stem(folder, f"{dtype_name}-decode")
     if resume and (unfinished := _unfinished(runs, measured)):
