@@ -14,6 +14,7 @@ no compilable functions.
 """
 
 import importlib
+import importlib.metadata
 import json
 import os
 import re
@@ -88,15 +89,17 @@ def _run(args) -> int:
     rows = pd.DataFrame(check(args.arch, args.dtype, args.sizes), columns=COLUMNS)
     estimate = pd.DataFrame(roofline.table(args.sizes, args.batch, args.dtype))
     failed = rows[failing(rows)]
+    compiler = f"Triton {importlib.metadata.version('triton')}"  # spills differ between versions
     if args.json:
         out = {"rows": rows.to_dict("records"), "roofline": estimate.to_dict("records")}
-        print(json.dumps(out | {"failed": len(failed)}, indent=2, default=str))
+        print(json.dumps(out | {"failed": len(failed), "compiler": compiler}, indent=2, default=str))
     else:
         print(rows.to_markdown(index=False))
         print(f"\nroofline at batch {args.batch} (ms; bytes and MACs per pass, fwd+bwd):")
         print(estimate.to_markdown(index=False, floatfmt=".4g"))
         print(
-            f"\n{len(rows)} cases, {len(failed)} failing (compile error, spill, shared memory or no tensor-core MMA)"
+            f"\n{len(rows)} cases compiled by {compiler}, {len(failed)} failing (compile error, spill, shared memory"
+            " or no tensor-core MMA)"
         )
     return 1 if len(failed) else 0  # a CI step can tell a spill on sm_90 from a clean build
 

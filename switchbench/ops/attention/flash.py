@@ -398,22 +398,23 @@ def _dq_from_term(
 # 16 channels wide (the caller pads them: at 76, 88 or 104 channels the rows' misalignment spilled). Over every
 # family's training window at 47M and 262M, XL's and RoPE's (grouped heads or not, the term or none, a causal mask:
 # what kernel-check compiles), every candidate compiles for sm_90 without a spill and within a block's shared
-# memory, each product a pipelined wgmma (at 4 warps the key-block backward spilled at every width). With the term
+# memory, each product a pipelined wgmma, under Triton 3.6 (the GPU node's) and 3.9 alike: four that were clean
+# under 3.9 alone, two of them defaults, spilled under 3.6 and were replaced. With the term
 # the query blocks' kernel makes one product a tile and takes larger tiles; the first of its lists also serves it
 # without one. On a GPU each launch shape runs the one measured fastest there (:mod:`~switchbench.ops.tuned`); the
 # first is the default, the interpreter's and a capture's.
 CONFIGS = {
     "forward": {
-        64: [(128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)],
+        64: [(128, 64, 8, 3), (64, 128, 8, 3), (64, 64, 4, 3), (128, 64, 8, 4)],
         128: [(128, 32, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3)],
     },
     "key_block": {
-        64: [(64, 64, 8, 2), (32, 64, 8, 3), (32, 64, 8, 4), (16, 64, 8, 3)],
-        128: [(32, 64, 8, 3), (16, 64, 8, 3), (16, 64, 8, 4), (16, 64, 8, 2)],
+        64: [(32, 64, 8, 3), (16, 128, 8, 3), (32, 64, 8, 4), (16, 64, 8, 3)],
+        128: [(16, 64, 8, 3), (32, 64, 8, 2), (16, 64, 8, 4), (16, 64, 8, 2)],
     },
     "query_block": {
         64: [(64, 64, 8, 2), (128, 64, 8, 2), (128, 128, 8, 3), (64, 128, 4, 3)],
-        128: [(64, 32, 8, 2), (128, 64, 8, 2), (128, 128, 8, 2), (128, 32, 8, 2)],
+        128: [(64, 32, 8, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 32, 8, 2)],
     },
 }
 WIDEST = choice.WIDEST["triton"]  # channels a head may have
