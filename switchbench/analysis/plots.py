@@ -29,10 +29,6 @@ def _seaborn():
     return seaborn
 
 
-def _ticks(labels) -> list | bool:
-    return list(labels) if len(labels) <= TICK_LIMIT else False
-
-
 def attention_maxima(models: dict[str, list[np.ndarray]], title: str) -> Figure:
     """One row per model (named above it), one map per layer: the element-wise max over heads of the
     post-softmax attention. Axes count positions: at the size that fits the report, token labels would be
