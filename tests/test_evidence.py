@@ -19,7 +19,7 @@ import pytest
 
 from switchbench.bench.kernels import tune
 from switchbench.cli import main
-from switchbench.jobs import evidence
+from switchbench.jobs import evidence, processes
 
 
 def _writer(name: str, seconds: float = 0.0, code: int = 0):
@@ -579,7 +579,7 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
     else:
         out = ctx.command([sys.executable, str(script)])
         assert out.strip()  # the grandchild's pid, printed before the pipe was given up
-    assert time.monotonic() - start < 2 + 2 * evidence.STRAY_GRACE + 1
+    assert time.monotonic() - start < 2 + 2 * processes.STRAY_GRACE + 1
     pid = int((tmp_path / "log.txt").read_text().split()[-1])
     if parent_sleeps:
         time.sleep(0.2)
@@ -639,4 +639,4 @@ def test_the_rehearsal_forks_its_commands_with_their_output_status_and_stop(tmp_
         ctx.switchbench(
             "train", "--task", "listops", "--device", "cpu", "--steps", "100000", "--out", str(tmp_path)
         )
-    assert time.monotonic() - before < 3 + evidence.STRAY_GRACE
+    assert time.monotonic() - before < 3 + processes.STRAY_GRACE

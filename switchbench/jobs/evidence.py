@@ -18,17 +18,11 @@ nothing), and the steps that need CUDA are reported as missing.
 """
 
 import argparse
-import contextlib
 import hashlib
 import importlib.util
 import json
 import math
-import multiprocessing
 import os
-import runpy
-import select
-import signal
-import subprocess
 import sys
 import tarfile
 import threading
@@ -44,6 +38,7 @@ from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
 from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
+from switchbench.jobs import processes
 from switchbench.train.run import default_preset, run_name
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: package, tests, pyproject.toml
@@ -109,142 +104,15 @@ class Context:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
-            log.flush()
-            if not self.gpu and argv[:2] == [sys.executable, "-m"] and argv[2] in FORKED:
-                process = _Forked(argv[2], argv[3:], env, cwd, self.log)
-            else:
-                process = subprocess.Popen(
-                    argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd, start_new_session=True
-                )
-            out, killed = _output(process, remaining)
+        process = processes.start(argv, env, cwd, self.log, forked=not self.gpu)
+        out, killed = processes.output(process, remaining)
+        with self.log.open("a") as log:
             log.write(out)
         if killed:
             raise OutOfBudget(" ".join(argv[:4]))
         if process.returncode not in ok:
             raise StepFailed(f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})")
         return out
-
-
-# The rehearsal forks its `python -m switchbench` and `python -m pytest` commands from a server that has imported
-# torch, the command line and pytest (multiprocessing's forkserver): each of its ~35 commands starts without the
-# 2.5 s an interpreter takes to import them, nor the 1.6 s of torch._dynamo, which the first call of any custom op
-# (the expert matmul) imports. A GPU node starts each in a fresh interpreter, as a user would.
-FORKED = ("switchbench", "pytest")
-PRELOAD = ["torch", "torch._dynamo", "switchbench.cli", "pytest"]  # one that is not installed is passed over
-_FORKS = multiprocessing.get_context("forkserver")
-
-
-class _Forked:
-    """``python -m MODULE ARGS`` in a process forked from the server, with what ``_output`` and ``_kill`` use of a
-    Popen: its pid (a session of its own), its stdout pipe, wait() and returncode. The server imported its modules
-    under the environment of its start; each command gets ``env`` for what it reads while it runs."""
-
-    def __init__(self, module: str, args: list[str], env: dict, cwd: Path | None, stderr: Path):
-        # set here, not at import: the preload is the process's one forkserver's, which other code may use too
-        _FORKS.set_forkserver_preload(PRELOAD)
-        self.stdout, writer = _FORKS.Pipe(duplex=False)
-        target, options = _module_forked, (module, args, env, cwd, writer, stderr)
-        self._process = _FORKS.Process(target=target, args=options, name=f"python -m {module}")
-        self._process.start()
-        writer.close()
-        self.pid = self._process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
-        if self.returncode is None:
-            raise subprocess.TimeoutExpired(self._process.name, timeout)
-        return self.returncode
-
-
-def _module_forked(module: str, args: list[str], env: dict, cwd: Path | None, stdout, stderr: Path) -> None:
-    os.setsid()  # as start_new_session: a stop kills the command's whole session
-    os.dup2(stdout.fileno(), 1)
-    stdout.close()
-    err = os.open(stderr, os.O_WRONLY | os.O_APPEND)
-    os.dup2(err, 2)
-    os.close(err)
-    os.environ.clear()
-    os.environ.update(env)
-    if cwd is not None:
-        os.chdir(cwd)
-    sys.stdout.reconfigure(line_buffering=True)  # PYTHONUNBUFFERED's promise: what it printed survives a stop
-    sys.argv = [module, *args]
-    sys.path.insert(0, os.getcwd())  # as `python -m` puts the folder it starts in first
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-
-
-# Seconds the output pipe may stay open after the step's process ended, or after it was killed
-STRAY_GRACE = 5.0
-
-
-def _output(process: "subprocess.Popen | _Forked", seconds: float) -> tuple[str, bool]:
-    """What ``process`` printed, and whether it had to be killed at the end of ``seconds``. The pipe is read on a
-    thread of its own: a descendant that outlives the process (or escaped the kill) may hold it open, and the call
-    must end anyway; it is given STRAY_GRACE seconds, then killed if it can be found, then the pipe is let go."""
-    chunks: list[bytes] = []
-    fd, stop = process.stdout.fileno(), threading.Event()
-
-    def drain():
-        while not stop.is_set():
-            if select.select([fd], [], [], 0.1)[0]:
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    return
-                chunks.append(data)
-
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    killed = False
-    try:
-        process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        killed = True
-        _kill(process)
-        process.wait()
-    reader.join(STRAY_GRACE)
-    if reader.is_alive():  # a stray holds the pipe: stop it if it is still in the step's session or tree
-        _kill(process)
-        reader.join(STRAY_GRACE)
-    stop.set()
-    reader.join()
-    process.stdout.close()
-    return b"".join(chunks).decode(errors="replace"), killed
-
-
-def _kill(process: "subprocess.Popen | _Forked") -> None:
-    """SIGKILL the step's whole session (pytest and compile workers) and every descendant of its process: one that
-    left the session (setsid) is still found through its parent, so every target is found before any is killed.
-    SIGKILL, since a process may ignore SIGTERM."""
-    targets = _session_and_descendants(process.pid)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
-    for pid in targets:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _session_and_descendants(root: int) -> set[int]:
-    """The processes in ``root``'s session (started with a session of its own, its id is ``root``) and every
-    descendant of ``root``, from /proc (empty where there is none)."""
-    parents, sessions = {}, {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:  # the fields after the command's name, which may hold spaces
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # ended meanwhile
-        pid = int(stat.parent.name)
-        parents[pid], sessions[pid] = int(fields[1]), int(fields[3])
-    found = {pid for pid, session in sessions.items() if session == root}
-    frontier = {root}
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    found.discard(os.getpid())
-    return found
 
 
 @dataclass(frozen=True)
