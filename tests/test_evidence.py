@@ -19,7 +19,7 @@ import pytest
 
 from switchbench.bench.kernels import tune
 from switchbench.cli import main
-from switchbench.jobs import evidence, processes
+from switchbench.jobs import evidence, evidence_steps, processes
 
 
 def _writer(name: str, seconds: float = 0.0, code: int = 0):
@@ -268,13 +268,13 @@ def test_the_fingerprint_follows_the_code_not_the_results(tmp_path, monkeypatch)
     (root / "switchbench").mkdir(parents=True)
     (root / "switchbench" / "a.py").write_text("x = 1")
     (root / "pyproject.toml").write_text("")
-    monkeypatch.setattr(evidence, "ROOT", root)
-    before = evidence.fingerprint()
+    monkeypatch.setattr(evidence_steps, "ROOT", root)
+    before = evidence_steps.fingerprint()
     (root / "results").mkdir()
     (root / "results" / "speed.json").write_text("{}")
-    assert evidence.fingerprint() == before
+    assert evidence_steps.fingerprint() == before
     (root / "switchbench" / "a.py").write_text("x = 2")
-    assert evidence.fingerprint() != before
+    assert evidence_steps.fingerprint() != before
 
 
 @pytest.mark.slow
@@ -472,11 +472,11 @@ def test_the_gpu_test_step_is_a_pytest_command_that_starts_under_xdist(monkeypat
     """On an H200 node the step stopped at start-up (pytest exit 3): pytest-benchmark 5.2 warns under xdist unless
     told to stay off, and the suite turns warnings into errors. The step's own flags, on one small test file."""
     seen = []
-    monkeypatch.setattr(evidence, "device_name", lambda device: "NVIDIA H200")  # its results' folder
+    monkeypatch.setattr(evidence_steps, "device_name", lambda device: "NVIDIA H200")  # its results' folder
     ctx = evidence.Context("cuda", tmp_path, tmp_path, 0.0, tmp_path / "log.txt")
     monkeypatch.setattr(ctx, "command", lambda argv, **how: seen.append(argv))
-    monkeypatch.setattr(evidence, "_tests_summary", lambda *args: {"failed": []})  # no log: nothing ran
-    evidence._tests("not slow", "test_config.py")(ctx)
+    monkeypatch.setattr(evidence_steps, "_tests_summary", lambda *args: {"failed": []})  # no log: nothing ran
+    evidence_steps._tests("not slow", "test_config.py")(ctx)
     (argv,) = seen
     assert argv[argv.index("-n") + 1] == "8" and "--benchmark-disable" in argv
     flags = [a for a in argv[1:] if not a.endswith(".py")]  # the suite's files left out
@@ -503,7 +503,7 @@ def test_the_flash_attention_step_tests_the_kernel_on_the_gpu_before_timing_it(m
 
     monkeypatch.setattr(ctx, "command", command)
     failing = False
-    evidence._flash(ctx)
+    evidence_steps._flash(ctx)
     assert seen == [
         ["pytest", "-q"],
         ["switchbench", "speed", "triton"],
@@ -512,7 +512,7 @@ def test_the_flash_attention_step_tests_the_kernel_on_the_gpu_before_timing_it(m
     seen.clear()
     failing = True
     with pytest.raises(evidence.StepFailed):
-        evidence._flash(ctx)
+        evidence_steps._flash(ctx)
     assert seen == [["pytest", "-q"]]
 
 
@@ -604,7 +604,9 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
 ):
     tests = tmp_path / "test_part.py"
     tests.write_text(PART)
-    step = evidence.Step("tests-1", "part 1", 1, evidence._tests("not slow", str(tests)), resumable=True)
+    step = evidence.Step(
+        "tests-1", "part 1", 1, evidence_steps._tests("not slow", str(tests)), resumable=True
+    )
     monkeypatch.setattr(evidence, "STEPS", _steps(replace(step, cpu_seconds=1)))
     first = _chain(tmp_path, budget=6)
     assert first["steps"]["tests-1"]["status"] == "interrupted"
@@ -617,8 +619,8 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     assert second["steps"]["tests-1"]["status"] == "failed"  # one test fails: the part is done, and red
     logs = sorted((tmp_path / "results" / "tests").rglob("*.jsonl"))
     assert len(logs) == 2
-    again = evidence.test_outcomes(logs[1:])
-    assert len(again) == 12 - ran_first and not set(again) & set(evidence.test_outcomes(logs[:1]))
+    again = evidence_steps.test_outcomes(logs[1:])
+    assert len(again) == 12 - ran_first and not set(again) & set(evidence_steps.test_outcomes(logs[:1]))
     summary = json.loads(summary_path.read_text())
     assert summary["counts"] == {"passed": 11, "failed": 1, "skipped": 0, "tests": 12}
 
