@@ -2,7 +2,6 @@
 float64 loop's, and the check every family's exact cost is held to. The expert-matmul cases and their float64 reference are the package's
 (``switchbench.ops.expert_matmul.cases``), read by the benchmarks too."""
 
-import pytest
 import torch
 from optional import installed
 
@@ -59,6 +58,7 @@ def assert_counted_exactly(cfg) -> None:
     exact = exact_cost(cfg)
     assert measure.flop_counter_macs(cfg) == exact.macs
     assert measure.saved_floats(cfg) == exact.mem
-    if not installed("fvcore"):
-        pytest.skip("needs fvcore, which is not installed here (FlopCounterMode and saved floats agreed)")
-    assert measure.fvcore_macs(cfg) == exact.macs
+    # Where fvcore is missing (a GPU node) the other two still hold every example: a skip here, inside a
+    # Hypothesis test, ended it after its first
+    if installed("fvcore"):
+        assert measure.fvcore_macs(cfg) == exact.macs

@@ -92,9 +92,16 @@ def test_a_layer_runs_on_the_choice_in_force():
     torch.testing.assert_close(outputs["grouped_mm"], outputs["torch"], rtol=1e-5, atol=1e-6)
 
 
-def test_the_shipped_table_names_known_implementations():
-    for t in choice.auto_tables():
-        assert set(t["choices"].values()) <= set(choice.IMPLS), t["device"]
+def test_a_table_choosing_an_implementation_the_op_lacks_fails_as_it_loads():
+    """auto_tables() loads the shipped table (empty until a GPU tunes it) through this check."""
+    bucket = choice.shape_bucket(65536, 1024, 112, torch.bfloat16, True)
+    good = [{"device": "NVIDIA H200", "choices": {bucket: "all_experts"}}]
+    assert choice.checked(good) == tuple(good)
+    bad = [*good, {"device": "NVIDIA H100 80GB HBM3", "choices": {bucket: "cutlass"}}]
+    with pytest.raises(
+        ValueError, match="NVIDIA H100 80GB HBM3 chooses cutlass; each choice is one of torch, "
+    ):
+        choice.checked(bad)
 
 
 def test_a_resolution_is_marked_as_torch_compilers_assume_constant_result_marks_it():

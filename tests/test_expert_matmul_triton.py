@@ -4,6 +4,7 @@ Without a GPU the kernels run under TRITON_INTERPRET=1 (tests/conftest.py), so t
 """
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -346,23 +347,50 @@ def test_configurations_tuned_ahead_of_time_are_used_where_the_gpu_matches(monke
     tuning.ahead_of_time.cache_clear()
 
 
-def test_the_shipped_table_names_known_configurations():
-    from switchbench.bench.kernels.tune import TABLE, merged
+def _check_labels(table: dict) -> None:
+    """Every label of a table of tuned configurations names a candidate of its kernel (a ValueError if not)."""
     from switchbench.ops.attention import flash
     from switchbench.ops.expert_matmul import triton_kernels as kernels
 
-    assert (
-        TABLE.read_text()
-        == (tuning.importlib.resources.files("switchbench.ops") / "data" / tuning.FILE).read_text()
-    )
+    for kernel, labels in table["configs"].items():
+        for key, label in labels.items():
+            if kernel.startswith("flash_"):  # keyed "<t>x<S>x<D> ...": its candidates are D's
+                width = int(key.split()[0].split("x")[2])
+                flash.by_label(kernel.removeprefix("flash_"), width, label)
+            else:
+                kernels.by_label(kernel, label, "test")
+
+
+def test_the_shipped_table_names_known_configurations():
+    """The shipped table holds only labels the kernels have (it is empty until a GPU tunes it); the check itself
+    passes the candidates' own labels and refuses one that no candidate has."""
+    from importlib.resources import files
+
+    from switchbench.bench.kernels.tune import TABLE
+    from switchbench.ops.attention import flash
+    from switchbench.ops.expert_matmul import triton_kernels as kernels
+
+    assert TABLE.resolve() == Path(str(files("switchbench.ops") / "data" / tuning.FILE)).resolve()
     for table in tuning.tables():
-        for kernel, labels in table["configs"].items():
-            for key, label in labels.items():
-                if kernel.startswith("flash_"):  # keyed "<t>x<S>x<D> ...": its candidates are D's
-                    width = int(key.split()[0].split("x")[2])
-                    flash.by_label(kernel.removeprefix("flash_"), width, label)
-                else:
-                    kernels.by_label(kernel, label, "test")
+        _check_labels(table)
+    known = {
+        "scatter_matmul": {
+            "1024x1024x112 bfloat16": kernels.config_label(kernels.CONFIGS["scatter_matmul"][-1])
+        },
+        "flash_forward": {
+            "512x1024x64 bfloat16 pos mask": flash.config_label(flash.candidates("forward", 64)[-1])
+        },
+    }
+    _check_labels({"configs": known})
+    for kernel in known:
+        bogus = {kernel: dict.fromkeys(known[kernel], "M7 N7 w1 s1")}
+        with pytest.raises(ValueError, match="M7 N7 w1 s1"):
+            _check_labels({"configs": bogus})
+
+
+def test_a_table_merged_for_one_gpu_keeps_the_others():
+    from switchbench.bench.kernels.tune import merged
+
     before = {"tables": [{"device": "A", "configs": {}}, {"device": "B", "configs": {}}]}
     after = merged(before, "B", {"configs": {"scatter_matmul": {"k": "M64 N64 K64 w4 s4"}}})
     assert [t["device"] for t in after["tables"]] == ["A", "B"] and after["tables"][1]["configs"]

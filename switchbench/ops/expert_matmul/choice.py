@@ -77,7 +77,19 @@ def device_name(device: torch.device) -> str:
 @functools.cache
 def auto_tables() -> tuple[dict, ...]:
     text = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", AUTO_FILE).read_text()
-    return tuple(json.loads(text)["tables"])
+    return checked(json.loads(text)["tables"])
+
+
+def checked(tables: list[dict]) -> tuple[dict, ...]:
+    """``tables``, each of whose choices is one of IMPLS: an entry edited by hand fails as the table loads, by its
+    GPU's name, rather than inside a training step."""
+    for table in tables:
+        unknown = sorted(set(table["choices"].values()) - set(IMPLS))
+        if unknown:
+            raise ValueError(
+                f"{AUTO_FILE}: {table['device']} chooses {', '.join(unknown)}; each choice is one of {', '.join(IMPLS)}"
+            )
+    return tuple(tables)
 
 
 def measured_entries(device: torch.device) -> int:
