@@ -248,6 +248,17 @@ def _capacity_loop(case: Case, inputs: dict):
     return torch.stack([rows @ w for rows, w in zip(inputs["padded"], inputs["weight_aligned"], strict=True)])
 
 
+def _by_expert(case: Case, inputs: dict):
+    """The loop peer's reference, which cannot be the loop itself: each expert's product over every slot's row,
+    kept (and gated) where the slot chose it, from the router's indices alone (no grouping, no scatter back)."""
+    indices = inputs["routing"].indices  # [N, S]
+    rows = inputs["x"].repeat_interleave(case.slots // case.in_groups, 1)  # [N, S, d_in]
+    y = sum((indices == e)[..., None] * (rows @ w) for e, w in enumerate(inputs["weight"]))
+    if inputs["scores"] is not None:
+        y = y * inputs["scores"].gather(1, indices)[..., None]
+    return y.view(case.tokens, case.out_groups, -1, case.d_out).sum(2)
+
+
 @dataclass(frozen=True)
 class Peer:
     """One timed call: the implementation it measures ("" for the dense comparator), whether it is the whole op
@@ -268,7 +279,7 @@ PEERS = {
     "triton": Peer(_op("triton"), "triton", "op", _OP, _loop),
     "grouped_mm": Peer(_op("grouped_mm"), "grouped_mm", "op", _OP, _loop),
     "all_experts": Peer(_op("all_experts"), "all_experts", "op", _OP, _loop),
-    "loop": Peer(_loop, "loop", "op", _OP, _loop),
+    "loop": Peer(_loop, "loop", "op", _OP, _by_expert),
     "torch-kernel": Peer(_torch_kernel, "torch", "kernel", _PADDED, _capacity_loop),
     "triton-kernel": Peer(_triton_kernel, "triton", "kernel", _SORTED, _sorted_loop),
     "grouped_mm-kernel": Peer(_grouped_mm_kernel, "grouped_mm", "kernel", _SORTED, _sorted_loop),
