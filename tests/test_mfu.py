@@ -8,7 +8,7 @@ import torch
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import counted_macs
 from switchbench.bench.timing import timer
-from switchbench.models.lm import SequenceClassifier
+from switchbench.models.lm import LanguageModel, SequenceClassifier
 from switchbench.models.presets import PRESETS
 from switchbench.train import listops, run
 
@@ -22,6 +22,27 @@ def test_the_classifier_count_is_what_runs(preset, length):
     tokens = torch.randint(len(listops.VOCAB), (1, length))
     with torch.no_grad():
         assert counted_macs(lambda: model(tokens)) == run.classifier_macs(cfg, length)
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["tiny-transformer", "tiny-switchhead", "tiny-switchall", "tiny-moa", "tiny-gqa-kv2", "tiny-moh"],
+)
+def test_the_language_model_count_is_what_runs(preset):
+    """The LM's count (the train log's MFU, quality's training MACs, the MAC floors) against FlopCounterMode, the
+    σ-MoE MLP's branch included: a chunk that starts a stream attends to no memory, the next to a chunk of it."""
+    cfg = PRESETS[preset]
+    torch.manual_seed(0)
+    model = LanguageModel(cfg).eval()
+    tokens = torch.randint(cfg.vocab, (1, cfg.T))
+    with torch.no_grad():
+        state = model(tokens).state
+        assert counted_macs(lambda: model(tokens)) == model_macs(cfg.replace(context_blocks=0))
+        assert (
+            counted_macs(lambda: model(tokens, state))
+            == model_macs(cfg)
+            > model_macs(cfg.replace(context_blocks=0))
+        )
 
 
 @pytest.mark.parametrize("task", ["lm", "listops"])
