@@ -117,9 +117,10 @@ def test_speed_train_and_analyze(env, tmp_path):
     )
     rows = [r for r in json.loads(timed)["rows"] if r["preset"] == "tiny-sharedqk-rope"]
     assert rows and all(r["status"] == "ok" for r in rows)
-    explorer = (tmp_path / "analysis" / "explorer.html").read_text()
-    assert '"name": "shared_qk"' in explorer or "shared_qk" in explorer
-    assert (tmp_path / "analysis" / "attention_maxima.png").stat().st_size > 0
+    analysis = json.loads((tmp_path / "analysis" / "metadata.json").read_text())
+    presets = [checkpoint["train"]["preset"] for checkpoint in analysis["checkpoints"]]
+    assert presets == ["listops-transformer-h8", "listops-sharedqk-h8"]  # the plug-in's model, analysed
+    assert {"explorer.html", "attention_maxima.png", "similarity.csv"} <= set(analysis["files"])
 
 
 def test_a_plugin_that_fails_to_load_is_one_line_and_exit_2(tmp_path):
