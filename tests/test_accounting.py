@@ -64,7 +64,9 @@ def test_hand_count_of_the_printed_switchhead_equation():
 
 
 def test_switchhead_expert_subsets_follow_n_exp_and_n_sel():
-    """V only: n_exp = 1, n_sel = 1; QKVO: n_exp = 4, n_sel = 2 (hand-expanded convention)."""
+    """V only: n_exp = 1, n_sel = 1; QKVO: n_exp = 4, n_sel = 2, expanded by hand from the authors' table script's
+    terms. The paper prints no row of a subset other than V and O, so no published cell holds these: the check is
+    that the script's rule, not a guess at it, is what a subset gets."""
     H, dh, dm, T, C, E, k = 2, 64, 256, 128, 2, 4, 2
     v_only = paper_switchhead(H, dh, dm, T, C, E, k, "v", xl=False)
     assert v_only.macs == 2 * H * dh * T * T * C + (k + 3) * dm * H * dh * T + H * k * T * dh + E * dm * T * C
