@@ -108,7 +108,11 @@ def test_tables_files(tmp_path, capsys):
     reproduced, each table as CSV, Markdown and LaTeX."""
     assert main(["tables", "--out", str(tmp_path), "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert len(printed["rows"]) == 55 and {r["reproduced"] for r in printed["rows"]} == {"yes", "with C = 2"}
+    verdicts = {r["reproduced"] for r in printed["rows"]}
+    assert len(printed["rows"]) == 55 and verdicts == {"yes", "with C = 2", "fitted"}
+    # the eight MoA rows of Table 1, whose d_head and experts the paper does not give
+    fitted = [(r["table"], r["model"]) for r in printed["rows"] if r["reproduced"] == "fitted"]
+    assert fitted == [("1", "moa")] * 8
     # every column of the CSVs, numbers as numbers (it held the terminal's formatted strings, "43.9%")
     headline = next(
         r for r in printed["rows"] if r["table"] == "2" and r["preset"] == "c4-262m-switchhead-h4"
