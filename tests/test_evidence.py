@@ -468,17 +468,22 @@ def test_a_budget_that_leaves_the_steps_no_time_is_refused(tmp_path, capsys, mon
     not all(map(importlib.util.find_spec, ("xdist", "pytest_benchmark"))),
     reason="needs pytest-xdist and pytest-benchmark",
 )
-def test_the_gpu_test_step_is_a_pytest_command_that_starts_under_xdist(monkeypatch, tmp_path):
-    """On an H200 node the step stopped at start-up (pytest exit 3): pytest-benchmark 5.2 warns under xdist unless
-    told to stay off, and the suite turns warnings into errors. The step's own flags, on one small test file."""
+@pytest.mark.parametrize(("step", "workers"), [("tests", "8"), ("flash", "4")])
+def test_a_gpu_step_s_pytest_command_starts_under_xdist(step, workers, monkeypatch, tmp_path):
+    """On an H200 node the tests step stopped at start-up (pytest exit 3): pytest-benchmark 5.2 warns under xdist
+    unless told to stay off, and the suite turns warnings into errors; the flash attention step's tests had the
+    same flaw until a review found it. Each step's own flags, on one small test file."""
     seen = []
     monkeypatch.setattr(evidence_steps, "device_name", lambda device: "NVIDIA H200")  # its results' folder
     ctx = evidence.Context("cuda", tmp_path, tmp_path, 0.0, tmp_path / "log.txt")
-    monkeypatch.setattr(ctx, "command", lambda argv, **how: seen.append(argv))
+    monkeypatch.setattr(ctx, "command", lambda argv, **how: seen.append(argv) or "")
     monkeypatch.setattr(evidence_steps, "_tests_summary", lambda *args: {"failed": []})  # no log: nothing ran
-    evidence_steps._tests("not slow", "test_config.py")(ctx)
-    (argv,) = seen
-    assert argv[argv.index("-n") + 1] == "8" and "--benchmark-disable" in argv
+    if step == "tests":
+        evidence_steps._tests("not slow", "test_config.py")(ctx)
+    else:
+        evidence_steps._flash(ctx)
+    argv = next(argv for argv in seen if argv[2] == "pytest")
+    assert argv[argv.index("-n") + 1] == workers and "--benchmark-disable" in argv
     flags = [a for a in argv[1:] if not a.endswith(".py")]  # the suite's files left out
     flags[flags.index("-n") + 1] = "2"
     done = subprocess.run(

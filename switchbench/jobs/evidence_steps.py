@@ -141,16 +141,10 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
         earlier = sorted(folder.glob(f"{part}-*.jsonl"))
         finished = test_outcomes(earlier)
         log = folder / f"{part}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--report-log={log}"]
+        argv = [*pytest_command(workers=8 if ctx.gpu else 0), f"--report-log={log}"]  # one GPU, 8 workers
         argv += [f"--deselect={node}" for node in finished]
         if ctx.gpu:
             argv += ["-m", marker, *map(str, sorted((ROOT / "tests").glob("test_*.py"))[index::count])]
-            if importlib.util.find_spec("xdist"):
-                argv += ["-n", "8"]  # one GPU shared by 8 workers: the suite's tests are small
-                if importlib.util.find_spec("pytest_benchmark"):
-                    # pytest-benchmark before 5.3 warns at start-up under xdist unless told: with warnings as
-                    # errors the whole run stops there (pytest exit 3, seen on an H200 node's 5.2.3)
-                    argv.append("--benchmark-disable")
         else:
             argv.append(str(ROOT / "tests" / cpu_file))
         try:
@@ -163,6 +157,19 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
             raise StepFailed(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
 
     return run
+
+
+def pytest_command(workers: int = 0) -> list[str]:
+    """pytest, quiet and without its cache, on ``workers`` pytest-xdist workers where xdist is installed (none:
+    in this process)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    if workers and importlib.util.find_spec("xdist"):
+        argv += ["-n", str(workers)]
+        if importlib.util.find_spec("pytest_benchmark"):
+            # pytest-benchmark before 5.3 warns at start-up under xdist unless told: with warnings as errors the
+            # whole run stops there (pytest exit 3, seen on an H200 node's 5.2.3)
+            argv.append("--benchmark-disable")
+    return argv
 
 
 # The rehearsal's test parts each run this small file: the logic of a part is the same whatever it runs, and a part
@@ -329,10 +336,14 @@ def _flash(ctx: Context):
     # its fast tests first, on this GPU (bf16 against float64 and SDPA among them): a kernel that computes the
     # wrong thing has no time worth keeping. Four workers compile their kernels side by side (each case is a
     # compilation here); the slow cases wait for the slow tests' steps
-    pytest = [
-        sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-n", "4", "-m", "not slow",
-    ]  # fmt: skip
-    ctx.command([*pytest, str(ROOT / "tests" / "test_flash_attention.py")], cwd=ROOT)
+    tests = [
+        *pytest_command(workers=4),
+        "-x",
+        "-m",
+        "not slow",
+        str(ROOT / "tests" / "test_flash_attention.py"),
+    ]
+    ctx.command(tests, cwd=ROOT)
     flags = ("--attention", "triton", *expert)
     _speed_group(ctx, None, "--presets", *GPU_PROFILE, *flags, *_PRACTITIONER_GPU)
     where = ("--device", ctx.device, "--out", str(ctx.results / "profile"), "--fit-from", "64", "--top", "60")
