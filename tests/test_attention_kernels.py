@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
+from small import SEQ, TIGHT, T, checked_dtype, make_lm, random_tokens, small_cfg, within
 
 from switchbench.models import family as registry
 from switchbench.models.lm import SequenceClassifier
@@ -108,8 +108,11 @@ def kernel_cases() -> list:
 def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, masked):
     q, k, v, mask, scores = inputs(H, Hk, d_head, biased, masked)
     leaves = [x for x in (q, k, v, scores) if x is not None]
-    scale = 0.7
+    scale, tolerance = 0.7, within(backend, DEVICE)
     reference = naive(q, k, v, mask, scores, scale)
+    # the same values in the dtype the backend is checked in
+    ran = [x.detach().to(checked_dtype(backend, DEVICE)).requires_grad_() for x in leaves]
+    q, k, v, scores = (*ran, None)[:4]
     with choice.selected(backend):
         if backend in TRAINABLE:
             out, maps = attention(q, k, v, mask, relative(scores), scale)
@@ -118,14 +121,14 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
                 q, k, v, scores = (x if x is None else x.detach() for x in (q, k, v, scores))
                 out, maps = attention(q, k, v, mask, relative(scores), scale)
     assert maps is None
-    torch.testing.assert_close(out, reference, **TIGHT)
+    torch.testing.assert_close(out.double(), reference, **tolerance)
     if backend not in TRAINABLE:
         return
     cotangent = torch.randn_like(reference)
     expected = torch.autograd.grad(reference, leaves, cotangent)
-    got = torch.autograd.grad(out, leaves, cotangent)
+    got = torch.autograd.grad(out, ran, cotangent.to(out.dtype))
     for name, g, e in zip(("q", "k", "v", "scores"), got, expected, strict=False):
-        torch.testing.assert_close(g, e, **TIGHT, msg=lambda m, n=name: f"gradient of {n}: {m}")
+        torch.testing.assert_close(g.double(), e, **tolerance, msg=lambda m, n=name: f"gradient of {n}: {m}")
 
 
 @pytest.mark.parametrize("Hk", [2, 1])
@@ -217,14 +220,17 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, backend, p
     cfg = small_cfg(model, pos, context_blocks=context_blocks)
     lm = make_lm(cfg).to(DEVICE).train()  # dropout is 0: train mode only lets the routers' training paths run
     tokens = random_tokens(cfg, SEQ).to(DEVICE)
+    tolerance = within(backend, DEVICE)
 
     def pieces():
         first = lm(tokens[:, :T])
         return torch.cat([first.logits, lm(tokens[:, T:], first.state).logits], dim=1)
 
     with choice.selected("explicit"):
-        expected_logits = pieces()
-        expected = parameter_gradients(lm, tokens)
+        expected_logits = pieces().detach()
+        # copies: converting the model to another dtype converts its gradients in place
+        expected = {name: g.clone() for name, g in parameter_gradients(lm, tokens).items()}
+    lm.to(checked_dtype(backend, DEVICE))
     with choice.selected(backend), choice.recording() as resolved:
         if backend in TRAINABLE:
             logits = pieces()
@@ -233,10 +239,12 @@ def test_every_family_under_each_backend_is_the_explicit_model(model, backend, p
             with torch.no_grad():
                 logits, got = pieces(), expected
     assert set(resolved.values()) == {backend}
-    torch.testing.assert_close(logits, expected_logits.detach(), **TIGHT)
+    torch.testing.assert_close(logits.double(), expected_logits, **tolerance)
     assert got.keys() == expected.keys()
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], **TIGHT, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            got[name].double(), expected[name], **tolerance, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 @pytest.mark.parametrize("model", [pytest.param(f, marks=slow_unless(f == FAST_FAMILY)) for f in FAMILIES])
@@ -260,8 +268,8 @@ def test_a_bidirectional_classifier_under_each_backend(model, backend):
         with choice.selected("explicit"):
             expected = clf(tokens)[0]
         with choice.selected(backend):
-            got = clf(tokens)[0]
-    torch.testing.assert_close(got, expected, **TIGHT)
+            got = clf.to(checked_dtype(backend, DEVICE))(tokens)[0]
+    torch.testing.assert_close(got.double(), expected, **within(backend, DEVICE))
 
 
 @pytest.mark.parametrize(  # an interpreted backend's fast case: XL's, whose term is sliced at each step
@@ -276,11 +284,12 @@ def test_decoding_under_each_backend_is_the_explicit_forward(model, backend, pos
         with choice.selected("explicit"):
             expected = lm(tokens).logits
         with choice.selected(backend):
+            lm.to(checked_dtype(backend, DEVICE))
             cache = lm.new_cache(tokens.shape[0], SEQ)
             steps = [lm.decode(tokens[:, :5], cache)] + [
                 lm.decode(tokens[:, i : i + 1], cache) for i in range(5, SEQ)
             ]
-    torch.testing.assert_close(torch.cat(steps, dim=1), expected, **TIGHT)
+    torch.testing.assert_close(torch.cat(steps, dim=1).double(), expected, **within(backend, DEVICE))
 
 
 # --- the command line -------------------------------------------------------------------------------------
