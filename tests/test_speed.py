@@ -44,6 +44,21 @@ def test_paired_timing_and_oom_are_recorded():
     )
 
 
+def test_a_kernel_readout_that_runs_out_of_memory_after_the_rounds_leaves_the_row_and_the_run():
+    """A training step's attention and expert-matmul kernels are read off a differentiated forward of its whole
+    batch after the rounds; beside a captured step's memory pool that may not fit, and it crashed the run."""
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    bench = speed.Bench(
+        "dense", "model", "train step", lambda: None, 1e6, lambda: 1.0, attention=oom, expert_matmul=oom
+    )
+    (row,) = speed.time_group([bench], speed.Timer("cpu"), rounds=2, warmup=0)
+    assert row["status"] == "ok" and row["ms"] >= 0
+    assert "attention" not in row and "expert_matmul" not in row
+
+
 def test_other_errors_are_not_swallowed():
     def broken():
         raise RuntimeError("shape mismatch")
