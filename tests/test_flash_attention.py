@@ -227,13 +227,17 @@ def test_every_candidate_configuration_is_the_explicit_attention(monkeypatch, un
 
     pins = {kernel: flash.config_label(flash.candidates(kernel, D)[index]) for kernel in flash.CONFIGS}
     monkeypatch.setenv(tuning.ENV, ";".join(f"flash_{kernel}={label}" for kernel, label in pins.items()))
+    # On a GPU in bf16, the dtype the candidates are sized for: in float32 a 128 x 64 forward tile of 128-channel
+    # heads needs 305 KiB of shared memory, past an H200 block's 227 (the timing passes over such a candidate)
+    dtype, atol = (torch.bfloat16, 3e-2) if TRITON_DEVICE == "cuda" else (torch.float32, 1e-5)
     for biased in (True, False):  # dQ read off the term's gradient, or recomputed from the logits
-        q, k, v, pos, mask = _inputs(1, 2, 1, 136, 272, D, True, biased, torch.float32)
+        q, k, v, pos, mask = _inputs(1, 2, 1, 136, 272, D, True, biased, dtype)
         cotangent = _draw(9, 1, 2, 136, D)
         want = _attend(_explicit, *(x if x is None else x.double() for x in (q, k, v, pos)), mask, cotangent)
-        have = _attend(kernels.fused, q, k, v, pos, mask, cotangent.float())
+        have = _attend(kernels.fused, q, k, v, pos, mask, cotangent.to(dtype))
         for got, expected in zip(have, want, strict=True):
-            torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+            scale = expected.abs().max().clamp(min=1)
+            torch.testing.assert_close(got.double() / scale, expected / scale, rtol=atol, atol=atol)
 
 
 def test_a_launch_shape_runs_the_candidate_measured_fastest_and_is_timed_once(monkeypatch):
