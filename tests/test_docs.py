@@ -68,6 +68,7 @@ FOREIGN_FLAGS = {
     "--standalone": "torchrun",
     "--benchmark-compare": "pytest-benchmark",
     "--benchmark-compare-fail": "pytest-benchmark",
+    "--benchmark-disable": "pytest-benchmark",
 }
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
 SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
