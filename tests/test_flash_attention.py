@@ -92,14 +92,6 @@ def test_the_kernel_in_bf16_is_as_close_to_float64_as_sdpa_in_bf16():
         assert error <= 2 * (reference.double() - expected).abs().max() + 1e-3
 
 
-@pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="needs a CUDA GPU: the interpreter takes float64")
-def test_float64_on_a_gpu_is_refused_in_one_line():
-    """Triton 3.6 compiles no float64 product for sm_90: a clear refusal, not a compiler's stack of passes."""
-    q, k, v, pos, mask = _inputs(1, 2, 2, 8, 16, 16, True, True, F64)
-    with pytest.raises(ValueError, match="takes no float64 on a GPU"):
-        _attend(kernels.fused, q, k, v, pos, mask, _draw(9, 1, 2, 8, 16))
-
-
 @pytest.fixture
 def unwritten_is_nan(monkeypatch):
     """torch.empty_like's memory filled with NaN while the test runs: an entry no kernel writes shows."""
