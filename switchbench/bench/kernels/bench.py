@@ -249,11 +249,14 @@ def _capacity_loop(case: Case, inputs: dict):
 
 
 def _by_expert(case: Case, inputs: dict):
-    """The loop peer's reference, which cannot be the loop itself: each expert's product over every slot's row,
-    kept (and gated) where the slot chose it, from the router's indices alone (no grouping, no scatter back)."""
+    """The loop peer's reference, which cannot be the loop itself: each expert's product over the slots whose
+    router index names it, found from the indices alone (not the routing's grouping, order or ends), put in place."""
     indices = inputs["routing"].indices  # [N, S]
     rows = inputs["x"].repeat_interleave(case.slots // case.in_groups, 1)  # [N, S, d_in]
-    y = sum((indices == e)[..., None] * (rows @ w) for e, w in enumerate(inputs["weight"]))
+    y = rows.new_zeros(case.tokens, case.slots, case.d_out)
+    for e, w in enumerate(inputs["weight"]):
+        token, slot = (indices == e).nonzero(as_tuple=True)
+        y = y.index_put((token, slot), rows[token, slot] @ w)
     if inputs["scores"] is not None:
         y = y * inputs["scores"].gather(1, indices)[..., None]
     return y.view(case.tokens, case.out_groups, -1, case.d_out).sum(2)
