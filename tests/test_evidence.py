@@ -3,7 +3,6 @@
 Most tests run the chain over stand-in steps (small Python subprocesses that write a file), so what is checked is
 the chain itself; the last one runs the real rehearsal on tiny presets end to end, stopped once by its budget."""
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -497,28 +496,30 @@ def test_a_gpu_step_s_pytest_command_starts_under_xdist(step, workers, monkeypat
 
 
 def test_every_gpu_step_s_commands_are_ones_the_command_line_takes(monkeypatch, tmp_path):
-    """A lease is 15 minutes: a step whose command the parser refuses wastes a call. Each step's GPU branch, its
-    commands recorded (a fake output: a step that reads one may stop early), parsed by the command line's own
-    parser; pytest's files exist."""
+    """A lease is 15 minutes: a step whose command the parser refuses wastes a call. Each step's GPU branch on a
+    node of two GPUs (the data-parallel runs included), its commands recorded and answered with an output that
+    names a saved run, parsed by the command line's own parser; pytest's files exist."""
     monkeypatch.setattr(evidence_steps, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(evidence_steps, "_tests_summary", lambda *args: {"failed": []})
+    monkeypatch.setattr(evidence_steps.torch.cuda, "device_count", lambda: 2)
     parser = cli._parser()
     for step in evidence.STEPS:
         seen = []
         ctx = evidence.Context("cuda", tmp_path / "results", tmp_path / "runs", 0.0, tmp_path / "log.txt")
-        monkeypatch.setattr(ctx, "command", lambda argv, seen=seen, **how: seen.append(argv) or "{}")
-        with contextlib.suppress(KeyError, TypeError):  # what a step reads of a fake output
-            step.run(ctx)
+        monkeypatch.setattr(
+            ctx, "command", lambda argv, seen=seen, **how: seen.append(argv) or '{"saved": "r"}'
+        )
+        step.run(ctx)
         assert seen, step.name
         for argv in seen:
-            if argv[1:3] == ["-m", "switchbench"]:
-                try:
-                    parser.parse_args(argv[3:])
-                except SystemExit:
-                    pytest.fail(f"{step.name}: the command line refuses {' '.join(argv[3:])}")
-            else:
-                assert argv[1:3] == ["-m", "pytest"], (step.name, argv)
+            if "pytest" in argv[:3]:
                 assert all(Path(a).exists() for a in argv if a.endswith(".py")), (step.name, argv)
+                continue
+            at = argv.index("switchbench")  # python -m switchbench, or torchrun's -m switchbench
+            try:
+                parser.parse_args(argv[at + 1 :])
+            except SystemExit:
+                pytest.fail(f"{step.name}: the command line refuses {' '.join(argv[at + 1 :])}")
 
 
 def test_the_flash_attention_step_tests_the_kernel_on_the_gpu_before_timing_it(monkeypatch, tmp_path):
