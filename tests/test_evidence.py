@@ -151,7 +151,7 @@ def test_new_code_estimates_a_step_that_last_failed_by_its_declared_seconds(tmp_
 def test_new_code_runs_everything_again_with_the_old_durations_as_estimates(tmp_path, monkeypatch):
     monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("a", "figure A", 1, _writer("a"))))
     _chain(tmp_path, budget=60)
-    monkeypatch.setattr(evidence, "fingerprint", lambda: "other code")
+    monkeypatch.setattr(evidence_steps, "fingerprint", lambda: "other code")
     state = _chain(tmp_path, budget=60)
     assert _runs(tmp_path, "a") == 2 and state["fingerprint"] == "other code" and "a" in state["durations"]
     assert state["earlier"] == {}  # measured again for this code
@@ -167,7 +167,7 @@ def test_after_new_code_figures_never_measured_come_before_those_measured_for_ea
     )
     monkeypatch.setattr(evidence, "commit", lambda: "c0ffee")
     _chain(tmp_path, budget=60, only=["A"])
-    monkeypatch.setattr(evidence, "fingerprint", lambda: "other code")
+    monkeypatch.setattr(evidence_steps, "fingerprint", lambda: "other code")
     waiting = evidence.load_state(tmp_path / "state.json", "other code")
     assert evidence.missing_figures(waiting, "cpu")[:2] == [
         "figure A (A: done for earlier code, commit c0ffee)",

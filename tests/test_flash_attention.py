@@ -144,7 +144,8 @@ def test_a_query_that_reads_no_key_gives_zero_and_leaves_every_gradient_finite(b
 
 @pytest.mark.parametrize(
     ("model", "pos"),
-    [  # dense's and SwitchHead's XL models on this kernel, in float64, also in tests/test_attention_kernels.py
+    [  # dense's and SwitchHead's XL models on this kernel, also in tests/test_attention_kernels.py (float64 there
+        # on the CPU, float32 on a GPU)
         pytest.param("transformer", "xl", marks=pytest.mark.slow),
         pytest.param("switchhead", "xl", marks=pytest.mark.slow),
         ("moa", "xl"),

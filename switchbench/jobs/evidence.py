@@ -32,6 +32,7 @@ from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
 from switchbench.core.environment import commit, device_name
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
+from switchbench.jobs import evidence_steps
 from switchbench.jobs.evidence_steps import (
     REPORT,
     ROOT,
@@ -40,7 +41,6 @@ from switchbench.jobs.evidence_steps import (
     OutOfBudget,
     Step,
     StepFailed,
-    fingerprint,
 )
 
 # State: what is done for this code, on this device
@@ -167,7 +167,7 @@ def run_chain(
 ) -> dict:
     """Run what is left within ``budget`` seconds. Steps are stopped at the budget less the report's reserve; the
     report (when anything ran) has that reserve at the end, so the call ends within its budget."""
-    state = load_state(state_path, fingerprint())
+    state = load_state(state_path, evidence_steps.fingerprint())
     todo, notes = plan(state, ctx.device, only, retry_failed)
     say(f"evidence chain on {device_name(ctx.device)} (code {state['fingerprint']}), budget {budget:.0f} s")
     for note in notes:
@@ -377,7 +377,7 @@ def _run(args: argparse.Namespace) -> int:
         writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
     state_path = folder / "state.json"
-    state = load_state(state_path, fingerprint())
+    state = load_state(state_path, evidence_steps.fingerprint())
     # --list without --device plans a GPU's calls from anywhere; --device cpu lists the CPU rehearsal's
     planned = (args.device or "cuda") if args.list else device
     check_budget(args.budget, state if planned == device else _blank(state), planned, args.only)

@@ -151,9 +151,8 @@ def flex(
     """FlexAttention: the position term through a ``score_mod``, the mask as a block mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    if (
-        q.is_cuda and q.dtype == torch.float64
-    ):  # Inductor's kernel multiplies in fp64 into an fp32 accumulator
+    # Inductor's kernel multiplies in float64 into a float32 accumulator, which Triton 3.6 does not compile
+    if q.is_cuda and q.dtype == torch.float64:
         raise ValueError(
             "--attention flex takes no float64 on a GPU: use float32 or bf16, or another backend"
         )
