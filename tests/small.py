@@ -4,21 +4,21 @@ import torch
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel
+from switchbench.ops.attention.choice import NO_FLOAT64_ON_CUDA
 
 T = 8
 SEQ = 2 * T + 3
 TIGHT = dict(rtol=1e-10, atol=1e-10)
 # Where a Triton kernel runs: the GPU, else the CPU in Triton's interpreter (conftest.py)
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# Triton compiles no float64 product for a GPU (sm_90, Triton 3.6; Inductor's FlexAttention kernel neither), and both
-# backends refuse it there: on a GPU their checks run them in float32 against the float64 reference, within FP32
+# The backends that refuse float64 on a GPU (choice.NO_FLOAT64_ON_CUDA): there their checks run them in float32
+# against the float64 reference, within FP32
 FP32 = dict(rtol=1e-4, atol=1e-5)
-NO_FLOAT64_ON_A_GPU = ("triton", "flex")
 
 
 def checked_dtype(backend: str, device: str = TRITON_DEVICE) -> torch.dtype:
     """The dtype a check runs ``backend`` in: float64, but float32 for a Triton backend on a GPU."""
-    return torch.float32 if backend in NO_FLOAT64_ON_A_GPU and device == "cuda" else torch.float64
+    return torch.float32 if backend in NO_FLOAT64_ON_CUDA and device == "cuda" else torch.float64
 
 
 def within(backend: str, device: str = TRITON_DEVICE) -> dict:

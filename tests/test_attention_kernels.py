@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from small import NO_FLOAT64_ON_A_GPU, SEQ, TIGHT, T, checked_dtype, make_lm, random_tokens, small_cfg, within
+from small import SEQ, TIGHT, T, checked_dtype, make_lm, random_tokens, small_cfg, within
 
 from switchbench.models import family as registry
 from switchbench.models.lm import SequenceClassifier
@@ -132,7 +132,7 @@ def test_each_backend_is_the_naive_loop_float64(backend, H, Hk, d_head, biased, 
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU: on the CPU both take float64")
-@pytest.mark.parametrize("backend", NO_FLOAT64_ON_A_GPU)
+@pytest.mark.parametrize("backend", list(choice.NO_FLOAT64_ON_CUDA))
 def test_a_triton_backend_refuses_float64_on_a_gpu_in_one_line(backend):
     """Triton 3.6 compiles no float64 product for sm_90, in the flash kernel or Inductor's FlexAttention kernel: a
     clear refusal, not a compiler's stack of passes."""

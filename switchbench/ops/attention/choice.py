@@ -13,6 +13,12 @@ CHOICES = ("auto", *BACKENDS)
 ENV = "SWITCHBENCH_ATTENTION"
 NEEDS_CUDA = {"flex": "torch has no FlexAttention backward on the CPU"}  # a backend, and why it needs CUDA
 NEEDS_TRITON = ("triton",)  # backends of Triton kernels: CUDA, or the CPU in Triton's interpreter
+# Backends that take no float64 on a GPU, and why: Triton compiles no float64 product for sm_90 (Triton 3.6), in this
+# suite's flash kernel or in the kernel Inductor writes for FlexAttention (a float64 product into its float32 sum)
+NO_FLOAT64_ON_CUDA = {
+    "triton": "Triton compiles no float64 product for the GPU",
+    "flex": "Inductor's kernel sums a float64 product in float32, which Triton does not compile",
+}
 # The widest heads (channels) a backend takes, where it has a limit: Triton's flash attention holds a block's dK and
 # dV for a whole head in registers, and past 128 channels every key-block candidate spilled on sm_90
 WIDEST = {"triton": 128}

@@ -610,10 +610,6 @@ def _common(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> di
     H, t, D = q.shape[1:]
     if D > WIDEST:
         raise ValueError(f"--attention triton takes heads of at most {WIDEST} channels; got {D}")
-    if q.is_cuda and q.dtype == torch.float64:  # Triton 3.6 compiles no float64 product for sm_90
-        raise ValueError(
-            "--attention triton takes no float64 on a GPU: use float32 or bf16, or another backend"
-        )
     S = k.shape[2]
     readable = q if mask is None else mask.contiguous().view(torch.uint8)
     terms = q if pos is None else pos

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from switchbench.core.compiling import allow_recompilations
-from switchbench.ops.attention.choice import resolve
+from switchbench.ops.attention.choice import NO_FLOAT64_ON_CUDA, resolve
 from switchbench.ops.attention.relative import RelativeBias
 
 
@@ -48,6 +48,11 @@ def attention(
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     backend = resolve(q.device.type, bias is not None, return_maps)
+    if q.is_cuda and q.dtype == torch.float64 and backend in NO_FLOAT64_ON_CUDA:
+        raise ValueError(
+            f"--attention {backend} takes no float64 on a GPU ({NO_FLOAT64_ON_CUDA[backend]}): use float32 or "
+            "bf16, or another backend"
+        )
     if backend == "explicit":
         return explicit(q, k, v, mask, bias, scale, return_maps)
     kernel = {"sdpa": sdpa, "flex": flex, "triton": fused}[backend]
@@ -150,12 +155,6 @@ def flex(
 ) -> Tensor:
     """FlexAttention: the position term through a ``score_mod``, the mask as a block mask."""
     from torch.nn.attention.flex_attention import create_block_mask
-
-    # Inductor's kernel multiplies in float64 into a float32 accumulator, which Triton 3.6 does not compile
-    if q.is_cuda and q.dtype == torch.float64:
-        raise ValueError(
-            "--attention flex takes no float64 on a GPU: use float32 or bf16, or another backend"
-        )
 
     score_mod = None if bias is None else bias.score_mod()
     block_mask = None
