@@ -78,7 +78,7 @@ def test_switchhead_expert_subsets_follow_n_exp_and_n_sel():
 
 @pytest.mark.parametrize("row", ROWS, ids=_row_id)
 def test_published_rows_map_to_their_presets(row):
-    """Each published row's named preset has the row's hyperparameters."""
+    """Each published row's named preset has the row's hyperparameters; those it marks inferred are among them."""
     import csv
 
     with tables.PUBLISHED.open(newline="") as f:
@@ -94,6 +94,7 @@ def test_published_rows_map_to_their_presets(row):
     for f in ("n_experts", "k", "d_ff"):
         if raw[0][f]:
             assert int(raw[0][f]) == getattr(cfg, f)
+    assert set(row.inferred) <= {f for f in (*fields, "n_experts", "k", "d_ff") if raw[0][f]}
 
 
 @pytest.mark.parametrize("cell", ["170.4M", "453M", "2.0G", "0.8M", "21M", "21.0M"])

@@ -53,6 +53,7 @@ class PublishedRow:
     macs: str
     mem: str
     note: str
+    inferred: tuple[str, ...] = ()  # hyperparameters the paper does not give, chosen to reproduce the row
 
     @property
     def preset(self) -> str:
@@ -62,14 +63,22 @@ class PublishedRow:
     def fitted(self) -> bool:
         """Whether hyperparameters the paper does not give were chosen to reproduce the row's own cells (MoA's
         d_head and experts): its cells then test the fit, not the convention."""
-        return "inferred" in self.note
+        return bool(self.inferred)
 
 
 def published_rows(path=PUBLISHED) -> list[PublishedRow]:
-    table = read_csv(path).astype({"table": str}).fillna({"note": ""})
+    table = read_csv(path).astype({"table": str}).fillna({"note": "", "inferred": ""})
     return [
         PublishedRow(
-            r.table, r.dataset, r.params, r.model, int(r.n_heads), r.macs_published, r.mem_published, r.note
+            r.table,
+            r.dataset,
+            r.params,
+            r.model,
+            int(r.n_heads),
+            r.macs_published,
+            r.mem_published,
+            r.note,
+            tuple(r.inferred.split()),
         )
         for r in table.itertuples()
     ]
