@@ -1,6 +1,8 @@
 """Which implementation an expert matmul runs on: named choices, the environment, auto's measured table and its
 fallback, and the record of what each call resolved to."""
 
+import json
+
 import pytest
 import torch
 
@@ -92,16 +94,22 @@ def test_a_layer_runs_on_the_choice_in_force():
     torch.testing.assert_close(outputs["grouped_mm"], outputs["torch"], rtol=1e-5, atol=1e-6)
 
 
-def test_a_table_choosing_an_implementation_the_op_lacks_fails_as_it_loads():
-    """auto_tables() loads the shipped table (empty until a GPU tunes it) through this check."""
+def test_a_table_choosing_an_implementation_the_op_lacks_fails_as_it_loads(tmp_path, monkeypatch):
+    """The shipped table (empty until a GPU tunes it) is checked as auto_tables() loads it."""
     bucket = choice.shape_bucket(65536, 1024, 112, torch.bfloat16, True)
     good = [{"device": "NVIDIA H200", "choices": {bucket: "all_experts"}}]
-    assert choice.checked(good) == tuple(good)
-    bad = [*good, {"device": "NVIDIA H100 80GB HBM3", "choices": {bucket: "cutlass"}}]
-    with pytest.raises(
-        ValueError, match="NVIDIA H100 80GB HBM3 chooses cutlass; each choice is one of torch, "
-    ):
-        choice.checked(bad)
+    bad = [*good, {"device": H100, "choices": {bucket: "cutlass"}}]
+    monkeypatch.setattr(choice, "SHIPPED", tmp_path / choice.AUTO_FILE)
+    try:
+        (tmp_path / choice.AUTO_FILE).write_text(json.dumps({"tables": good}))
+        choice.auto_tables.cache_clear()
+        assert choice.auto_tables() == tuple(good)
+        (tmp_path / choice.AUTO_FILE).write_text(json.dumps({"tables": bad}))
+        choice.auto_tables.cache_clear()
+        with pytest.raises(ValueError, match=f"{H100} chooses cutlass; each choice is one of torch, "):
+            choice.auto_tables()
+    finally:
+        choice.auto_tables.cache_clear()  # the next call reads the shipped table again
 
 
 def test_a_resolution_is_marked_as_torch_compilers_assume_constant_result_marks_it():

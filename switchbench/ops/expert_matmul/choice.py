@@ -25,6 +25,7 @@ IMPLS = ("torch", "triton", "grouped_mm", "all_experts")
 CHOICES = ("auto", *IMPLS)
 ENV_IMPL = "SWITCHBENCH_EXPERT_MATMUL"
 AUTO_FILE = "expert_matmul_auto.json"
+SHIPPED = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", AUTO_FILE)
 FALLBACK_RULE = "triton on CUDA (torch for float64), torch elsewhere"
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" (as the Triton kernels' tuning keys)
 TRACED = "traced shape"
@@ -76,8 +77,7 @@ def device_name(device: torch.device) -> str:
 
 @functools.cache
 def auto_tables() -> tuple[dict, ...]:
-    text = importlib.resources.files("switchbench.ops.expert_matmul").joinpath("data", AUTO_FILE).read_text()
-    return checked(json.loads(text)["tables"])
+    return checked(json.loads(SHIPPED.read_text())["tables"])
 
 
 def checked(tables: list[dict]) -> tuple[dict, ...]:
