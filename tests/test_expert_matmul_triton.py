@@ -256,7 +256,7 @@ def _config_pairs() -> list:
     from switchbench.ops.expert_matmul import triton_kernels as kernels
 
     scatter, outer = kernels.CONFIGS["scatter_matmul"], kernels.CONFIGS["grouped_outer"]
-    return [(scatter[i], outer[i % len(outer)]) for i in range(max(len(scatter), len(outer)))]
+    return [(scatter[i % len(scatter)], outer[i % len(outer)]) for i in range(max(len(scatter), len(outer)))]
 
 
 def _assert_matches_float64(case, got_impl="triton", seed=11, atol=2e-6):
@@ -299,7 +299,7 @@ def test_autotuned_path_matches_float64(monkeypatch):
         return [1.0 / last_wins.calls] * len(quantiles)
 
     last_wins.calls = 0
-    monkeypatch.setattr(kernels, "_INTERPRETER_CONFIG", None)  # autotune in the interpreter too
+    monkeypatch.setattr(kernels, "_INTERPRETER_CONFIGS", {})  # autotune in the interpreter too
     for tuned in (kernels._scatter_matmul_tuned, kernels._grouped_outer_tuned):
         monkeypatch.setattr(tuned, "cache", {})
         monkeypatch.setattr(tuned, "cache_results", False)
@@ -309,6 +309,8 @@ def test_autotuned_path_matches_float64(monkeypatch):
     assert last_wins.calls > len(kernels.CONFIGS["scatter_matmul"])  # several candidates per kernel ran
     chosen = tuning.chosen()  # what kernel-tune would keep: the last candidate of each launch
     assert chosen[("scatter_matmul", "64x32x144 float32 gate_grad gates")] == "M128 N128 K64 w8 s3"
+    # a winner sharing the slots two ways, tuned after one sharing them four: its sum leaves their partials out
+    assert chosen[("grouped_outer", "64x144x32 float32 gates")] == "M128 N64 K64 SPLIT2 w4 s3"
 
 
 def test_a_launch_is_idempotent(monkeypatch):
@@ -319,7 +321,7 @@ def test_a_launch_is_idempotent(monkeypatch):
 
     def twice(*args, **kwargs):
         launch(*args, **kwargs)
-        launch(*args, **kwargs)
+        return launch(*args, **kwargs)
 
     monkeypatch.setattr(kernels, "_launch", twice)
     _assert_matches_float64(CASES["switchhead-o"])

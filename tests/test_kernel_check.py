@@ -59,10 +59,12 @@ def test_autotuner_configs_are_pruned_to_the_output_width():
 
 
 def test_pinned_config(monkeypatch):
-    monkeypatch.setenv(tuning.ENV, "grouped_outer=M64 N128 K128 w8 s3; scatter_matmul=M64 N64 K64 w4 s4")
+    monkeypatch.setenv(
+        tuning.ENV, "grouped_outer=M64 N128 K128 SPLIT4 w8 s3; scatter_matmul=M64 N64 K64 w4 s4"
+    )
     got = kernels.pinned("grouped_outer")
     assert (got.kwargs, got.num_warps, got.num_stages) == (
-        {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128},
+        {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "SPLIT": 4},
         8,
         3,
     )

@@ -5,8 +5,9 @@ their input rows, multiply them by their expert's weight with fp32 accumulation,
 one row per slot; the rows are then summed per output group (a view when a group has one slot). In the
 backward the same kernel gives the input gradient and, as an epilogue, the gate gradient: the row-dot of each
 ungated slot gradient with its input row, one partial per N tile, summed afterwards (deterministic, no
-atomics). ``grouped_outer`` accumulates the weight gradient x^T g over each expert's slots. No capacity, no
-dropped token; an expert with no slot gets a zero gradient.
+atomics). ``grouped_outer`` accumulates the weight gradient x^T g over each expert's slots, in fp32 partial sums
+over shares of them (split-K) summed afterwards. No capacity, no dropped token; an expert with no slot gets a
+zero gradient.
 
 Feature widths that are not a multiple of 16 elements are zero-padded before a kernel sees them, so every row
 is 16-byte aligned: the loads vectorise and pipeline (cp.async) and the masks stay uniform.
@@ -122,7 +123,7 @@ def _scatter_matmul_kernel(
 def _grouped_outer_kernel(
     x_ptr,
     g_ptr,
-    dw_ptr,
+    dw_ptr,  # [SPLIT or more, E, d_in, d_out] fp32: one partial sum per share of each expert's slots
     scores_ptr,
     order_ptr,
     offsets_ptr,
@@ -141,18 +142,26 @@ def _grouped_outer_kernel(
     stride_se,
     HAS_GATES: tl.constexpr,
     PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    # One expert's tiles are adjacent (N fastest, expert slowest): they share its rows in L2.
+    # An expert's output is a few tiles (1024 x 112 at 262M) over thousands of slots: alone, its tiles would fill
+    # a fraction of the GPU's SMs for the whole reduction. SPLIT programs share each tile's slots (split-K, as
+    # cuBLAS chooses for GEMMs of a long contraction), each writing its own partial: summed afterwards, no atomics.
+    # One expert's programs are adjacent (N fastest, then K, then share): they read its rows while in L2.
     k_tiles, n_tiles = tl.cdiv(d_in, BLOCK_K), tl.cdiv(d_out, BLOCK_N)
     pid = tl.program_id(0)
-    e = pid // (k_tiles * n_tiles)
+    e = pid // (SPLIT * k_tiles * n_tiles)
+    share = pid // (k_tiles * n_tiles) % SPLIT
     k = (pid // n_tiles) % k_tiles * BLOCK_K + tl.arange(0, BLOCK_K)
     n = pid % n_tiles * BLOCK_N + tl.arange(0, BLOCK_N)
-    start = tl.load(offsets_ptr + e)
-    end = tl.load(offsets_ptr + e + 1)
+    first = tl.load(offsets_ptr + e)
+    last = tl.load(offsets_ptr + e + 1)
+    per_share = tl.cdiv(last - first, SPLIT)
+    start = first + share * per_share
+    end = tl.minimum(start + per_share, last)
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
     for i0 in range(start, end, BLOCK_M):
         i = i0 + tl.arange(0, BLOCK_M)
@@ -175,19 +184,30 @@ def _grouped_outer_kernel(
             gate = tl.load(scores_ptr + token * stride_sn + e * stride_se, mask=row_ok, other=0.0)
             b = (b.to(tl.float32) * gate.to(tl.float32)[:, None]).to(a.dtype)
         acc = tl.dot(tl.trans(a), b, acc, input_precision=PRECISION)
-    dw = dw_ptr + e.to(tl.int64) * d_in * d_out + k[:, None] * d_out + n[None, :]
-    tl.store(dw, acc.to(dw_ptr.dtype.element_ty), mask=(k[:, None] < d_in) & (n[None, :] < d_out))
+    partial = (share * n_experts + e).to(tl.int64) * d_in * d_out
+    tl.store(
+        dw_ptr + partial + k[:, None] * d_out + n[None, :],
+        acc,
+        mask=(k[:, None] < d_in) & (n[None, :] < d_out),
+    )
 
 
 def _configs(shapes) -> list:
+    """Configurations of (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, SPLIT])."""
     return [
-        triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=s)
-        for m, n, k, w, s in shapes
+        triton.Config(
+            {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k} | dict(zip(("SPLIT",), split, strict=False)),
+            num_warps=w,
+            num_stages=s,
+        )
+        for m, n, k, w, s, *split in shapes
     ]
 
 
 # Each list holds only configurations that kernel-check compiles to wgmma without a spill on sm_90 at the
-# presets' shapes. grouped_outer's MMA rows are BLOCK_K, and wgmma needs 64 of them.
+# presets' shapes. grouped_outer's MMA rows are BLOCK_K, and wgmma needs 64 of them; its SPLIT shares each
+# expert's slots between that many programs (the last candidate shares them fewer ways than the one before it: the
+# autotuned-path test's winner, whose sum must leave the other's extra partials out).
 CONFIGS = {
     "scatter_matmul": _configs(
         [
@@ -201,29 +221,38 @@ CONFIGS = {
     ),
     "grouped_outer": _configs(
         [
-            (64, 64, 64, 4, 3),
-            (64, 128, 64, 4, 3),
-            (128, 64, 64, 4, 3),
-            (64, 128, 128, 8, 3),
-            (64, 256, 128, 8, 3),
+            (64, 64, 64, 4, 3, 1),
+            (64, 128, 64, 4, 3, 1),
+            (128, 64, 64, 4, 3, 1),
+            (64, 128, 128, 8, 3, 1),
+            (64, 256, 128, 8, 3, 1),
+            (64, 128, 128, 8, 3, 4),
+            (64, 64, 64, 4, 3, 4),
+            (128, 64, 64, 4, 3, 2),
         ]
     ),
 }
-_INTERPRETER_CONFIG = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16})
+# In the interpreter, one small configuration a kernel (timing there means nothing); grouped_outer's shares its
+# slots two ways, so that the tests' small cases check the split.
+_INTERPRETER_CONFIGS = {
+    "scatter_matmul": triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}),
+    "grouped_outer": triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "SPLIT": 2}),
+}
 ALIGN = 16  # feature widths are padded to this many elements
 _BUCKET_CAP = 1 << 18  # slots; past this every batch is "large" and shares one tuning
 
 
 def config_label(config) -> str:
-    """``M128 N128 K64 w8 s3``: how kernel-check prints a configuration and SWITCHBENCH_TRITON_CONFIG names it."""
-    tiles = " ".join(f"{name[6:]}{value}" for name, value in config.kwargs.items())
+    """``M128 N128 K64 w8 s3`` (``M64 N128 K128 SPLIT4 w8 s3``): how kernel-check prints a configuration and
+    SWITCHBENCH_TRITON_CONFIG names it."""
+    tiles = " ".join(f"{name.removeprefix('BLOCK_')}{value}" for name, value in config.kwargs.items())
     return f"{tiles} w{config.num_warps} s{config.num_stages}"
 
 
 def pinned(kernel: str):
     """The configuration SWITCHBENCH_TRITON_CONFIG pins for ``kernel``, or None (autotune).
 
-    Format: ``scatter_matmul=M128 N128 K64 w8 s3;grouped_outer=M64 N128 K128 w8 s3``, each one of CONFIGS.
+    Format: ``scatter_matmul=M128 N128 K64 w8 s3;grouped_outer=M64 N128 K128 SPLIT1 w8 s3``, each one of CONFIGS.
     """
     label = tuning.pinned(kernel)
     return by_label(kernel, label, tuning.ENV) if label else None
@@ -290,24 +319,27 @@ def _interpreting() -> bool:
 
 def _fixed_config(name: str):
     """The configuration every launch of ``name`` uses, or None (per shape: tuned ahead of time, or autotuned):
-    the pinned one, else in the interpreter one small configuration (timing there means nothing)."""
-    return pinned(name) or (_INTERPRETER_CONFIG if _interpreting() else None)
+    the pinned one, else the interpreter's."""
+    return pinned(name) or (_INTERPRETER_CONFIGS.get(name) if _interpreting() else None)
 
 
 def _launch(kernel, tuned, name, grid, key, *args, **constants):
     """The kernel on the tensors' GPU: with the fixed configuration, the one tuned ahead of time for this GPU
-    and ``key``, or the autotuner's choice (remembered for kernel-tune)."""
+    and ``key``, or the autotuner's choice (remembered for kernel-tune). Returns the configuration that ran, or
+    None while recording (nothing ran)."""
     if _LOG.launches is not None:
         _LOG.launches.append((kernel, tuned, args, constants))
-        return
+        return None
     config = _config(name, key, args[0].device)
     with torch.cuda.device_of(args[0]):
         if config is None:
             tuned[grid](*args, **constants)
-            tuning.record(name, key, config_label(tuned.best_config))
+            config = tuned.best_config
+            tuning.record(name, key, config_label(config))
         else:
             options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
             kernel[grid(config.kwargs)](*args, **constants, **config.kwargs, **options)
+    return config
 
 
 def _config(name: str, key: str, device: torch.device):
@@ -392,15 +424,23 @@ def scatter_matmul(rows, in_groups, weight, scores, slots, order, offsets, dot=N
 
 
 def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order, offsets, n_experts):
-    """Sum over each expert's slots of x_row^T (gate * grad_row) -> [E, d_in, d_out]."""
+    """Sum over each expert's slots of x_row^T (gate * grad_row) -> [E, d_in, d_out] fp32."""
     d_in, d_out = x_rows.shape[1], grad_rows.shape[1]
     m = order.numel()
-    dw = x_rows.new_empty(n_experts, d_in, d_out)
+    # room for the most shares any candidate may use: the autotuner launches each into the same buffer, and
+    # only the winner's shares are summed
+    shares = _fixed_config("grouped_outer") or max(CONFIGS["grouped_outer"], key=lambda c: c.kwargs["SPLIT"])
+    partials = x_rows.new_empty(shares.kwargs["SPLIT"], n_experts, d_in, d_out, dtype=torch.float32)
 
     def grid(meta):
-        return (n_experts * triton.cdiv(d_in, meta["BLOCK_K"]) * triton.cdiv(d_out, meta["BLOCK_N"]),)
+        return (
+            n_experts
+            * meta["SPLIT"]
+            * triton.cdiv(d_in, meta["BLOCK_K"])
+            * triton.cdiv(d_out, meta["BLOCK_N"]),
+        )
 
-    _launch(
+    ran = _launch(
         _grouped_outer_kernel,
         _grouped_outer_tuned,
         "grouped_outer",
@@ -408,7 +448,7 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
         shape_key(m, d_in, d_out, x_rows.dtype, gates=scores is not None),
         x_rows,
         grad_rows,
-        dw,
+        partials,
         scores,
         order,
         offsets,
@@ -425,7 +465,8 @@ def grouped_outer(x_rows, in_groups, grad_rows, out_groups, scores, slots, order
         HAS_GATES=scores is not None,
         PRECISION=_precision(x_rows.dtype),
     )
-    return dw
+    split = ran.kwargs["SPLIT"] if ran else 1
+    return partials[0] if split == 1 else partials[:split].sum(0)
 
 
 # The interface of op.py's implementations: READS_GROUPING, EVERY_EXPERT, unavailable, gates_outside,
@@ -475,4 +516,4 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     if scores is not None:
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
         grad_s = grad_s.scatter_add_(1, indices, grad_gates.view(n, slots)).to(scores.dtype)
-    return group_sum(grad_slots, n, s_in, d_in), grad_w[:, :d_in, :d_out].contiguous(), grad_s
+    return group_sum(grad_slots, n, s_in, d_in), grad_w[:, :d_in, :d_out].to(x.dtype).contiguous(), grad_s
