@@ -234,15 +234,14 @@ def _specialise(fn, args: tuple, constants: dict) -> tuple[dict, dict, dict]:
 
 def _jobs(archs, dtypes, sizes) -> list[tuple[dict, tuple]]:
     """(row, compile job) for every case; equal jobs compile once."""
+    from switchbench.ops.expert_matmul.triton_kernels import config_label
+
     out = []
     for size in sizes:
         for dtype_name in dtypes:
             for case_name, module, phase, fn, args, constants, config in _launches(size, DTYPES[dtype_name]):
                 signature, constexprs, attrs = _specialise(fn, args, constants | config.kwargs)
-                label = " ".join(
-                    f"{k[6:] if k.startswith('BLOCK_') else k}{v}" for k, v in config.kwargs.items()
-                )
-                label += f" w{config.num_warps} s{config.num_stages}"
+                label = config_label(config)
                 job = (module, fn.__name__, tuple(signature.items()), tuple(constexprs.items()), tuple(attrs))
                 for arch in archs:
                     row = {"kernel": f"{fn.__name__.strip('_').removesuffix('_kernel')} ({phase})"}
