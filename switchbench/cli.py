@@ -66,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    threads, cores = getattr(args, "threads", None), os.cpu_count() or 1
+    if threads is not None and threads > cores:  # past the cores, OpenMP runs out of threads or memory
+        print(
+            f"switchbench {args.command}: error: --threads must be <= {cores} (this machine's cores); got {threads}",
+            file=sys.stderr,
+        )
+        return 2
     try:
         with kernels_in_force(args):
             return args.run(args) or 0

@@ -159,6 +159,19 @@ def test_an_empty_value_is_refused_and_nothing_is_written_here(argv, named, tmp_
     assert named in capsys.readouterr().err and not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("command", ["speed", "decode", "quality", "profile"])
+def test_more_threads_than_cores_are_refused_before_any_work(command, tmp_path, monkeypatch, capsys):
+    """100,000 intra-op threads: libgomp failed to make them (exit 1) or crashed (exit 139) before the refusal."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    argv = [command, "--threads", "5"] + (["tiny-transformer"] if command == "profile" else [])
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"switchbench {command}: error: --threads must be <= 4 (this machine's cores); got 5"
+    )
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("nested", [False, True], ids=["existing folder", "folders to make"])
 def test_checking_a_location_leaves_nothing_behind(nested, tmp_path):
     folder = tmp_path / "a" / "b" if nested else tmp_path
