@@ -319,12 +319,38 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
         assert len(list(tmp_path.glob("*/*.json"))) == files + 1 and calls[-2:] == [(1, 8), (2, 8)]
 
 
-@pytest.mark.parametrize(
-    "content", ["{broken", "[]", '{"metadata": 3}'], ids=["not-json", "a-list", "no-metadata"]
-)
+def _run_with(metadata=None, row=None, **run) -> str:
+    """A decode run's JSON, changed by ``metadata``, ``row`` (its one row's fields; None values dropped) and ``run``."""
+    metadata = {"matmul_peak_tflops": 1.0, "memory_bandwidth_gbs": 1.0, "cells_done": 1, "cells": 2} | (
+        metadata or {}
+    )
+    row = {"preset": "p", "family": "dense", "status": "ok", "group": "g", "batch": 1, "context": 8} | (
+        row or {}
+    )
+    row = {k: v for k, v in row.items() if v is not None}
+    return json.dumps({"metadata": {k: v for k, v in metadata.items() if v is not None}, "rows": [row]} | run)
+
+
+DAMAGED_RUNS = {
+    "not-json": "{broken",
+    "a-list": "[]",
+    "no-metadata": '{"metadata": 3}',
+    "nested past the stack": "[" * 100_000 + "]" * 100_000,
+    "cells as text": _run_with({"cells_done": "1"}),
+    "no peak": _run_with({"matmul_peak_tflops": None}),
+    "a row without its group": _run_with(row={"group": None}),
+    "a cell's batch as text": _run_with(row={"batch": "1"}),
+    "a time as text": _run_with(row={"decode_ms": "fast"}),
+    "rows an object": _run_with(rows={"a": 1}),
+    "no rows": json.dumps({"metadata": {}}),
+}
+
+
+@pytest.mark.parametrize("content", DAMAGED_RUNS.values(), ids=DAMAGED_RUNS.keys())
 def test_resume_names_a_file_in_the_folder_that_is_no_run(tmp_path, capsys, content):
-    """--resume reads the folder's runs to find the one to continue: one it cannot read is named, with exit 2, and
-    left as it was (it was a JSON error without the path, or a crash)."""
+    """--resume reads the folder's runs to find the one to continue: one it cannot read, or whose fields it reads
+    are not of their kind, is named, with exit 2, and left as it was (it was a JSON error without the path, or a
+    crash: exit 3, after measuring for a time as text)."""
     folder = tmp_path / slug(environment("cpu")["device"])  # where decode keeps this machine's runs
     monkey = folder / "fp32-decode.json"
     folder.mkdir()
@@ -334,5 +360,6 @@ def test_resume_names_a_file_in_the_folder_that_is_no_run(tmp_path, capsys, cont
         == 2
     )
     err = capsys.readouterr().err
-    assert f"--resume: {monkey} is not a readable decode run" in err and len(err.splitlines()) == 1
+    assert err.startswith(f"switchbench decode: error: --resume: {monkey}: ") and len(err.splitlines()) == 1
+    assert err.rstrip().endswith("move it away, or run without --resume")
     assert monkey.read_text() == content

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from switchbench import cli
+from switchbench.bench.command import slug
 from switchbench.bench.kernels import tune
 from switchbench.cli import main
+from switchbench.core.environment import device_name
 from switchbench.jobs import evidence, evidence_steps, processes
 
 
@@ -675,3 +677,28 @@ def test_the_rehearsal_forks_its_commands_with_their_output_status_and_stop(tmp_
             "train", "--task", "listops", "--device", "cpu", "--steps", "100000", "--out", str(tmp_path)
         )
     assert time.monotonic() - before < 3 + processes.STRAY_GRACE
+
+
+DAMAGED_STATES = {
+    "not-json": "{bad",
+    "a list": "[]",
+    "step names in a list": '{"steps": [1, 2]}',
+    "a step's record as text": '{"steps": {"listops": "done"}}',
+    "a step without its status": '{"steps": {"listops": {"seconds": 3}}}',
+    "a duration as text": '{"durations": {"listops": "x"}}',
+    "nested past the stack": "[" * 100_000 + "]" * 100_000,
+}
+
+
+@pytest.mark.parametrize("content", DAMAGED_STATES.values(), ids=DAMAGED_STATES.keys())
+def test_a_damaged_state_file_is_named_before_any_step(content, tmp_path, monkeypatch, capsys):
+    """The chain's state, edited or cut short: one line naming the file, exit 2, the file as it was (exit 3 with
+    an AttributeError or TypeError, or a JSON error without the file's name)."""
+    monkeypatch.chdir(tmp_path)
+    state = tmp_path / "results" / "evidence" / slug(device_name("cpu")) / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(content)
+    assert main(["evidence", "--device", "cpu", "--list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"switchbench evidence: error: results/evidence/{state.parent.name}/state.json: ")
+    assert len(err.splitlines()) == 1 and state.read_text() == content

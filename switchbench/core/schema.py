@@ -151,8 +151,24 @@ def read_json(path: Path, what: str = "JSON file"):
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: no such {what}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (
+        OSError,
+        UnicodeDecodeError,
+        json.JSONDecodeError,
+        RecursionError,
+    ) as error:  # nested past the stack
         raise ValueError(f"{path}: not a readable {what} ({_first_line(error)})") from None
+
+
+def check_fields(path: Path, fields, kinds: dict, where: str, optional: tuple = ()) -> dict:
+    """``fields``, an object at ``where`` in the file at ``path``, with each key of ``kinds`` of its kind (those
+    in ``optional`` may be absent); a one-line ValueError naming the first that is not."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: {where} must be {OBJECT}")
+    for key, kind in kinds.items():
+        if (key in fields or key not in optional) and not _is(fields.get(key), kind):
+            raise ValueError(f"{path}: {where}: {key!r} must be {kind}")
+    return fields
 
 
 def _row_problem(row, keys: dict) -> str | None:

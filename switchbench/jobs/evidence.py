@@ -30,6 +30,7 @@ from pathlib import Path
 
 from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
+from switchbench.core import schema
 from switchbench.core.environment import commit, device_name
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
 from switchbench.jobs import evidence_steps
@@ -49,7 +50,7 @@ from switchbench.jobs.evidence_steps import (
 def load_state(path: Path, code: str) -> dict:
     """The state of this device's chain for ``code``. The steps done for other code are kept as ``earlier`` (their
     figures stand, at their commit, until measured again) and every duration as an estimate."""
-    state = json.loads(path.read_text()) if path.exists() else {}
+    state = _checked_state(path, schema.read_json(path, "chain state")) if path.exists() else {}
     if state.get("fingerprint") == code:
         return {"earlier": {}} | state
     steps = state.get("steps", {})
@@ -61,6 +62,19 @@ def load_state(path: Path, code: str) -> dict:
         n: d for n, d in state.get("durations", {}).items() if steps.get(n, {}).get("status") != "failed"
     }
     return {"fingerprint": code, "steps": {}, "durations": durations, "earlier": earlier}
+
+
+def _checked_state(path: Path, state) -> dict:
+    """The state file's content, each part of its kind: an edited or damaged file is named before any step."""
+    schema.check_fields(path, state, {"fingerprint": schema.TEXT}, "the state", optional=("fingerprint",))
+    for part, kind in (("steps", schema.OBJECT), ("earlier", schema.OBJECT), ("durations", schema.NUMBER)):
+        entries = schema.check_fields(path, state, {part: schema.OBJECT}, "the state", optional=(part,)).get(
+            part, {}
+        )
+        schema.check_fields(path, entries, dict.fromkeys(entries, kind), part)
+    for name, record in state.get("steps", {}).items():
+        schema.check_fields(path, record, {"status": schema.TEXT}, f"steps: {name}")
+    return state
 
 
 def _save_state(path: Path, state: dict) -> None:

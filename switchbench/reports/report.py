@@ -24,7 +24,13 @@ from switchbench.core.results import newest, read_csv, writable_file, write_atom
 from switchbench.core.schema import read_json, read_run, read_table
 from switchbench.reports import labels, summary
 
-UNREADABLE = (OSError, ValueError, KeyError, TypeError)  # malformed CSV or JSON, a missing field
+UNREADABLE = (
+    OSError,
+    ValueError,
+    KeyError,
+    TypeError,
+    RecursionError,
+)  # malformed CSV or JSON, a missing field
 STRONGEST = 12  # token preferences shown before the disclosure
 TABLES = {
     "table1": "Table 1",

@@ -40,6 +40,7 @@ from switchbench.bench.timing.timer import (
     matmul_peak_tflops,
     memory_bandwidth_gbs,
 )
+from switchbench.core import schema
 from switchbench.core.environment import environment
 from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
 from switchbench.models.lm import LanguageModel
@@ -504,19 +505,23 @@ SAME_GRID = (
     *SAME_KERNELS,
 )
 YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
+# What --resume reads of a run's metadata
+RESUMED = {k: schema.NUMBER for k in YARDSTICKS} | {"cells_done": schema.INTEGER, "cells": schema.INTEGER}
 
 
 def _read_run(path: Path) -> dict:
-    """A decode run's JSON; a one-line ValueError naming ``path`` where it is none (--resume would guess)."""
+    """A decode run's JSON with what --resume reads of it; a one-line ValueError naming ``path`` where it has not
+    (--resume would guess, or fail after measuring)."""
     try:
-        run = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        run = error
-    if not isinstance(run, dict) or not isinstance(run.get("metadata", {}), dict):
-        why = f" ({run})" if isinstance(run, Exception) else ""
-        raise ValueError(
-            f"--resume: {path} is not a readable decode run{why}; move it away, or run without --resume"
+        run = schema.read_run(path, "decode")
+        schema.check_fields(
+            path, run.get("metadata", {}), RESUMED, "metadata", optional=("cells_done", "cells")
         )
+        for i, row in enumerate(run["rows"]):
+            cell = {"batch": schema.INTEGER, "context": schema.INTEGER} if "batch" in row else {}
+            schema.check_fields(path, row, {"group": schema.TEXT} | cell, f"row {i}")
+    except ValueError as error:
+        raise ValueError(f"--resume: {error}; move it away, or run without --resume") from None
     return run
 
 
