@@ -131,6 +131,25 @@ def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(t
     assert read_csv(log)["step"].tolist() == [2]
 
 
+def test_a_quick_job_refuses_to_train_over_a_full_runs_model_before_any_step(tmp_path, monkeypatch, capsys):
+    """`all --quick --runs DIR` with a full run's models in DIR replaced them (exit 0, no word); it is now refused
+    before its first step, and the model is left as it was."""
+    monkeypatch.setattr(main_job, "LISTOPS_STEPS", 3)
+    main_job._trainer("listops", "dense", 0)(argparse.Namespace(quick=False, json=True), tmp_path, tmp_path)
+    saved = tmp_path / "listops-transformer-h8" / "checkpoint.pt"
+    before = saved.read_bytes()
+    reached = []
+    monkeypatch.setattr(main_job, "STEPS", (main_job.Step("tables", lambda *args: reached.append(1)),))
+    argv = ["all", "--quick", "--runs", str(tmp_path), "--results", str(tmp_path / "results")]
+    assert main(argv) == 2 and not reached and saved.read_bytes() == before
+    assert capsys.readouterr().err == (
+        f"switchbench all: error: --runs: {saved} was trained for 3 steps, and a quick run would replace it; "
+        "give another --runs\n"
+    )
+    monkeypatch.setattr(main_job, "_steps", lambda args: {"listops": 3, "lm": 3})  # a quick run's own model
+    main_job._check_trained(argparse.Namespace(quick=True), tmp_path)
+
+
 def test_a_full_job_trains_listops_until_the_analysis_accuracy_holds(tmp_path, monkeypatch):
     """The issue's 85% (three evaluations in a row); a quick run and the text models train to their steps."""
     seen = []

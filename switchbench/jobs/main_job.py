@@ -32,6 +32,7 @@ from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import commit
 from switchbench.core.results import save_run, writable_folder
 from switchbench.reports.report import replaceable, report_environment, write_report
+from switchbench.train import checkpoint
 from switchbench.train.run import TrainConfig, default_preset, run_name, train
 
 # The analysis pair, then a dense model of another seed: the scale for how alike two attention patterns can be.
@@ -110,25 +111,52 @@ def _decode(args, results: Path, runs: Path) -> str:
         )
 
 
+def _train_config(args, task: str, model: str, seed: int) -> TrainConfig:
+    preset = default_preset(task, model)
+    full_listops = task == "listops" and not args.quick
+    return TrainConfig(
+        task,
+        preset,
+        steps=_steps(args)[task],
+        batch=LISTOPS_BATCH if full_listops else 32,
+        seed=seed,
+        eval_every=50 if args.quick else (500 if task == "listops" else 100),
+        stop_at=LISTOPS_TARGET if full_listops else None,
+        device=device_from_args(None),
+    )
+
+
 def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
-        preset = default_preset(task, model)
-        full_listops = task == "listops" and not args.quick
-        cfg = TrainConfig(
-            task,
-            preset,
-            steps=_steps(args)[task],
-            batch=LISTOPS_BATCH if full_listops else 32,
-            seed=seed,
-            eval_every=50 if args.quick else (500 if task == "listops" else 100),
-            stop_at=LISTOPS_TARGET if full_listops else None,
-            device=device_from_args(None),
-        )
+        cfg = _train_config(args, task, model, seed)
         # A full run continues the models it finds (the committed ListOps trio takes more CPU hours than any one
         # sitting has); a quick run trains afresh, so it always analyses models of the code it runs.
-        return train(cfg, runs / run_name(task, preset, seed), resume=not args.quick, progress=not args.json)
+        return train(
+            cfg, runs / run_name(task, cfg.preset, seed), resume=not args.quick, progress=not args.json
+        )
 
     return step
+
+
+def _check_trained(args, runs: Path) -> None:
+    """Before any step, the models already in ``runs`` that the job would train over: one of another model or
+    task (a full run continues it, and would stop at its training step), or, for a quick run (which trains
+    afresh), one trained for other steps: a full run's model pointed at by --runs, which it would replace."""
+    for task, pairs in TASKS.items():
+        for model, seed in pairs:
+            cfg = _train_config(args, task, model, seed)
+            saved = runs / run_name(task, cfg.preset, seed) / "checkpoint.pt"
+            if not saved.exists():
+                continue
+            payload = checkpoint.load(saved)
+            if payload["config"] != cfg.model_config.to_dict() or payload["task"] != task:
+                raise ValueError(f"--runs: {saved} holds another model or task; give another --runs")
+            steps = payload["train"].get("steps")
+            if args.quick and steps != cfg.steps:
+                raise ValueError(
+                    f"--runs: {saved} was trained for {steps} steps, and a quick run would replace it; "
+                    "give another --runs"
+                )
 
 
 def _run_names(task: str = "listops") -> list[str]:
@@ -221,6 +249,7 @@ def _run(args) -> None:
     runs = writable_folder(Path(args.runs or ("runs-quick" if args.quick else "results/runs")), "--runs")
     log = {}
     replaceable(results / "report.html", "--results")
+    _check_trained(args, runs)
     args = argparse.Namespace(**vars(args), provenance=_provenance(args))
     for step in STEPS:
         start = time.perf_counter()
