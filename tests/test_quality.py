@@ -173,6 +173,11 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
         (["--batch", "0"], "must be >= 1"),
         (["--threads", "0"], "--threads must be >= 1"),
         (["--text", "no/such/file.txt"], "cannot read text"),
+        (["--text", "/dev/zero"], "text /dev/zero is not a regular file"),  # it was read until memory ran out
+        (
+            ["--tokens", str(10**24)],
+            f"--tokens {10**24} makes {10**24 // (16 * 64)} steps a run; at most 2147483647",
+        ),
         (["--batch", "4096"], "too short for batch 4096"),
         (["--presets", "bytes-920k-moh-h4", "bytes-920k-moh-norm-h4"], "are both moh; one model a family"),
         (["--presets", "bytes-920k-moh-nrom-h4"], "did you mean bytes-920k-moh-norm-h4"),

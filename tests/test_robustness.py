@@ -344,6 +344,14 @@ def test_an_example_for_a_language_model_is_refused_before_any_work(tmp_path, ca
     assert not out.exists()
 
 
+def test_a_sample_past_the_memory_is_refused_before_it_is_made(run_folder, tmp_path, capsys):
+    """`analyze --sample 2147483647` generated ListOps examples for hours before observing any."""
+    out = tmp_path / "analysis"
+    argv = ["analyze", str(run_folder / "checkpoint.pt"), "--sample", "2147483647", "--out", str(out)]
+    fails_cleanly(capsys, argv, says="--sample 2147483647: observing it needs at least")
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
 @pytest.mark.parametrize("command", ["analyze", "train --resume"])
 def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, tmp_path, capsys):
@@ -568,6 +576,10 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
         ),
         (["--preset", "listops-switchhead-h2:n_heads=two"], "n_heads must be int; got 'two'"),
         (["--preset", "listops-switchhead-h3"], "unknown preset 'listops-switchhead-h3'; did you mean"),
+        (  # it made 10 million ListOps examples in Python first, for minutes, then ran out of memory
+            ["--batch", "10000000"],
+            "batch 10000000: a training step of listops-switchhead-h2 needs at least",
+        ),
     ],
 )
 def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):
@@ -588,6 +600,14 @@ def test_a_short_text_is_counted_right(tmp_path, capsys):
         "--json",
     ]
     fails_cleanly(capsys, argv, says="the text has 1 byte: too short")
+
+
+def test_a_text_that_is_not_a_regular_file_or_named_twice_is_refused(tmp_path):
+    """/dev/zero was read until the OOM killer ended the run; with --hf-dataset too, --text was ignored."""
+    with pytest.raises(ValueError, match="text /dev/zero is not a regular file"):
+        text.load_text("/dev/zero")
+    with pytest.raises(ValueError, match="--text and --hf-dataset each name the text: give one"):
+        text.load_text(str(tmp_path / "a.txt"), str(tmp_path / "dataset"))
 
 
 def test_a_text_file_is_read_as_its_bytes(tmp_path):

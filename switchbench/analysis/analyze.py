@@ -10,6 +10,8 @@ import torch
 
 from switchbench.analysis import explorer, plots, similarity, stats
 from switchbench.bench.command import add_json, emit
+from switchbench.bench.cost.measure import free_memory
+from switchbench.bench.timing.benches import estimated_bytes
 from switchbench.core.environment import environment
 from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
 from switchbench.core.schema import read_table
@@ -24,6 +26,12 @@ def _inputs(
 ) -> tuple[torch.Tensor, list[str], torch.Tensor]:
     """(one sequence to plot [1, t], its token labels, a sample for the statistics [B, t])."""
     cfg, seed = run["cfg"], run["train"].get("seed", 0)
+    # before the sample is made: 2**31 ListOps examples were generated in Python for hours
+    need, free = cfg.n_layers * estimated_bytes(cfg, size, "layer", torch.float32), free_memory("cpu")
+    if need > free:
+        raise ValueError(
+            f"--sample {size}: observing it needs at least {need / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
+        )
     if example is not None and run["task"] != "listops":
         raise ValueError(
             "--example picks a ListOps validation example; a language model reads --input or its text"

@@ -8,7 +8,6 @@ bytes are the same for every run.
 """
 
 import json
-import math
 import statistics
 import tempfile
 import time
@@ -42,7 +41,7 @@ from switchbench.core.results import (
     write_csv,
 )
 from switchbench.models import family as registry
-from switchbench.models.config import ModelConfig
+from switchbench.models.config import LARGEST_INT, ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS, from_name
 from switchbench.train.run import LMTask, TrainConfig, train
@@ -351,7 +350,9 @@ def plan_from_args(args, device: str) -> Plan:
         if value is not None and value < 1:
             raise ValueError(f"{flag} must be >= 1; got {value}")
     length = next(iter(models.values()))[1].T  # every model's: the Plan checks it
-    steps = args.steps or math.ceil(tokens / (batch * length))
+    steps = args.steps or -(-tokens // (batch * length))  # in integers: a huge --tokens is exact too
+    if steps > LARGEST_INT:  # --tokens is not held to 32 bits (a total); the steps it makes are
+        raise ValueError(f"--tokens {tokens} makes {steps} steps a run; at most {LARGEST_INT}")
     return Plan(
         models,
         budget.seeds if args.seeds is None else args.seeds,

@@ -23,6 +23,7 @@ from switchbench.bench.command import (
     kernel_metadata,
 )
 from switchbench.bench.cost.accounting import model_macs
+from switchbench.bench.timing.benches import too_large
 from switchbench.bench.timing.timer import matmul_peak_tflops
 from switchbench.core import distributed, optim
 from switchbench.core.results import writable_folder, write_csv
@@ -241,6 +242,10 @@ def train(
     model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
     optimizer = optim.adamw(model.parameters(), cfg.lr, cfg.device)
     rows = distributed.share(cfg.batch, world)
+    # before the data is made (10 million ListOps examples took minutes of Python, then the OOM killer's turn)
+    too_big = too_large(model_cfg, len(range(cfg.batch)[rows]), "model", cfg.device, torch.float32)
+    if too_big:
+        raise ValueError(f"batch {cfg.batch}: a training step of {cfg.preset} {too_big}")
     task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg, rows)
     start, log_rows = 0, []
     if resume and (out / "checkpoint.pt").exists():

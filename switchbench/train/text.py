@@ -13,19 +13,34 @@ VOCAB = 256  # bytes
 def load_text(path: str | None = None, hf_dataset: str | None = None, hf_field: str = "text") -> bytes:
     """The bytes of the default corpus, of a file (any encoding: the models read bytes), or of the ``hf_field``
     column of a dataset saved with save_to_disk (as UTF-8)."""
+    if hf_dataset and path:
+        raise ValueError("--text and --hf-dataset each name the text: give one")
     if hf_dataset:
-        try:
-            from datasets import load_from_disk
-        except ImportError:
-            raise ValueError("--hf-dataset needs the `datasets` package (pip install datasets)") from None
-        data = load_from_disk(hf_dataset)
-        data = data["train"] if hasattr(data, "keys") and "train" in data else data
-        return "\n".join(data[hf_field]).encode("utf-8")
+        return _dataset_text(hf_dataset, hf_field)
     source = Path(path) if path else DEFAULT_TEXT
+    if source.exists() and not source.is_file():  # /dev/zero, a pipe: read to the end, it never ends
+        raise ValueError(f"text {source} is not a regular file")
     try:
         return source.read_bytes()
     except OSError as error:
         raise ValueError(f"cannot read text {source}: {error.strerror}") from None
+
+
+def _dataset_text(hf_dataset: str, hf_field: str) -> bytes:
+    """The ``hf_field`` column of a dataset saved with save_to_disk, as UTF-8 (its train split where it has one)."""
+    try:
+        from datasets import load_from_disk
+    except ImportError:
+        raise ValueError("--hf-dataset needs the `datasets` package (pip install datasets)") from None
+    try:
+        data = load_from_disk(hf_dataset)
+        data = data["train"] if hasattr(data, "keys") and "train" in data else data
+        return "\n".join(data[hf_field]).encode("utf-8")
+    except (OSError, ValueError, KeyError, TypeError) as error:  # no dataset there, or no such text column
+        first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"--hf-dataset {hf_dataset}: not a dataset with a {hf_field!r} column ({first})"
+        ) from None
 
 
 def encode(text: str | bytes) -> torch.Tensor:

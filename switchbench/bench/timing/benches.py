@@ -324,11 +324,11 @@ def _graph_pool():
     return torch.cuda.graph_pool_handle()
 
 
-def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> int:
-    """A lower bound of what one step of ``preset`` holds: activations (from the exact count of floats kept for
-    backward, at the compute dtype's width) and, for a training step, fp32 weights, gradients and AdamW's
-    two moments, and the logits. Used to refuse a case before it starts, never to size one."""
-    cfg = from_name(preset)
+def estimated_bytes(preset: str | ModelConfig, batch: int, scope: str, dtype: torch.dtype) -> int:
+    """A lower bound of what one step of ``preset`` (a name, or a configuration) holds: activations (from the exact
+    count of floats kept for backward, at the compute dtype's width) and, for a training step, fp32 weights,
+    gradients and AdamW's two moments, and the logits. Used to refuse a case before it starts, never to size one."""
+    cfg = from_name(preset) if isinstance(preset, str) else preset
     width = torch.empty((), dtype=dtype).element_size()
     # Half the exact count: it counts per sequence what the batch shares (the projected positions).
     activations = batch * exact_cost(cfg).mem * width // 2
@@ -338,8 +338,11 @@ def estimated_bytes(preset: str, batch: int, scope: str, dtype: torch.dtype) -> 
     return cfg.n_layers * activations + logits + 16 * parameter_counts(cfg)["total"]
 
 
-def too_large(preset: str, batch: int, scope: str, device: str, dtype: torch.dtype) -> str | None:
-    """Why ``preset`` cannot run at ``batch`` on ``device`` (its lower bound exceeds the free memory), or None."""
+def too_large(
+    preset: str | ModelConfig, batch: int, scope: str, device: str, dtype: torch.dtype
+) -> str | None:
+    """Why ``preset`` (a name, or a configuration) cannot run at ``batch`` on ``device`` (its lower bound exceeds
+    the free memory), or None."""
     need, free = estimated_bytes(preset, batch, scope, dtype), free_memory(device)
     if need <= free:
         return None
