@@ -3,6 +3,7 @@
 import copy
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -408,6 +409,12 @@ def test_the_reference_is_the_package_as_it_was_at_the_commit(tmp_path):
         same_machine.materialise("0" * 40, tmp_path / "none", checkout=repo)
     with pytest.raises(same_machine.NoReference, match=r"not in .* history"):
         same_machine.materialise(first, tmp_path / "none", checkout=tmp_path / "ref")  # a copy without .git
+    _git(repo, "rm", "-q", "-r", "switchbench")
+    _git(
+        repo, "commit", "-q", "-m", "no package"
+    )  # as the project's first commit: git archive failed, exit 3
+    with pytest.raises(same_machine.NoReference, match=r"has no switchbench package"):
+        same_machine.materialise(_git(repo, "rev-parse", "HEAD"), tmp_path / "none", checkout=repo)
 
 
 def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch, tmp_path, capsys):
@@ -456,10 +463,18 @@ def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch
         (["--rounds", "5"], "--rounds >= 6"),
         (["--reference", "0" * 40], "--reference 0000000000000000000000000000000000000000:"),
         (["--reference", "."], "--reference .: no switchbench package"),
+        (
+            ["--reference", "package"],
+            "--reference package: no switchbench package in this folder (no __main__.py)",
+        ),
+        (["--reference", "a-file"], "--reference a-file: a file; give a commit or a folder"),
     ],
 )
 def test_gate_refuses_what_it_cannot_measure(args, message, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "package" / "switchbench").mkdir(parents=True)
+    (tmp_path / "package" / "switchbench" / "__init__.py").write_text("")
     assert main(["gate", "--baseline", str(BASELINE), *args]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
@@ -473,10 +488,19 @@ def test_launch_runs_the_package_of_the_folder_named_or_nothing(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert done.returncode != 0 and "not from" in done.stderr
+    # (the package installed elsewhere: found on the path, named; installed editable: not found at all)
+    assert done.returncode != 0 and re.search(r"not from|no switchbench package in", done.stderr), done.stderr
+    # a module the folder lacks is not taken from this installation (an editable install's finder supplied it)
+    (tmp_path / "switchbench" / "__init__.py").write_text("")
+    (tmp_path / "switchbench" / "__main__.py").write_text("import switchbench.cli\n")
+    done = subprocess.run(
+        [sys.executable, "-c", same_machine.LAUNCH, str(tmp_path), "presets"], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "No module named 'switchbench.cli'" in done.stderr, done.stderr
     # and so does a timed run, forked from the gate's server
     with pytest.raises(
-        RuntimeError, match=r"the speed run of .*nothing failed: switchbench came from .* not from"
+        RuntimeError,
+        match=r"the speed run of .*nothing failed: (switchbench came from|no switchbench package in)",
     ):
         same_machine.timed_run(tmp_path / "nothing", tmp_path / "out", 6)
 

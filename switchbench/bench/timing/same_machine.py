@@ -32,12 +32,23 @@ from switchbench.core.results import writable_folder
 # The folder holding the package that is running: the code under test (a checkout, or a worktree run with -m)
 HERE = Path(switchbench.__file__).resolve().parents[1]
 # Runs `switchbench` from the folder given as the first argument, and proves that is where it was imported from:
-# an editable install or a stray folder on the path must not stand in for the version asked for.
+# an editable install or a stray folder on the path must not stand in for the version asked for. An editable
+# install's finder would also supply any module the folder lacks (a reference older than one of today's modules
+# ran as a hybrid), so every finder that places switchbench elsewhere is removed first.
 LAUNCH = """\
-import runpy, sys
+import importlib.machinery, runpy, sys
 source = sys.argv.pop(1)
 sys.path.insert(0, source)
-import switchbench
+def elsewhere(finder):
+    if finder is importlib.machinery.PathFinder:  # sys.path's, which reads the folder first
+        return False
+    spec = getattr(finder, "find_spec", lambda *args: None)("switchbench", None)
+    return spec is not None and not (spec.origin or "").startswith(source)
+sys.meta_path[:] = [finder for finder in sys.meta_path if not elsewhere(finder)]
+try:
+    import switchbench
+except ImportError:
+    sys.exit(f"no switchbench package in {source}")
 if not switchbench.__file__.startswith(source):
     sys.exit(f"switchbench came from {switchbench.__file__}, not from {source}")
 runpy.run_module("switchbench", run_name="__main__", alter_sys=True)
@@ -96,6 +107,11 @@ def materialise(commit: str, dest: Path, checkout: Path = HERE) -> Path:
         raise NoReference("git is not installed") from None
     if found.returncode:
         raise NoReference(f"commit {commit[:12]} is not in {checkout}'s history (a shallow clone or a copy?)")
+    package = subprocess.run(
+        ["git", "-C", str(checkout), "cat-file", "-e", f"{commit}:switchbench"], capture_output=True
+    )
+    if package.returncode:
+        raise NoReference(f"commit {commit[:12]} has no switchbench package")
     with tempfile.TemporaryFile() as archive:
         subprocess.run(
             ["git", "-C", str(checkout), "archive", "--format=tar", commit, "switchbench"],
@@ -229,9 +245,18 @@ def _run(args) -> int:
 def _reference(named: str | None, baseline: dict, dest: Path) -> tuple[Path | None, str | None, str | None]:
     """The folder to run the reference from and its commit, or (None, None, why there is none)."""
     if named and Path(named).is_dir():
-        if not (Path(named) / "switchbench" / "__init__.py").is_file():
-            raise ValueError(f"--reference {named}: no switchbench package in this folder")
+        lacking = [
+            f
+            for f in ("__init__.py", "__main__.py", "cli.py")
+            if not (Path(named) / "switchbench" / f).is_file()
+        ]
+        if lacking:
+            raise ValueError(f"--reference {named}: no switchbench package in this folder (no {lacking[0]})")
         return Path(named).resolve(), None, None
+    if named and Path(named).exists():
+        raise ValueError(
+            f"--reference {named}: a file; give a commit or a folder holding a switchbench package"
+        )
     commit = named or baseline["metadata"].get("commit")
     if not commit:
         return None, None, "the baseline names no commit"
