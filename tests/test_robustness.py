@@ -538,6 +538,21 @@ def test_triton_under_its_interpreter_is_accepted(monkeypatch, capsys):
     assert main(["params", "tiny-switchhead", "--json"]) == 0
 
 
+@pytest.mark.parametrize(
+    "widths",
+    [
+        ["--vocab", "2147483647", "--d-model", "2147483647"],
+        ["--d-model", "2147483647", "--d-ff", "2147483647"],
+    ],
+    ids=["embedding", "mlp"],
+)
+def test_a_weight_past_what_torch_can_size_is_one_line(widths, capsys):
+    """Each width under 2**31, their product past 2**63 bytes: torch's meta tensor overflowed (exit 3)."""
+    fails_cleanly(
+        capsys, ["params", "tiny-transformer", *widths], says="passes 2**63 bytes: torch cannot size it"
+    )
+
+
 # Silently wrong, exit 0 before
 
 

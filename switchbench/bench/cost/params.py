@@ -22,8 +22,13 @@ from switchbench.models.presets import PRESETS
 def parameter_counts(cfg: ModelConfig) -> dict:
     """Counts of a language model of ``cfg``, built on the meta device (no memory) with one layer: every layer is
     built alike, and building 100,000 took five minutes."""
-    with torch.device("meta"):
-        model = LanguageModel(cfg.replace(causal=True, n_layers=1))
+    try:
+        with torch.device("meta"):
+            model = LanguageModel(cfg.replace(causal=True, n_layers=1))
+    except RuntimeError as error:  # a weight past 2**63 bytes: torch cannot size even its meta tensor
+        if "overflow" not in str(error):
+            raise
+        raise ValueError("a weight of this configuration passes 2**63 bytes: torch cannot size it") from None
     block = model.stack.blocks[0]
     # XL biases and logit scales are learned but not among the weights the paper matches
     unmatched = sum(p.numel() for n, p in block.attn.named_parameters() if n.rsplit(".", 1)[-1] in UNMATCHED)
