@@ -106,15 +106,24 @@ def read_requirements(source: Path) -> Requirements:
         raise ValueError("reading pyproject.toml needs Python 3.11 or newer (tomllib)")
     if not path.is_file():
         raise ValueError(f"--source {source}: no pyproject.toml there; run this in the switchbench checkout")
-    project = tomllib.loads(path.read_text())
+    try:
+        project = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"--source {source}: {path} is not readable TOML ({error})") from None
     if project.get("project", {}).get("name") != "switchbench":
         raise ValueError(f"--source {source}: {path} is not switchbench's")
-    # the test suite's own needs too: evidence runs it on the node first
-    suite, tests = project["project"]["dependencies"], project["project"]["optional-dependencies"][NODE_EXTRA]
+    try:  # the test suite's own needs too: evidence runs it on the node first
+        suite, tests = (
+            project["project"]["dependencies"],
+            project["project"]["optional-dependencies"][NODE_EXTRA],
+        )
+        build = project["build-system"]["requires"]
+    except KeyError as error:
+        raise ValueError(f"--source {source}: {path} has no {error.args[0]!r} table or list") from None
     runtime = suite + tests
     own = [r for r in runtime if is_node_own(requirement_name(r))]
     tools = frozenset(map(requirement_name, tests)) - set(map(requirement_name, suite))
-    return Requirements(own, [r for r in runtime if r not in own], project["build-system"]["requires"], tools)
+    return Requirements(own, [r for r in runtime if r not in own], build, tools)
 
 
 def resolve(requirements: list[str], work: Path) -> list[Resolved]:

@@ -173,15 +173,40 @@ def test_a_run_that_measured_part_of_the_table_or_nothing_keeps_the_rest(tmp_pat
     path.write_text(
         json.dumps({"about": "kept", "tables": [{"device": A100, "configs": {"scatter_matmul": {}}}]})
     )
-    kernel_tune._update(path, H100, {"configs": first})
-    kernel_tune._update(path, H100, {"configs": {}})  # a re-run that recorded nothing
-    kernel_tune._update(path, H100, {"configs": {"scatter_matmul": {"a": "M128 N128 K64 w8 s3"}}})  # one size
+    for configs in (first, {}, {"scatter_matmul": {"a": "M128 N128 K64 w8 s3"}}):  # all; nothing; one size
+        kernel_tune._update(path, kernel_tune.read_tables(path), H100, {"configs": configs})
     tables = {t["device"]: t for t in json.loads(path.read_text())["tables"]}
     assert tables[H100]["configs"] == {
         "scatter_matmul": {"a": "M128 N128 K64 w8 s3", "b": "M128 N64 K64 w4 s4"},
         "grouped_outer": {"c": "x"},
     }
     assert tables[A100]["configs"] == {"scatter_matmul": {}}
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("{bad", "not a readable table file"),
+        ("[]", "the file must be an object"),
+        ('{"tables": {}}', "the file: 'tables' must be a list"),
+        ('{"tables": [{"configs": {}}]}', "table 0: 'device' must be text"),
+    ],
+)
+@pytest.mark.parametrize("flag", ["--out", "--auto-out"])
+def test_a_damaged_table_is_named_before_the_tuning(flag, content, says, tmp_path, monkeypatch, capsys):
+    """Both tables are read before the GPU work: a damaged one failed after it, unnamed (or exit 3)."""
+    monkeypatch.setattr(kernel_tune, "device_from_args", lambda device: "cuda")
+    monkeypatch.setattr(kernel_tune, "tune", lambda *args: pytest.fail("tuned before reading the tables"))
+    table = tmp_path / "table.json"
+    table.write_text(content)
+    argv = ["kernel-tune", "--out", str(tmp_path / "out.json"), "--auto-out", str(tmp_path / "auto.json")]
+    argv[argv.index(flag) + 1] = str(table)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"switchbench kernel-tune: error: {table}: ") and says in err and err.count("\n") == 1
+    )
+    assert table.read_text() == content
 
 
 def test_retuning_autotunes_shapes_the_table_already_holds(monkeypatch):

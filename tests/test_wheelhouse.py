@@ -193,9 +193,20 @@ def test_a_folder_that_is_not_one_is_exit_2_in_one_line(tmp_path, capsys, where,
     assert line.startswith("switchbench wheelhouse: error: ") and message in line
 
 
-def test_a_source_that_is_not_the_checkout_is_exit_2(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "pyproject, says",
+    [
+        (None, "no pyproject.toml there"),
+        ("name = [", "pyproject.toml is not readable TOML"),  # it named no file
+        ('[project]\nname = "switchbench"\n', "pyproject.toml has no 'dependencies' table or list"),  # exit 3
+    ],
+)
+def test_a_source_that_is_not_the_checkout_is_exit_2(pyproject, says, tmp_path, capsys):
+    if pyproject is not None:
+        (tmp_path / "pyproject.toml").write_text(pyproject)
     assert main(["wheelhouse", str(tmp_path / "house"), "--source", str(tmp_path)]) == 2
-    assert "no pyproject.toml there" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and not (tmp_path / "house").exists()
 
 
 def _installed_with_requirements(names: list[str]) -> list[importlib.metadata.Distribution]:

@@ -9,7 +9,7 @@ import pandas as pd
 
 from switchbench.core.results import read_csv
 
-TEXT, NUMBER, INTEGER, OBJECT = "text", "a number", "an integer", "an object"
+TEXT, NUMBER, INTEGER, OBJECT, LIST = "text", "a number", "an integer", "an object", "a list"
 
 # The columns each CSV kind must have, and what their cells are (a NUMBER cell may be empty).
 CSV_COLUMNS = {
@@ -186,6 +186,8 @@ def _is(value, kind: str) -> bool:
         return isinstance(value, str)
     if kind == OBJECT:
         return isinstance(value, dict)
+    if kind == LIST:
+        return isinstance(value, list)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     return kind == NUMBER or isinstance(value, int) or (math.isfinite(value) and value.is_integer())

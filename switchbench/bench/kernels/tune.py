@@ -22,6 +22,7 @@ from switchbench.bench.kernels.bench import (
     routing_share,
     routing_times,
 )
+from switchbench.core import schema
 from switchbench.core.results import replace_atomically, writable_file
 from switchbench.models.layers.window import make_window
 from switchbench.ops import tuned as tuning
@@ -191,13 +192,14 @@ def _run(args) -> int:
     if any(b < 1 for b in args.batches):
         raise ValueError(f"batches must be >= 1; got {args.batches}")
     out, auto_out = writable_file(args.out), writable_file(args.auto_out, "--auto-out")
+    tables = {path: read_tables(path) for path in (out, auto_out)}  # a damaged one, named before the tuning
     gpu, dtype = torch.cuda.get_device_name(), DTYPES[args.dtype]
     say = (lambda line: None) if args.json else print
     configs = tune(args.sizes, args.batches, dtype)
-    _update(out, gpu, {"configs": configs})
+    _update(out, tables[out], gpu, {"configs": configs})
     say(f"{sum(map(len, configs.values()))} tuned configurations for {gpu} written to {out}")
     auto = fastest(time_implementations(args.sizes, args.batches, dtype))
-    _update(auto_out, gpu, auto | {"timed": TIMED})
+    _update(auto_out, tables[auto_out], gpu, auto | {"timed": TIMED})
     say(
         f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu}, and the fastest routing "
         f"({auto.get('routing', 'none timed')}), written to {auto_out}"
@@ -208,8 +210,19 @@ def _run(args) -> int:
     return 0
 
 
-def _update(path: Path, gpu: str, fields: dict) -> None:
-    existing = json.loads(path.read_text()) if path.exists() else {}
+def read_tables(path: Path) -> dict:
+    """The tables file at ``path`` ({} where there is none): an object whose "tables" each name their device."""
+    if not path.exists():
+        return {}
+    existing = schema.check_fields(
+        path, schema.read_json(path, "table file"), {"tables": schema.LIST}, "the file"
+    )
+    for i, table in enumerate(existing["tables"]):
+        schema.check_fields(path, table, {"device": schema.TEXT}, f"table {i}")
+    return existing
+
+
+def _update(path: Path, existing: dict, gpu: str, fields: dict) -> None:
     replace_atomically(
         path, lambda tmp: tmp.write_text(json.dumps(merged(existing, gpu, fields), indent=2) + "\n")
     )
