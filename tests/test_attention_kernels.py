@@ -342,6 +342,10 @@ def test_a_backend_the_cpu_cannot_run_is_refused_in_one_line(backend, why, tmp_p
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"--attention {backend} {why}" in err
     assert not any(tmp_path.iterdir())  # refused before any work
+    # chosen by the environment alone, the refusal names it (it named --attention, which was not given)
+    monkeypatch.setenv("SWITCHBENCH_ATTENTION", backend)
+    assert main([*argv[:-2], "--out", str(tmp_path)]) == 2
+    assert f"SWITCHBENCH_ATTENTION={backend} {why}" in capsys.readouterr().err
 
 
 def test_train_runs_on_the_chosen_kernel_and_records_it(tmp_path, capsys):

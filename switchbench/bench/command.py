@@ -143,12 +143,15 @@ def check_attention(choice: str | None, device: str | None) -> None:
     ValueError. Every command that takes the flag may train, so a kernel without a CPU backward needs CUDA."""
     if choice is None:
         return
-    attention_choice.check(os.environ.get(attention_choice.ENV) or "auto", attention_choice.ENV)
+    from_env = os.environ.get(attention_choice.ENV)
+    attention_choice.check(from_env or "auto", attention_choice.ENV)
+    # the flag's default is the environment's choice: a refusal names where the choice came from
+    named = f"{attention_choice.ENV}={choice}" if choice == from_env else f"--attention {choice}"
     if choice in attention_choice.NEEDS_CUDA and device_from_args(device) != "cuda":
         why = attention_choice.NEEDS_CUDA[choice]
-        raise ValueError(f"--attention {choice} needs a CUDA device: {why} (use sdpa or explicit there)")
+        raise ValueError(f"{named} needs a CUDA device: {why} (use sdpa or explicit there)")
     if choice in attention_choice.NEEDS_TRITON and (reason := _triton_unavailable(device_from_args(device))):
-        raise ValueError(f"--attention {choice} {reason}")
+        raise ValueError(f"{named} {reason}")
 
 
 def check_routing(choice: str | None, device: str | None) -> None:

@@ -43,6 +43,7 @@ from switchbench.bench.timing.timer import (
 from switchbench.core import schema
 from switchbench.core.environment import environment
 from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
+from switchbench.models.config import LARGEST_INT
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import from_name
 
@@ -393,6 +394,8 @@ def _run(args) -> int:
     for flag, (value, lowest) in least.items():
         if value < lowest:
             raise ValueError(f"{flag} must be >= {lowest}; got {value}")
+    if max(contexts) >= LARGEST_INT:  # a model is served one longer than its longest context
+        raise ValueError(f"--contexts must be < {LARGEST_INT}; got {max(contexts)}")
     # prefill is timed in the first of the timed rounds: the default (3) shrinks to fewer rounds, a count given does not
     if args.prefill_rounds > args.rounds and args.prefill_rounds != TIMING["prefill_rounds"]:
         raise ValueError(f"--prefill-rounds ({args.prefill_rounds}) must be <= --rounds ({args.rounds})")
