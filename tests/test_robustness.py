@@ -370,7 +370,10 @@ def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, t
 
 @pytest.mark.parametrize("command", ["analyze", "train --resume"])
 def test_a_log_without_steps_is_named(command, run_folder, tmp_path, capsys):
-    folder = _damaged_checkpoint(run_folder, tmp_path, lambda p: None)
+    # the settings a resume must share left out (as older checkpoints have them): the command line's differ
+    folder = _damaged_checkpoint(
+        run_folder, tmp_path, lambda p: [p["train"].pop(k) for k in training.SAME_ON_RESUME]
+    )
     pd.read_csv(folder / "log.csv").rename(columns={"step": "iteration"}).to_csv(
         folder / "log.csv", index=False
     )
@@ -653,6 +656,19 @@ def test_training_into_an_earlier_run_needs_resume_or_force(run_folder, tmp_path
     argv = ["train", "--preset", "listops-switchhead-h2", "--out", str(run_folder), "--json"]
     fails_cleanly(capsys, argv, says=f"{run_folder} holds an earlier run")
     assert snapshot(run_folder) == before
+
+
+def test_resuming_with_other_training_settings_is_refused(tmp_path, capsys):
+    """--resume continued a run with another batch, learning rate or seed, exit 0: one log of two trainings.
+    More steps, or evaluations at other intervals, continue it."""
+    argv = ["train", "--steps", "2", "--batch", "4", "--eval-every", "1", "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    before = snapshot(tmp_path)
+    for flag, value in (("--batch", "3"), ("--lr", "0.01"), ("--seed", "5")):
+        changed = [*argv, "--resume", flag, value]
+        fails_cleanly(capsys, changed, says=f"was trained with {flag[2:]} ")
+        assert snapshot(tmp_path) == before
+    assert main([*argv, "--resume", "--steps", "3", "--eval-every", "3"]) == 0
 
 
 # Interruption

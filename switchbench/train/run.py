@@ -52,6 +52,10 @@ def run_name(task: str, preset: str, seed: int = 0) -> str:
     return name if seed == 0 else f"{name}-seed{seed}"
 
 
+# What a resumed run must share with the run it continues (its steps, evaluations and device may change)
+SAME_ON_RESUME = ("batch", "lr", "warmup", "clip", "seed", "val_size", "text", "hf_dataset")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     task: str  # listops | lm
@@ -252,6 +256,16 @@ def train(
         saved = checkpoint.load(out / "checkpoint.pt")
         if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
             raise ValueError(f"{out / 'checkpoint.pt'} holds another model or task; use another --out")
+        changed = [
+            f"{key} {saved['train'][key]} (not {getattr(cfg, key)})"
+            for key in SAME_ON_RESUME
+            if key in saved["train"] and saved["train"][key] != getattr(cfg, key)
+        ]
+        if changed:  # one log would tell two trainings as one
+            raise ValueError(
+                f"{out / 'checkpoint.pt'} was trained with {', '.join(changed)}: resume with its settings, or "
+                "--force to start again"
+            )
         model.load_state_dict(saved["model"])
         try:
             optimizer.load_state_dict(saved["optimizer"])
