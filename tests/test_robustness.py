@@ -430,6 +430,15 @@ def test_a_run_of_the_wrong_shape_is_named(command, bad, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
+def test_check_names_a_run_without_rows(tmp_path, capsys):
+    """It was compared with the baseline and called measured differently (device None against the baseline's)."""
+    run = tmp_path / "empty.json"
+    run.write_text(json.dumps({"metadata": {}, "rows": []}))
+    (tmp_path / "baseline.json").write_text(json.dumps(BASELINE))
+    argv = ["check", str(run), "--baseline", str(tmp_path / "baseline.json")]
+    fails_cleanly(capsys, argv, says=f"{run}: a speed run without rows: nothing was measured")
+
+
 def skips_the_section(capsys, tmp_path: Path, says: str) -> str:
     """The report leaves out the file that is unusable, with one line on stderr naming it; with nothing else under
     results/, it says there is nothing to report and writes nothing (exit 1)."""

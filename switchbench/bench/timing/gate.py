@@ -99,6 +99,8 @@ def run_problem(run) -> str | None:
         or not isinstance(run.get("rows"), list)
     ):
         return "not a switchbench speed run (needs 'metadata' and 'rows')"
+    if not run["rows"]:  # it was compared, and called measured differently (device None)
+        return "a speed run without rows: nothing was measured"
     for i, row in enumerate(run["rows"]):
         missing = [f for f in ROW_FIELDS if not isinstance(row, dict) or not isinstance(row.get(f), str)]
         if missing:
