@@ -325,6 +325,7 @@ def test_the_overhead_is_the_moe_shares_less_every_layer_s_dense_equivalent(monk
         (["tiny-switchhead", "--fit-from", "0"], "must be >= 1"),
         (["tiny-switchhead", "--threads", "0"], "--threads must be >= 1"),
         (["tiny-switchhead", "--batch", "2", "--fit-from", "4"], "--batch and --fit-from: give one"),
+        (["tiny-switchhead", "tiny-switchhead"], "tiny-switchhead is named twice"),  # the table showed one
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(extra, message, capsys, tmp_path):

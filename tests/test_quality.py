@@ -182,6 +182,10 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
         (["--presets", "bytes-920k-moh-h4", "bytes-920k-moh-norm-h4"], "are both moh; one model a family"),
         (["--presets", "bytes-920k-moh-nrom-h4"], "did you mean bytes-920k-moh-norm-h4"),
         (
+            ["--presets", "listops-transformer-h8"],
+            "listops-transformer-h8 is a ListOps classifier",
+        ),  # as -bytes
+        (
             ["--presets", "tiny-moh-norm"],
             "chunks of one length, for equal tokens a step: bytes-",
         ),  # 32 bytes, the others 64

@@ -68,6 +68,8 @@ GPU_MODELS = {
 def byte_model(preset: str) -> tuple[str, ModelConfig]:
     """A preset reading bytes: itself, or (another vocabulary) a copy named ``PRESET-bytes``, as the GPU models."""
     cfg = from_name(preset)
+    if not cfg.causal:  # it was refused under a name never typed, PRESET-bytes
+        raise ValueError(f"--presets: {preset} is a ListOps classifier; quality trains language models")
     return (preset, cfg) if cfg.vocab == 256 else (f"{preset}-bytes", cfg.replace(vocab=256))
 
 

@@ -40,7 +40,7 @@ from switchbench.bench.command import (
 )
 from switchbench.bench.kernels.bench import dense_equivalent_ms
 from switchbench.bench.timing.benches import fitted_batch, model_benches, too_large
-from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH
+from switchbench.bench.timing.speed import GROUPS, MFU_CONVENTION, PAPER_GPU_BATCH, named_once
 from switchbench.bench.timing.timer import Timer, intra_op_threads, matmul_peak_tflops
 from switchbench.core import optim, precision
 from switchbench.core.environment import environment
@@ -479,6 +479,7 @@ def _run(args) -> int:
     device = device_from_args(args.device)
     for preset in args.presets:
         from_name(preset)  # a ValueError names the closest presets, or what is wrong with a change
+    named_once(args.presets)  # a second column of one preset was dropped from the table
     if (
         args.steps < 1
         or args.warmup < 0

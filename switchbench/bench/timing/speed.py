@@ -513,6 +513,13 @@ def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, .
     return preset_groups(args.presets, args.groups, default), tuple(args.scopes)
 
 
+def named_once(named: list[str]) -> None:
+    """A ValueError naming the first member or group of ``named`` named twice (a table would show it once)."""
+    repeated = next((name for name in named if named.count(name) > 1), None)
+    if repeated:
+        raise ValueError(f"{repeated} is named twice: each member or group is measured once")
+
+
 def preset_groups(
     presets: list[str] | None, groups: list[str] | None, default: tuple[str, ...] = ()
 ) -> dict[str, tuple[str, ...]]:
@@ -520,10 +527,7 @@ def preset_groups(
     named ``groups``, else ``default``'s; a ValueError names any unknown or repeated one, or both given."""
     if presets and groups:
         raise ValueError("the presets given make one group and --groups names groups: give one")
-    named = presets or groups or []
-    repeated = next((name for name in named if named.count(name) > 1), None)
-    if repeated:
-        raise ValueError(f"{repeated} is named twice: each member or group is measured once")
+    named_once(presets or groups or [])
     if presets:
         unknown = [p for p in presets if p.partition(OVERRIDES)[0] not in PRESETS]
         if unknown:
