@@ -191,6 +191,25 @@ def test_a_cpu_allocation_failure_is_an_oom():
     assert not measure.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
 
 
+def test_a_step_near_the_cpus_memory_is_measured_not_estimated(monkeypatch):
+    """On the CPU a step past the memory is not an error but the OOM killer: `speed --batch 100000` of two tiny
+    presets was killed after a minute with nothing saved. Within CPU_MARGIN of the free memory the lower bound
+    gives way to a measurement at two small batches, extended linearly."""
+    from switchbench.bench.timing import benches
+
+    # probes of hundreds of MB, well above what the heap's state moves a peak by
+    case = ("tiny-transformer", 4096, "layer")
+    estimate = benches.estimated_bytes(*case, torch.float32)
+    measured = benches.cpu_step_bytes(*case, torch.float32, probe=1024)
+    assert measured > 2 * estimate  # the bound is a bound, and a loose one (3.5 to 4 times)
+    monkeypatch.setattr(benches, "free_memory", lambda device: 2 * estimate)
+    assert benches.too_large(*case, "cuda", torch.float32) is None  # the bound alone
+    assert benches.too_large(*case, "cpu", torch.float32).startswith("needs at least")
+    # the extension: a fixed part counted once, the rest in proportion to the batch
+    monkeypatch.setattr(benches, "_cpu_peak", lambda preset, batch, scope, dtype: 1000 + 7 * batch)
+    assert benches.cpu_step_bytes("p", 4096, "layer", torch.float32, probe=16) == 1000 + 7 * 4096
+
+
 @pytest.mark.slow
 def test_speed_records_a_cpu_oom_and_goes_on(tmp_path, monkeypatch, capsys):
     real = speed.layer_benches
