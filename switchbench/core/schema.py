@@ -151,12 +151,8 @@ def read_json(path: Path, what: str = "JSON file"):
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: no such {what}") from None
-    except (
-        OSError,
-        UnicodeDecodeError,
-        json.JSONDecodeError,
-        RecursionError,
-    ) as error:  # nested past the stack
+    # RecursionError: arrays or objects nested past Python's stack
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"{path}: not a readable {what} ({_first_line(error)})") from None
 
 

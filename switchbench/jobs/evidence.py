@@ -68,9 +68,8 @@ def _checked_state(path: Path, state) -> dict:
     """The state file's content, each part of its kind: an edited or damaged file is named before any step."""
     schema.check_fields(path, state, {"fingerprint": schema.TEXT}, "the state", optional=("fingerprint",))
     for part, kind in (("steps", schema.OBJECT), ("earlier", schema.OBJECT), ("durations", schema.NUMBER)):
-        entries = schema.check_fields(path, state, {part: schema.OBJECT}, "the state", optional=(part,)).get(
-            part, {}
-        )
+        schema.check_fields(path, state, {part: schema.OBJECT}, "the state", optional=(part,))
+        entries = state.get(part, {})
         schema.check_fields(path, entries, dict.fromkeys(entries, kind), part)
     for name, record in state.get("steps", {}).items():
         schema.check_fields(path, record, {"status": schema.TEXT}, f"steps: {name}")
