@@ -105,7 +105,7 @@ def read_table(path: Path, kind: str) -> pd.DataFrame:
     try:
         table = read_csv(path)
     except (OSError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as error:
-        raise ValueError(f"{path}: not a readable CSV ({_first_line(error)})") from None
+        raise ValueError(f"{path}: not a readable CSV ({first_line(error)})") from None
     for column, kind_of in CSV_COLUMNS[kind].items():
         if column not in table.columns:
             raise ValueError(f"{path}: no {column!r} column")
@@ -153,7 +153,7 @@ def read_json(path: Path, what: str = "JSON file"):
         raise ValueError(f"{path}: no such {what}") from None
     # RecursionError: arrays or objects nested past Python's stack
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ValueError(f"{path}: not a readable {what} ({_first_line(error)})") from None
+        raise ValueError(f"{path}: not a readable {what} ({first_line(error)})") from None
 
 
 def check_fields(path: Path, fields, kinds: dict, where: str, optional: tuple = ()) -> dict:
@@ -199,6 +199,6 @@ def _column_is(column: pd.Series, kind: str) -> bool:
     return True
 
 
-def _first_line(error: Exception) -> str:
+def first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:120] if text else type(error).__name__

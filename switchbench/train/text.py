@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from switchbench.core.schema import first_line
+
 DEFAULT_TEXT = files("switchbench.train") / "data" / "tempest.txt"
 VOCAB = 256  # bytes
 
@@ -37,9 +39,8 @@ def _dataset_text(hf_dataset: str, hf_field: str) -> bytes:
         data = data["train"] if hasattr(data, "keys") and "train" in data else data
         return "\n".join(data[hf_field]).encode("utf-8")
     except (OSError, ValueError, KeyError, TypeError) as error:  # no dataset there, or no such text column
-        first = str(error).strip().splitlines()[0][:120] if str(error).strip() else type(error).__name__
         raise ValueError(
-            f"--hf-dataset {hf_dataset}: not a dataset with a {hf_field!r} column ({first})"
+            f"--hf-dataset {hf_dataset}: not a dataset with a {hf_field!r} column ({first_line(error)})"
         ) from None
 
 
