@@ -150,10 +150,25 @@ def test_a_family_without_a_cache_is_a_row_not_an_error(monkeypatch, tmp_path, c
 
 
 def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(decode, "free_memory", lambda device: 1)
-    argv = ["decode", "tiny-transformer", "--device", "cpu", *FAST, "--out", str(tmp_path)]
-    assert main(argv) == 1
-    assert "OOM" in capsys.readouterr().err
+    """A cell past the free memory is an OOM row beside those that fit; when none fits, the run is refused in one
+    line before any model is built (it used to write a file of OOM rows and exit 1)."""
+    monkeypatch.setattr(decode, "free_memory", lambda device: 2**26)
+    huge = 10**6
+    assert (
+        sizing.peak_bytes(PRESETS["tiny-transformer"], huge, 9, 8, 4)
+        > 2**26
+        > sizing.peak_bytes(PRESETS["tiny-transformer"], 1, 9, 8, 4)
+    )
+    argv = ["decode", "tiny-transformer", "--device", "cpu", *FAST, "--out", str(tmp_path), "--json"]
+    assert main([*argv, "--batches", "1", str(huge)]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert {r["batch"]: r["status"] for r in rows} == {1: "ok", huge: "OOM"}
+    assert main([*argv[:-3], "--out", str(tmp_path / "none"), "--batches", str(huge)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "switchbench decode: error: no case fits the 0.1 GiB free: the smallest, tiny-transformer at batch "
+        f"{huge}, context 8, needs at least {sizing.peak_bytes(PRESETS['tiny-transformer'], huge, 9, 8, 4) / 2**30:.1f} GiB"
+    ]
+    assert not (tmp_path / "none").exists()
 
 
 @pytest.mark.parametrize(

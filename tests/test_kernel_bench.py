@@ -203,32 +203,28 @@ def test_a_kernel_that_returns_nan_is_a_wrong_row_in_strict_json(tmp_path, monke
     assert all(r["max_rel_error"] is None for r in wrong)
 
 
-def test_a_case_too_large_for_memory_is_refused_before_it_starts(tmp_path, capsys):
-    """--batch 10000000 on the CPU used to be killed by the system at about 24 GB, with no message and no file."""
+def test_a_batch_no_case_fits_is_refused_before_it_starts(tmp_path, capsys, monkeypatch):
+    """--batch 10000000 on the CPU used to be killed by the system at about 24 GB, with no message and no file;
+    then it wrote a file of OOM rows and exited 1. Now nothing is built or written: one line, exit 2."""
+    monkeypatch.setattr(kernels, "free_memory", lambda device: 2**30)
+    smallest = min(kernels.estimated_bytes(case) for case in kernels.cases("47m", 10000000))
     argv = [
         "kernel-bench",
         "--sizes",
         "47m",
         "--batch",
         "10000000",
-        "--dtype",
-        "fp32",
         "--device",
         "cpu",
         "--out",
-        str(tmp_path),
-        "--json",
+        str(tmp_path / "o"),
     ]
-    assert main(argv) == 1  # nothing measured: it used to exit 0 with a file of OOM rows and no word
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    rows = out["rows"]
-    assert rows and all(r["status"] == "OOM" and "GiB free" in r["reason"] for r in rows)
-    assert captured.err.splitlines() == [
-        f"switchbench kernel-bench: nothing measured: every case was OOM or unsupported ({len(rows)} OOM); the rows "
-        f"are in {out['saved']}"
+    assert main(argv) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "switchbench kernel-bench: error: no case fits the 1.0 GiB free: the smallest, 47m expert-sized, needs at "
+        f"least {smallest / 2**30:.1f} GiB"
     ]
-    assert out["metadata"]["matmul_peak_tflops"] is None  # not measured for nothing
+    assert not (tmp_path / "o").exists()
 
 
 def test_the_memory_estimate_is_a_lower_bound_of_the_inputs():

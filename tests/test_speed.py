@@ -218,12 +218,31 @@ def test_a_bf16_step_of_every_family_in_both_scopes(preset, scope):
     assert memory > 0
 
 
-def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
-    """Nothing measured: the rows are written, and one line on stderr says so with exit 1 (it used to exit 0)."""
+def test_a_batch_no_member_fits_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """Every case's lower bound past the free memory: exit 2 in one line and no file (it used to build nothing,
+    write a file of OOM rows and exit 1)."""
+    monkeypatch.setattr(speed, "free_memory", lambda device: 2**30)
+    smallest = benches_module.estimated_bytes("tiny-switchhead", 100000, "layer", torch.float32)
+    assert smallest > 2**30  # else the run below would start
+    argv = [*TINY_PAIR_ON_CPU, "--batch", "100000", "--rounds", "1", "--out", str(tmp_path / "out"), "--json"]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.splitlines() == [
+        "switchbench speed: error: no case fits the 1.0 GiB free: the smallest, tiny-switchhead (layer), needs at "
+        f"least {smallest / 2**30:.1f} GiB"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_members_too_large_are_oom_rows_beside_those_that_fit(tmp_path, capsys, monkeypatch):
+    """Where some case fits, the run goes on: the others are OOM rows, refused before they are built."""
+    free = 2**21  # above a tiny layer's bound at batch 2 by more than CPU_MARGIN (no probe), below a model's
+    monkeypatch.setattr(speed, "free_memory", lambda device: free)
+    monkeypatch.setattr(benches_module, "free_memory", lambda device: free)
     argv = [
         *TINY_PAIR_ON_CPU,
         "--batch",
-        "2000000000",
+        "2",
         "--rounds",
         "1",
         "--warmup",
@@ -232,14 +251,10 @@ def test_a_group_too_large_is_refused_before_it_starts(tmp_path, capsys):
         str(tmp_path),
         "--json",
     ]
-    assert main(argv) == 1
-    captured = capsys.readouterr()
-    out = json.loads(captured.out)
-    rows = [r for r in out["rows"] if r["scope"] != "count"]
-    assert len(rows) == 4 and all(r["status"] == "OOM" and "GiB free" in r["reason"] for r in rows)
-    assert captured.err.splitlines() == [
-        f"switchbench speed: nothing measured: every case was OOM or unsupported (4 OOM); the rows are in {out['saved']}"
-    ]
+    assert main(argv) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out)["rows"] if r["scope"] != "count"]
+    assert {(r["scope"], r["status"]) for r in rows} == {("model", "OOM"), ("layer", "ok")}
+    assert all("GiB free" in r["reason"] for r in rows if r["status"] == "OOM")
 
 
 @pytest.mark.slow  # times a group

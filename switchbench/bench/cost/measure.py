@@ -80,6 +80,17 @@ def total_memory(device: str) -> int:
     return _meminfo("MemTotal")
 
 
+def some_case_fits(needs: dict[str, int], free: int) -> None:
+    """A one-line ValueError when not one case of a run fits ``free`` bytes by its lower bound (``needs``: each
+    case's, by name): a run that could only write rows of OOM is refused before any work, not after it."""
+    if needs and min(needs.values()) > free:
+        name = min(needs, key=needs.__getitem__)
+        raise ValueError(
+            f"no case fits the {free / 2**30:.1f} GiB free: the smallest, {name}, needs at least "
+            f"{needs[name] / 2**30:.1f} GiB"
+        )
+
+
 def _meminfo(field: str) -> int:
     """Bytes of one line of the system's /proc/meminfo (it states kB)."""
     with open("/proc/meminfo") as f:

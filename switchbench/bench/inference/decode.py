@@ -29,7 +29,7 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
-from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, total_memory
+from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, some_case_fits, total_memory
 from switchbench.bench.inference import sizing
 from switchbench.bench.timing.benches import release_memory, unless_oom
 from switchbench.bench.timing.speed import preset_groups
@@ -414,6 +414,14 @@ def _run(args) -> int:
             print(f"{dtype_name} cache ({width} bytes a number); largest batches in {memory / 2**30:.4g} GiB")
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
         return 0
+    needs = {
+        f"{preset} at batch {b}, context {c}": sizing.peak_bytes(cfg, b, c + 1, min(c, PREFILL_CHUNK), width)
+        for preset in dict.fromkeys(p for presets in groups.values() for p in presets)
+        if (cfg := from_name(preset)).family.kv_cache is not None
+        for b in batches
+        for c in contexts
+    }
+    some_case_fits(needs, free_memory(device))
     grid = Grid(
         groups, tuple(batches), tuple(contexts), args.rounds, args.warmup, memory, args.prefill_rounds
     )

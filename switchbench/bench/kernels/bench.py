@@ -36,7 +36,7 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.cost import scaling
-from switchbench.bench.cost.measure import free_memory, is_oom
+from switchbench.bench.cost.measure import free_memory, is_oom, some_case_fits
 from switchbench.bench.timing.benches import unless_oom
 from switchbench.bench.timing.timer import Timer, matmul_peak_tflops
 from switchbench.core.environment import environment
@@ -684,6 +684,8 @@ def _run(args) -> int:
         raise ValueError("--cuda-graphs needs a CUDA device: a CUDA graph captures one GPU's work")
     dtype = DTYPES[args.dtype]
     impls = default_impls(device, args.expert_matmul)
+    needs = {case.name: estimated_bytes(case) for size in args.sizes for case in cases(size, batch)}
+    some_case_fits(needs, free_memory(device))
     rows = run(args.sizes, batch, device, dtype, impls, args.cuda_graphs)
     by_case = mark_choice(rows, device, args.expert_matmul)
     moe_overhead(rows)

@@ -26,12 +26,14 @@ from switchbench.bench.command import (
     slug,
 )
 from switchbench.bench.cost.accounting import exact_cost
+from switchbench.bench.cost.measure import free_memory, some_case_fits
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.timing.benches import (
     EAGER,
     Bench,
     CaptureFailed,
     StepMode,
+    estimated_bytes,
     fitted_batch,
     layer_benches,
     model_benches,
@@ -430,10 +432,21 @@ def _measure(args, device: str, world: distributed.World) -> int:
     groups, scopes = _groups(args, device)
     for preset in dict.fromkeys(p for presets in groups.values() for p in presets):
         attention_choice.check_width(from_name(preset).d_head, preset)
+    per_process = None if batch is None else batch // world.size
+    if per_process is not None:  # the ranks agree, so that none waits for a refused one
+        free = min(distributed.gathered(free_memory(device), world))
+        some_case_fits(
+            {
+                f"{preset} ({scope})": estimated_bytes(preset, per_process, scope, DTYPES[dtype_name])
+                for presets in groups.values()
+                for preset in presets
+                for scope in scopes
+            },
+            free,
+        )
     # on the CPU the clock then times the computation, not page faults (timing/heap.py)
     allocator = keep_freed_memory() if device == "cpu" else "as is"
     with intra_op_threads(threads):
-        per_process = None if batch is None else batch // world.size
         rows = run(
             groups,
             scopes,
