@@ -2,6 +2,7 @@
 
 import json
 import math
+import pickle
 from pathlib import Path
 
 import matplotlib.image
@@ -365,6 +366,18 @@ def test_an_input_longer_than_the_model_reads_is_refused(runs, tmp_path, capsys)
         capsys.readouterr().err.strip().endswith(f"the input has {T + 1} bytes; this model reads at most {T}")
     )
     assert not (tmp_path / "a").exists()
+
+
+def test_a_pickle_of_another_protocol_is_one_line(tmp_path, capsys, recwarn):
+    """torch's warning of a protocol other than its own came above the error: two lines of stderr, not one."""
+    path = tmp_path / "p4.pt"
+    path.write_bytes(pickle.dumps({"format": checkpoint.FORMAT}, protocol=4))
+    assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"switchbench analyze: error: {path}: not a readable checkpoint (truncated or another format: Weights only "
+        "load failed)"
+    ]
+    assert not [w for w in recwarn if "pickle protocol" in str(w.message)]
 
 
 def test_checkpoint_from_before_the_xl_terms_loads(tmp_path):

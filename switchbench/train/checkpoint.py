@@ -1,6 +1,7 @@
 """Checkpoints: model weights, configuration and training state in one file, written atomically and read with
 ``weights_only=True``; a wrong, truncated or mismatched file is a one-line ValueError."""
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,7 +41,10 @@ def load(path: Path) -> dict:
     """The checkpoint's payload, its model rebuilt and loaded as ``payload['module']``."""
     path = Path(path)
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # torch warns of a pickle protocol other than its own (2) above the error below: the file is not ours
+            warnings.filterwarnings("ignore", "Detected pickle protocol", UserWarning)
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such checkpoint") from None
     except Exception as error:  # the unpickler of a damaged file can raise almost anything
