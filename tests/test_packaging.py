@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -15,8 +16,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)]
+    dist, source = tmp_path_factory.mktemp("dist"), tmp_path_factory.mktemp("source")
+    # built from a copy: setuptools builds in the tree's build/ and egg-info, and another worker's test may be
+    # building the same tree with pip at the same moment (this build once failed so, in CI)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "switchbench", source / "switchbench", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    build = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(source)]
     subprocess.run(build, check=True, capture_output=True)
     (path,) = dist.glob("switchbench-*.whl")
     return path
