@@ -7,6 +7,7 @@ functional of them (w.r.t. the inputs and every parameter) must agree to float64
 import functools
 import math
 
+import naive
 import pytest
 
 pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
@@ -27,7 +28,7 @@ from switchbench.models.layers.observe import observe
 from switchbench.models.layers.router import FEW_EXPERTS, entropy_regularizer, sigmoid_topk, top_by_rank
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window
-from switchbench.ops.expert_matmul.cases import Case, indices, reference
+from switchbench.ops.expert_matmul.cases import Case, float64_inputs, indices, reference
 from switchbench.ops.expert_matmul.op import expert_matmul, route, routing_selected, top_k_by_rank
 
 F64 = torch.float64
@@ -296,6 +297,23 @@ def test_expert_matmul_matches_loop(N, E, s_in, S, s_out, pattern, gated):
 def test_expert_matmul_default_out_groups_is_per_slot():
     indices = _routed("random", 3, 4, 4, _gen(0))
     _check_expert_matmul(3, 4, 2, 4, 4, indices, True, 7, default_groups=True)
+
+
+@pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])
+@pytest.mark.parametrize("case", list(naive.FAMILY_CASES))
+def test_the_named_cases_match_the_loop(case, gated):
+    """The named cases every implementation is held to through the PyTorch path in float64 (padded batches and the
+    one-token gathered path alike): that path against the slot-by-slot loop, output and every gradient."""
+    case = naive.FAMILY_CASES[case]
+    x, weight, routed, scores, _ = float64_inputs(case)
+    x, weight, scores = (
+        x.requires_grad_(),
+        weight.requires_grad_(),
+        scores.requires_grad_() if gated else None,
+    )
+    out = expert_matmul(x, weight, route(routed, case.n_experts), scores, case.out_groups)
+    ref = reference(x, weight, routed, scores, case.out_groups)
+    _assert_matches(out, ref, {"x": x, "weight": weight} | ({"scores": scores} if gated else {}), case.tokens)
 
 
 @pytest.mark.slow
