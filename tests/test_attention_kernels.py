@@ -1,7 +1,8 @@
 """The attention kernels compute one function: each backend against a naive loop in float64 (outputs and the
-gradients of q, k, v and the position scores), the position bias's Triton kernels against its views, and every family's model under each backend against the explicit one (logits
-and every parameter's gradient, XL with memory and RoPE, decoding too). FlexAttention has no backward on the CPU:
-its gradients are checked where CUDA is."""
+gradients of q, k, v and the position scores), the position bias's Triton kernels against its views, and every
+family's model under each backend against the explicit one (logits and every parameter's gradient, XL with memory
+and RoPE, decoding too). The Triton kernels' backward runs in Triton's interpreter without a GPU; FlexAttention has
+no backward on the CPU: its gradients are checked where CUDA is."""
 
 import functools
 import itertools
@@ -20,8 +21,8 @@ from switchbench.ops.attention.relative import RelativeBias
 
 FAMILIES = registry.names()
 CUDA = torch.cuda.is_available()
-# Backends whose backward runs here
-TRAINABLE = ("explicit", "sdpa", "flex") if CUDA else ("explicit", "sdpa")
+# Backends whose backward runs here (Triton's in its interpreter on the CPU)
+TRAINABLE = ("explicit", "sdpa", "triton", "flex") if CUDA else ("explicit", "sdpa", "triton")
 DEVICE = "cuda" if CUDA else "cpu"
 # On the CPU Triton's interpreter and eager FlexAttention take seconds a model: the fast loop runs them on
 # SwitchHead (whose attention is dense's kernel on other projections), every family in the full suite (explicit
