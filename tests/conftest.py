@@ -3,6 +3,8 @@ import os
 import pytest
 from hypothesis import settings
 
+from switchbench.core.versions import triton_interpreter_problem
+
 # The same examples on every run and machine: a property that fails in CI fails here too, from its seed alone.
 settings.register_profile("switchbench", derandomize=True, database=None)
 settings.load_profile("switchbench")
@@ -11,7 +13,15 @@ settings.load_profile("switchbench")
 def pytest_configure(config):
     """The process that runs tests chooses Triton's interpreter where there is no GPU, before triton.jit runs,
     and under pytest-xdist takes one intra-op thread. pytest-xdist's controller runs none, so it leaves torch
-    unimported: 3 s before its workers start."""
+    unimported (3 s before its workers start) unless the installed Triton and numpy cannot interpret: then the run
+    stops before any test, in one line."""
+    if (
+        reason := triton_interpreter_problem()
+    ):  # where it interprets, a hundred tests would fail with a TypeError
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"the test suite {reason}")
     if config.getoption("numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     import torch

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import torch
 from tabulate import tabulate
 
+from switchbench.core.versions import triton_interpreter_problem
 from switchbench.models import family as registry
 from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig, unread
 from switchbench.models.presets import from_name
@@ -123,13 +124,14 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
 def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
     """Run the block with the command's ``--expert-matmul``, ``--attention`` and ``--routing`` in force (when it has
     the flags), after checking that they and their environment variables name kernels this machine can run."""
-    check_expert_matmul(os.environ.get(ENV_IMPL), ENV_IMPL)
+    device = getattr(args, "device", None)
+    check_expert_matmul(os.environ.get(ENV_IMPL), ENV_IMPL, device)
     choice = getattr(args, "expert_matmul", None)
-    check_expert_matmul(choice, "--expert-matmul")
+    check_expert_matmul(choice, "--expert-matmul", device)
     attention = getattr(args, "attention", None)
-    check_attention(attention, getattr(args, "device", None))
+    check_attention(attention, device)
     routing = getattr(args, "routing", None)
-    check_routing(routing, getattr(args, "device", None))
+    check_routing(routing, device)
     with (
         expert_matmul_choice.selected(choice),
         attention_choice.selected(attention),
@@ -169,13 +171,15 @@ def _triton_unavailable(device: str) -> str | None:
     """Why Triton's kernels cannot run on ``device`` here, or None."""
     if importlib.util.find_spec("triton") is None:
         return "needs triton, which is not installed"
-    if device != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET") != "1":
         return "needs a CUDA device, or TRITON_INTERPRET=1 (Triton's slow interpreter)"
-    return None
+    return triton_interpreter_problem()
 
 
-def check_expert_matmul(choice: str | None, where: str) -> None:
-    """``choice`` (None: nothing chosen) names an implementation this machine can run; else a ValueError."""
+def check_expert_matmul(choice: str | None, where: str, device: str | None) -> None:
+    """``choice`` (None: nothing chosen) names an implementation the command's device can run; else a ValueError."""
     if not choice:
         return
     if choice not in CHOICES:
@@ -183,8 +187,8 @@ def check_expert_matmul(choice: str | None, where: str) -> None:
     reason = None if choice == "auto" else expert_matmul_op.unavailable(choice)
     if reason:
         raise ValueError(f"{where}={choice}: {reason}")
-    if choice == "triton" and not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(f"{where}=triton {_triton_unavailable('cpu')}")
+    if choice == "triton" and (reason := _triton_unavailable(device_from_args(device))):
+        raise ValueError(f"{where}=triton {reason}")
 
 
 def kernel_metadata(expert_matmul: str, device: str) -> dict:
