@@ -156,3 +156,26 @@ def test_free_gpu_memory_counts_what_the_allocator_caches_unused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: calls.append("mem_get_info") or (7, 10))
     assert measure.free_memory("cuda") == 7 and calls == ["empty_cache", "mem_get_info"]
+
+
+def test_a_layer_past_the_free_memory_is_not_built_for_counting(monkeypatch, capsys):
+    """`count` of a layer larger than the machine: on Linux its allocation is not an error but the OOM killer (a
+    1,000-head SwitchHead at d_model 100,000 grew to 12.8 GiB before it was stopped). Its lower bound, the real
+    layer's weights and the floats it saves, is compared with the free memory first; past it, the measured views
+    say OOM and nothing is built. The analytic counts stand."""
+    cfg = PRESETS["tiny-switchhead"].replace(n_heads=3)  # a configuration no earlier count has cached
+    weights = sum(p.numel() for p in cfg.family.attention(cfg).parameters())
+    assert measure.layer_bytes_lower_bound(cfg) == 4 * (weights + measure.saved_floats(cfg))
+
+    def built(cfg):
+        raise AssertionError("a measurement was started")
+
+    for counter in ("fvcore_macs", "flop_counter_macs", "saved_floats"):
+        monkeypatch.setattr(measure, counter, built)
+    monkeypatch.setattr(measure, "free_memory", lambda device: measure.layer_bytes_lower_bound(cfg) - 1)
+    assert (
+        main(["count", "tiny-switchhead", "--n-heads", "3", "--json"]) == 0
+    )  # a configuration not yet cached
+    views = json.loads(capsys.readouterr().out)
+    assert views["macs_flop_counter"] == views["mem_saved_floats"] == "OOM"
+    assert views["macs_exact"] == exact_cost(cfg.replace(n_heads=3)).macs

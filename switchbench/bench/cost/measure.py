@@ -98,8 +98,25 @@ def _meminfo(field: str) -> int:
     return int(fields[field].split()[0]) * 1024
 
 
+def layer_bytes_lower_bound(cfg: ModelConfig) -> int:
+    """Bytes a measurement of ``cfg``'s attention layer holds at least: its float32 weights (counted on the meta
+    device, no memory) and the floats its forward keeps for backward."""
+    try:
+        with torch.device("meta"):
+            weights = sum(p.numel() for p in cfg.family.attention(cfg).parameters())
+    except RuntimeError as error:  # a weight past 2**63 bytes: torch cannot size even its meta tensor
+        if "overflow" not in str(error):
+            raise
+        return 2**63
+    return 4 * (weights + accounting.exact_cost(cfg).mem)
+
+
 def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:
-    """A measurement, or "OOM" where it does not fit in this machine's memory."""
+    """A measurement, or "OOM" where it does not fit in this machine's memory: refused up front where its lower
+    bound passes the free memory (past it, Linux's OOM killer ends the process, with no error to catch), caught
+    where the allocator says so."""
+    if layer_bytes_lower_bound(cfg) > free_memory("cpu"):
+        return "OOM"
     try:
         return measure(cfg)
     except (RuntimeError, MemoryError) as error:
