@@ -203,6 +203,8 @@ def _broken_runs() -> dict:
     committed = _committed()
     threads = _run_like(committed)
     threads["metadata"]["threads"] = 2
+    grouped = _run_like(committed)
+    grouped["metadata"]["expert_matmul"] = "grouped_mm"
     no_rounds = _run_like(committed)
     del next(r for r in no_rounds["rows"] if "ratio_time" in r)["ratio_time_rounds"]
     bad_rounds = _run_like(committed)
@@ -222,6 +224,7 @@ def _broken_runs() -> dict:
         "malformed per-round ratios": (bad_rounds, "malformed ratio_time_rounds"),
         "too few rounds": (_run_like(committed, rounds=5), "too few for a 95% interval"),
         "other threads": (threads, "threads 2 vs 1"),
+        "other expert matmul": (grouped, "expert_matmul 'grouped_mm' vs 'auto'"),
         "other benchmark": (other_groups, "not the baseline's benchmark"),
     }
 

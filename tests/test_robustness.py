@@ -686,6 +686,23 @@ def test_training_into_an_earlier_run_needs_resume_or_force(run_folder, tmp_path
     assert snapshot(run_folder) == before
 
 
+@pytest.mark.parametrize(
+    ("task", "preset", "tokens"), [("lm", "tiny-switchhead", 256), ("listops", "listops-switchhead-h2", 16)]
+)
+def test_a_vocabulary_below_the_data_s_is_refused_before_training(task, preset, tokens, tmp_path, capsys):
+    """It failed in the first step's embedding lookup (IndexError, exit 3); the model at the data's own
+    vocabulary trains (the bound is not one too high)."""
+    argv = ["train", "--task", task, "--steps", "1", "--batch", "2", "--eval-every", "1"]
+    out = tmp_path / "run"
+    fails_cleanly(
+        capsys,
+        [*argv, "--preset", f"{preset}:vocab={tokens - 1}", "--out", str(out)],
+        says=f"the {tokens} tokens",
+    )
+    assert not out.exists()
+    assert main([*argv, "--preset", f"{preset}:vocab={tokens}", "--out", str(out)]) == 0
+
+
 def test_resuming_with_other_training_settings_is_refused(tmp_path, capsys):
     """--resume continued a run with another batch, learning rate or seed, exit 0: one log of two trainings.
     More steps, or evaluations at other intervals, continue it."""
@@ -697,6 +714,10 @@ def test_resuming_with_other_training_settings_is_refused(tmp_path, capsys):
         fails_cleanly(capsys, changed, says=f"was trained with {flag[2:]} ")
         assert snapshot(tmp_path) == before
     assert main([*argv, "--resume", "--steps", "3", "--eval-every", "3"]) == 0
+    # fewer steps than the checkpoint's trained nothing and printed its figures as this run's, exit 0
+    before = snapshot(tmp_path)
+    fails_cleanly(capsys, [*argv, "--resume", "--steps", "1"], says="is at step 3, past --steps 1")
+    assert snapshot(tmp_path) == before
 
 
 # Interruption

@@ -81,6 +81,11 @@ class TrainConfig:
         # model_config reads the preset: a ValueError names the closest presets, or what is wrong with a change
         if self.model_config.causal != (self.task == "lm"):
             raise ValueError(f"preset {self.preset} is for {'lm' if self.model_config.causal else 'listops'}")
+        tokens = len(listops.VOCAB) if self.task == "listops" else text.VOCAB
+        if self.model_config.vocab < tokens:  # else the first step's embedding lookup fails, past its table
+            raise ValueError(
+                f"{self.preset}: vocab {self.model_config.vocab} is below the {tokens} tokens of the {self.task} data"
+            )
         for name in ("steps", "batch", "eval_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
@@ -272,6 +277,11 @@ def train(
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{out / 'checkpoint.pt'}: the optimizer state does not fit ({error})") from None
         start = saved["step"]
+        if start > cfg.steps:  # else it would report the checkpoint's figures as this run's, training nothing
+            raise ValueError(
+                f"{out / 'checkpoint.pt'} is at step {start}, past --steps {cfg.steps}: ask for more steps to "
+                "continue it, or --force to start again"
+            )
         # The log is written before the checkpoint: rows past the checkpoint's step are redone.
         log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
     if _reached(log_rows, cfg.stop_at):

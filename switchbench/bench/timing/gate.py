@@ -42,9 +42,10 @@ COMPARABLE = (
     "attention",
     "cuda_graphs",
     "routing",
+    "expert_matmul",  # another implementation makes other ops: grouped_mm's op counts read as a regression
 )
 # What a run recorded before a setting existed ran with
-SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False, "routing": "auto"}
+SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False, "routing": "auto", "expert_matmul": "auto"}
 ROW_FIELDS = ("preset", "scope", "what", "status")
 
 
