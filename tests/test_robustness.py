@@ -878,3 +878,25 @@ def test_a_parent_another_probe_removed_meanwhile_is_made_again(tmp_path, monkey
     monkeypatch.setattr(results.Path, "mkdir", after_another_probe)
     assert results.writable_folder(tmp_path / "runs" / "mine") == tmp_path / "runs" / "mine"
     assert removed and not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["speed", "--quick", "--scopes", "layer", "model", "layer"], "--scopes: layer is named twice"),
+        (
+            ["decode", "tiny-transformer", "tiny-switchhead", "--contexts", "64", "64"],
+            "--contexts: 64 is named",
+        ),
+        (["decode", "--batches", "1", "4", "1"], "--batches: 1 is named twice"),
+        (["kernel-bench", "--sizes", "47m", "47m"], "--sizes: 47m is named twice"),
+    ],
+)
+def test_a_list_value_named_twice_is_refused_before_any_work(argv, says, tmp_path, capsys):
+    """Each was measured twice, its rows repeated (decode's first pair then without its ratios): now a usage
+    error as the flags are read, exit 2 in one line."""
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()

@@ -120,6 +120,16 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         )
 
 
+class Distinct(argparse.Action):
+    """A list flag whose values must differ: one named twice would be measured twice, its rows repeated."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        repeated = next((v for v in values if values.count(v) > 1), None)
+        if repeated is not None:
+            parser.error(f"{option_string}: {repeated} is named twice: each is measured once")
+        setattr(namespace, self.dest, values)
+
+
 @contextlib.contextmanager
 def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
     """Run the block with the command's ``--expert-matmul``, ``--attention`` and ``--routing`` in force (when it has

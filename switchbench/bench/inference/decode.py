@@ -23,6 +23,7 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
+    Distinct,
     add_kernel_choices,
     device_from_args,
     emit,
@@ -331,12 +332,14 @@ def register(commands) -> None:
         "--batches",
         nargs="+",
         type=int,
+        action=Distinct,
         help="sequences decoded together (default: 1 16 64 on a GPU, 1 4 on the CPU)",
     )
     parser.add_argument(
         "--contexts",
         nargs="+",
         type=int,
+        action=Distinct,
         help="tokens in the cache (default: 512 2048 8192 on a GPU, 64 256 on the CPU)",
     )
     parser.add_argument(

@@ -28,6 +28,7 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
+    Distinct,
     add_json,
     add_kernel_choices,
     device_from_args,
@@ -654,7 +655,7 @@ def mark_choice(rows: list[dict], device: str, choice: str) -> dict[str, str]:
 
 def register(commands) -> None:
     parser = commands.add_parser("kernel-bench", help="expert-matmul throughput against one dense matmul")
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
+    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), action=Distinct)
     parser.add_argument("--batch", type=int, help="sequences (default: 64 on a GPU, 1 on the CPU)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument(

@@ -19,6 +19,7 @@ import torch
 
 from switchbench.bench.command import (
     DTYPES,
+    Distinct,
     add_kernel_choices,
     describe_kernels,
     device_from_args,
@@ -351,7 +352,9 @@ def register(commands) -> None:
         help=f"preset groups (default: {', '.join(GPU_GROUPS)} on a GPU, {', '.join(CPU_GROUPS)} on the CPU)",
     )
     parser.add_argument("--presets", nargs="+", help="one custom group: the first is the baseline")
-    parser.add_argument("--scopes", nargs="+", choices=["model", "layer"], default=["model", "layer"])
+    parser.add_argument(
+        "--scopes", nargs="+", choices=["model", "layer"], default=["model", "layer"], action=Distinct
+    )
     parser.add_argument(
         "--rounds", type=int, help=f"timed rounds after warm-up (default 20; {GATE_ROUNDS} with --quick)"
     )
