@@ -15,9 +15,8 @@ def pytest_configure(config):
     and under pytest-xdist takes one intra-op thread. pytest-xdist's controller runs none, so it leaves torch
     unimported (3 s before its workers start) unless the installed Triton and numpy cannot interpret: then the run
     stops before any test, in one line."""
-    if (
-        reason := triton_interpreter_problem()
-    ):  # where it interprets, a hundred tests would fail with a TypeError
+    # where it interprets, a hundred tests would fail with a TypeError
+    if reason := triton_interpreter_problem():
         import torch
 
         if not torch.cuda.is_available():

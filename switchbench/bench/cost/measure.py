@@ -111,11 +111,11 @@ def layer_bytes_lower_bound(cfg: ModelConfig) -> int:
     return 4 * (weights + accounting.exact_cost(cfg).mem)
 
 
-def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig) -> int | str:
-    """A measurement, or "OOM" where it does not fit in this machine's memory: refused up front where its lower
-    bound passes the free memory (past it, Linux's OOM killer ends the process, with no error to catch), caught
-    where the allocator says so."""
-    if layer_bytes_lower_bound(cfg) > free_memory("cpu"):
+def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig, fits: bool) -> int | str:
+    """A measurement, or "OOM" where it does not fit in this machine's memory: not started where the layer's
+    lower bound does not ``fits`` the free memory (past it, Linux's OOM killer ends the process, with no error to
+    catch), caught where the allocator says so."""
+    if not fits:
         return "OOM"
     try:
         return measure(cfg)
@@ -317,14 +317,15 @@ def cost_views(cfg: ModelConfig) -> dict:
         accounting.printed_cost(cfg),
         accounting.exact_cost(cfg),
     )
+    fits = layer_bytes_lower_bound(cfg) <= free_memory("cpu")  # once for the three measurements
     return {
         "macs_paper": None if paper is None else paper.macs,
         "macs_printed_eq": None if printed is None else printed.macs,
         "macs_exact": exact.macs,
-        "macs_fvcore": fvcore_missing() or _or_oom(fvcore_macs, cfg),
-        "macs_flop_counter": _or_oom(flop_counter_macs, cfg),
+        "macs_fvcore": fvcore_missing() or _or_oom(fvcore_macs, cfg, fits),
+        "macs_flop_counter": _or_oom(flop_counter_macs, cfg, fits),
         "mem_paper": None if paper is None else paper.mem,
         "mem_printed_eq": None if printed is None else printed.mem,
         "mem_exact": exact.mem,
-        "mem_saved_floats": _or_oom(saved_floats, cfg),
+        "mem_saved_floats": _or_oom(saved_floats, cfg, fits),
     }
