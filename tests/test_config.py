@@ -1,5 +1,6 @@
 """Bad configurations fail early, with the field and its allowed range, from Python and the command line."""
 
+import argparse
 import json
 import re
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 from small import T, make_lm, random_tokens, small_cfg
 
+from switchbench.bench.command import add_config_args, config_from_args
 from switchbench.cli import main
 from switchbench.models import family as registry
 from switchbench.models.config import MLP_FIELDS, ROUTING_FIELDS, ModelConfig, unread
@@ -109,6 +111,28 @@ def test_a_preset_with_changed_fields_is_the_preset_replaced():
     changed = from_name("wikitext103-244m-transformer-h16:T=4096,dropout=0.0,causal=True,pos=rope")
     assert changed == base.replace(T=4096, dropout=0.0)
     assert from_name("c4-47m-switchhead-h2") is PRESETS["c4-47m-switchhead-h2"]
+
+
+def test_a_preset_change_sets_a_family_option_as_its_flag_does():
+    """``tiny-moh:routed_k=2`` was refused (only ModelConfig fields were read) although ``--routed-k 2`` worked."""
+    base = PRESETS["tiny-moh"]
+    changed = from_name("tiny-moh:routed_k=2,moh_router=norm,balance_coef=0.0")
+    assert changed == base.replace(
+        options=dict(base.options) | {"routed_k": 2, "moh_router": "norm", "balance_coef": 0.0}
+    )
+    assert changed.opts.shared_heads == base.opts.shared_heads  # the options not named carry over
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    args = parser.parse_args(["tiny-moh", "--routed-k", "2", "--moh-router", "norm", "--balance-coef", "0"])
+    assert config_from_args(args) == changed
+    # another family starts from its own defaults, as the flag does
+    assert from_name("tiny-gqa-kv2:model=transformer") == PRESETS["tiny-gqa-kv2"].replace(
+        model="transformer", options=()
+    )
+    with pytest.raises(ValueError, match="model transformer takes no options; got n_kv_heads"):
+        from_name("tiny-transformer:n_kv_heads=2")
+    with pytest.raises(ValueError, match="routed_k must be int; got 'x'"):
+        from_name("tiny-moh:routed_k=x")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,14 @@ from tabulate import tabulate
 
 from switchbench.core.versions import triton_interpreter_problem
 from switchbench.models import family as registry
-from switchbench.models.config import MOA_GATINGS, POSITIONS, ModelConfig, unread
+from switchbench.models.config import (
+    MOA_GATINGS,
+    POSITIONS,
+    ModelConfig,
+    changeable_fields,
+    unread,
+    with_changes,
+)
 from switchbench.models.presets import from_name
 from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import choice as attention_choice
@@ -47,7 +54,7 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
     )
     group = parser.add_argument_group("configuration (each default: the preset's)")
     choices = _CHOICES | {"model": registry.names()}
-    for field in _config_fields():
+    for field in changeable_fields():
         flag = "--" + field.name.replace("_", "-")
         if field.type in (bool, "bool"):
             group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
@@ -59,24 +66,12 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=field.name, type=kind, choices=among, metavar=metavar)
 
 
-def _config_fields() -> list[dataclasses.Field]:
-    fields = [f for f in dataclasses.fields(ModelConfig) if f.name != "options"]
-    return fields + list(registry.option_fields().values())
-
-
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
     """The preset (or the default) with the flags given; a family option given to a family without it is an
     error that names the family."""
     base = from_name(args.preset) if args.preset else ModelConfig()
-    given = {f.name: getattr(args, f.name) for f in _config_fields() if getattr(args, f.name) is not None}
-    options = {name: given.pop(name) for name in registry.option_fields() if name in given}
-    model = given.get("model", base.model)
-    if options:
-        carried = dict(base.options) if model == base.model else {}
-        given["options"] = carried | options
-    elif model != base.model:
-        given["options"] = ()  # another family's options do not carry over; the new one takes its defaults
-    cfg = base.replace(**given)
+    given = {f.name: getattr(args, f.name) for f in changeable_fields() if getattr(args, f.name) is not None}
+    cfg = with_changes(base, given)
     ignored = unread(cfg, given)
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)

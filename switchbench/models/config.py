@@ -158,6 +158,22 @@ def _family_options(family: "registry.Family", given) -> tuple[tuple[str, Any], 
     return tuple(sorted(asdict(family.options(**given)).items()))
 
 
+def changeable_fields() -> list:
+    """The fields a change by name may set: ModelConfig's own, then every registered family's options."""
+    return [f for f in fields(ModelConfig) if f.name != "options"] + list(registry.option_fields().values())
+
+
+def with_changes(base: ModelConfig, changes: dict) -> ModelConfig:
+    """``base`` with ``changes``: ModelConfig fields and family options alike, by name. A family's options carry
+    over while the family stays; a change of family starts the new one from its defaults."""
+    changes = dict(changes)
+    options = {name: changes.pop(name) for name in registry.option_fields() if name in changes}
+    model = changes.get("model", base.model)
+    if options or model != base.model:
+        changes["options"] = (dict(base.options) if model == base.model else {}) | options
+    return base.replace(**changes)
+
+
 def unread(cfg: ModelConfig, names) -> list[str]:
     """Those of ``names`` (fields changed by hand) that ``cfg``'s model does not read."""
     ignored = set(ROUTING_FIELDS) - set(cfg.family.reads)

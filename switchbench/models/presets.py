@@ -3,11 +3,10 @@
 presets each registered family declares (families the paper does not have: parameter-matched to its dense rows)."""
 
 import difflib
-from dataclasses import fields
 from types import MappingProxyType
 
 from switchbench.models import family as registry
-from switchbench.models.config import ModelConfig, unread
+from switchbench.models.config import ModelConfig, changeable_fields, unread, with_changes
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
 _SMALL_XL = dict(d_model=412, n_layers=16, T=256, context_blocks=1, vocab=8000, dropout=0.1)
@@ -152,7 +151,7 @@ def from_name(name: str) -> ModelConfig:
             raise ValueError(f"{name}: no FIELD=VALUE after {OVERRIDES!r}")
         return PRESETS[base]
     changed = _changes(name, changes)
-    cfg = PRESETS[base].replace(**changed)
+    cfg = with_changes(PRESETS[base], changed)
     ignored = unread(cfg, changed)
     if ignored:
         raise ValueError(
@@ -163,12 +162,12 @@ def from_name(name: str) -> ModelConfig:
 
 def _changes(name: str, text: str) -> dict:
     """``field=value,...`` -> {field: value}, each value read as its field's type."""
-    types = {f.name: f.type for f in fields(ModelConfig) if f.name != "options"}
+    types = {f.name: f.type for f in changeable_fields()}
     changes = {}
     for item in text.split(","):
         field, equals, value = item.partition("=")
         if not equals or field not in types:
-            raise ValueError(f"{name}: {item!r} is no FIELD=VALUE of a ModelConfig field")
+            raise ValueError(f"{name}: {item!r} is no FIELD=VALUE of a ModelConfig field or family option")
         if field in changes:  # the last would win without a word
             raise ValueError(f"{name}: {field} is given twice")
         kind = types[field] if isinstance(types[field], str) else types[field].__name__
