@@ -186,6 +186,10 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
             "listops-transformer-h8 is a ListOps classifier",
         ),  # as -bytes
         (
+            ["--presets", "bytes-920k-moh-h4:vocab=2"],
+            "bytes-920k-moh-h4:vocab=2: quality trains on bytes, vocab 256; got vocab 2",
+        ),  # it trained at vocab 256 without a word
+        (
             ["--presets", "tiny-moh-norm"],
             "chunks of one length, for equal tokens a step: bytes-",
         ),  # 32 bytes, the others 64

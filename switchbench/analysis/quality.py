@@ -43,7 +43,7 @@ from switchbench.core.results import (
 from switchbench.models import family as registry
 from switchbench.models.config import LARGEST_INT, ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
-from switchbench.models.presets import PRESETS, from_name
+from switchbench.models.presets import OVERRIDES, PRESETS, from_name
 from switchbench.train.run import LMTask, TrainConfig, train
 
 CONFIDENCE = 0.95
@@ -70,6 +70,9 @@ def byte_model(preset: str) -> tuple[str, ModelConfig]:
     cfg = from_name(preset)
     if not cfg.causal:  # it was refused under a name never typed, PRESET-bytes
         raise ValueError(f"--presets: {preset} is a ListOps classifier; quality trains language models")
+    if cfg.vocab != 256 and cfg.vocab != PRESETS[preset.partition(OVERRIDES)[0]].vocab:
+        # a vocabulary changed by hand would be replaced by the bytes' without a word
+        raise ValueError(f"--presets: {preset}: quality trains on bytes, vocab 256; got vocab {cfg.vocab}")
     return (preset, cfg) if cfg.vocab == 256 else (f"{preset}-bytes", cfg.replace(vocab=256))
 
 
