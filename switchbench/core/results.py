@@ -24,24 +24,60 @@ def replace_atomically(path: Path, write: Callable[[Path], object]) -> Path:
 
 def replace_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path]:
     """Fill a temporary file for every path, then rename them all into place in order: a run stopped while
-    writing leaves every earlier file as it was (put an index such as metadata.json last)."""
-    temps = {}
+    writing leaves every earlier file as it was (put an index such as metadata.json last), and a rename that
+    fails (a file made immutable, a folder in its place) puts back the files renamed before it."""
+    temps, kept, done = {}, {}, []
     try:
         for path, write in writers.items():
             path.parent.mkdir(parents=True, exist_ok=True)
             _remove_stale_temps(path)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
-            os.close(fd)
-            temps[path] = Path(tmp)
+            temps[path] = _temp_beside(path)
             write(temps[path])
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; results are for sharing
-        for path, tmp in temps.items():
-            os.replace(tmp, path)
-    except BaseException:
-        for tmp in temps.values():
-            tmp.unlink(missing_ok=True)
-        raise
+            os.chmod(temps[path], 0o644)  # mkstemp makes it private; results are for sharing
+        try:
+            for path, tmp in temps.items():
+                kept[path] = _keep(path)
+                os.replace(tmp, path)
+                done.append(path)
+        except BaseException:
+            for path in reversed(done):
+                _put_back(path, kept[path])
+            raise
+    finally:
+        for tmp in [*temps.values(), *kept.values()]:
+            if isinstance(tmp, Path):
+                tmp.unlink(missing_ok=True)
     return list(writers)
+
+
+def _temp_beside(path: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _keep(path: Path) -> Path | bool:
+    """A second name (a hard link) for the file at ``path``, to put it back; False where there was none, True
+    where there was one that cannot be kept (not a regular file, or a file system without hard links)."""
+    if not path.exists():
+        return False
+    if not path.is_file():
+        return True
+    kept = _temp_beside(path)
+    kept.unlink()
+    try:
+        os.link(path, kept)
+    except OSError:
+        return True
+    return kept
+
+
+def _put_back(path: Path, kept: Path | bool) -> None:
+    """The file at ``path`` as it was before its rename: its kept name renamed over it, or (none before) removed."""
+    if isinstance(kept, Path):
+        os.replace(kept, path)
+    elif not kept:
+        path.unlink(missing_ok=True)
 
 
 def writable_folder(folder: Path, flag: str = "--out") -> Path:
