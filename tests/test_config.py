@@ -11,7 +11,7 @@ from small import T, make_lm, random_tokens, small_cfg
 from switchbench.bench.command import add_config_args, config_from_args
 from switchbench.cli import main
 from switchbench.models import family as registry
-from switchbench.models.config import MLP_FIELDS, ROUTING_FIELDS, ModelConfig, unread
+from switchbench.models.config import MLP_FIELDS, POSITIONS, ROUTING_FIELDS, XL_FIELDS, ModelConfig, unread
 from switchbench.models.presets import PRESETS, from_name
 
 BAD = [
@@ -65,6 +65,7 @@ CHANGED = {
     "mlp_k": 1,
     "mlp_entropy_reg": 0.3,
     "mlp_expert_dropout": 0.5,
+    "xl_bias_and_scale": False,
 }
 
 
@@ -80,16 +81,22 @@ def test_a_field_is_refused_exactly_where_the_model_would_ignore_it(model):
     """Each field only some models read, changed on each family's model: where `unread` says the model ignores it,
     a training step (logits and auxiliary loss, same weights and dropout draws) is bit for bit the same; where it
     reads it, the step changes. So a refused change is always a no-op, and an accepted one never is."""
-    assert set(CHANGED) == set(ROUTING_FIELDS) | {f for fields in MLP_FIELDS.values() for f in fields}
-    base = small_cfg(model)
+    assert set(CHANGED) == set(ROUTING_FIELDS + XL_FIELDS) | {
+        f for fields in MLP_FIELDS.values() for f in fields
+    }
+    for pos in POSITIONS:
+        _refused_exactly_where_ignored(small_cfg(model, pos), CHANGED if pos == "xl" else XL_FIELDS)
+
+
+def _refused_exactly_where_ignored(base: ModelConfig, names) -> None:
     logits, aux = _training_step(base)
-    for name, value in CHANGED.items():
+    for name, value in ((name, CHANGED[name]) for name in names):
         changed = base.replace(**{name: value})
         new_logits, new_aux = _training_step(changed)
         same = (
             new_logits.shape == logits.shape and torch.equal(new_logits, logits) and torch.equal(new_aux, aux)
         )
-        assert same == (unread(changed, [name]) == [name]), (model, name)
+        assert same == (unread(changed, [name]) == [name]), (base.model, base.pos, name)
 
 
 def test_unread_fields_are_refused_by_flags_and_preset_changes(capsys):
@@ -98,6 +105,10 @@ def test_unread_fields_are_refused_by_flags_and_preset_changes(capsys):
     with pytest.raises(ValueError, match="n_experts: no effect on a transformer model"):
         from_name("c4-47m-transformer-h10:n_experts=3")
     assert from_name("wikitext103-47m-moa-h4:n_experts=12").n_experts == 12
+    with pytest.raises(
+        ValueError, match="xl_bias_and_scale: no effect on a transformer model with RoPE positions"
+    ):
+        from_name("tiny-transformer-rope:xl_bias_and_scale=False")  # it was read without a word
 
 
 def test_unknown_preset_suggests_close_names():

@@ -20,6 +20,7 @@ from switchbench.models.config import (
     ModelConfig,
     changeable_fields,
     unread,
+    unread_error,
     with_changes,
 )
 from switchbench.models.presets import from_name
@@ -75,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
     ignored = unread(cfg, given)
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
-        raise ValueError(f"{flags}: no effect on a {cfg.model} model, which does not read it")
+        raise unread_error(cfg, flags)
     return cfg
 
 

@@ -13,9 +13,10 @@ from switchbench.models import family as registry
 
 POSITIONS = ("xl", "rope")
 MOA_GATINGS = ("softmax", "sigmoid")
-# Shared fields that only some families read: the routing of SwitchHead and MoA (each family names those it reads,
-# Family.reads) and each MLP's width. A change by hand to one the model does not read would leave the numbers as
-# they were under a label that says otherwise, so it is refused (:func:`unread`).
+# Shared fields that only some families read: the routing of SwitchHead and MoA and Transformer-XL's extras (each
+# family names those it reads, Family.reads; the extras only under XL positions) and each MLP's width. A change by
+# hand to one the model does not read would leave the numbers as they were under a label that says otherwise, so it
+# is refused (:func:`unread`).
 ROUTING_FIELDS = (
     "n_experts",
     "k",
@@ -28,6 +29,7 @@ ROUTING_FIELDS = (
     "moa_switch_coef",
     "moa_z_coef",
 )
+XL_FIELDS = ("xl_bias_and_scale",)
 MLP_FIELDS = {
     "dense": ("d_ff",),
     "sigma_moe": ("mlp_experts", "mlp_expert_size", "mlp_k", "mlp_entropy_reg", "mlp_expert_dropout"),
@@ -176,9 +178,16 @@ def with_changes(base: ModelConfig, changes: dict) -> ModelConfig:
 
 def unread(cfg: ModelConfig, names) -> list[str]:
     """Those of ``names`` (fields changed by hand) that ``cfg``'s model does not read."""
-    ignored = set(ROUTING_FIELDS) - set(cfg.family.reads)
+    ignored = set(ROUTING_FIELDS + XL_FIELDS) - set(cfg.family.reads)
+    ignored |= set(XL_FIELDS) if cfg.pos != "xl" else set()
     ignored |= {name for mlp, names_of in MLP_FIELDS.items() if mlp != cfg.mlp for name in names_of}
     return [name for name in names if name in ignored]
+
+
+def unread_error(cfg: ModelConfig, named: str) -> ValueError:
+    """The refusal of the changes ``named`` (as the user typed them) that ``cfg``'s model does not read."""
+    model = f"{cfg.model} model" + (" with RoPE positions" if cfg.pos == "rope" else "")
+    return ValueError(f"{named}: no effect on a {model}, which does not read it")
 
 
 def one_of(name, value, allowed):

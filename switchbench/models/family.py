@@ -76,8 +76,9 @@ class Family:
     # ``choices(cfg)``: how many things a router picks among (for usage counts); ``head_slots``: its H maps are
     # slots that each token fills with experts of a pool (MoA), not fixed heads.
     routing: str = ""
-    # The shared routing fields of ModelConfig its attention reads (config.ROUTING_FIELDS: SwitchHead's and MoA's,
-    # top-level since before families had options); a change to one it does not read is refused, not ignored.
+    # The shared fields of ModelConfig its attention reads (config.ROUTING_FIELDS: SwitchHead's and MoA's, top-level
+    # since before families had options; config.XL_FIELDS: Transformer-XL's global biases and logit scale, where its
+    # XL attention has them); a change to one it does not read is refused, not ignored.
     reads: tuple[str, ...] = ()
     choices: Callable[[ModelConfig], int] = lambda cfg: cfg.n_experts
     head_slots: bool = False

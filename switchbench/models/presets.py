@@ -6,7 +6,7 @@ import difflib
 from types import MappingProxyType
 
 from switchbench.models import family as registry
-from switchbench.models.config import ModelConfig, changeable_fields, unread, with_changes
+from switchbench.models.config import ModelConfig, changeable_fields, unread, unread_error, with_changes
 
 # Shared by the rows of one size; dropout and the sigma-MoE settings are the paper's small/big values.
 _SMALL_XL = dict(d_model=412, n_layers=16, T=256, context_blocks=1, vocab=8000, dropout=0.1)
@@ -154,9 +154,7 @@ def from_name(name: str) -> ModelConfig:
     cfg = with_changes(PRESETS[base], changed)
     ignored = unread(cfg, changed)
     if ignored:
-        raise ValueError(
-            f"{name}: {', '.join(ignored)}: no effect on a {cfg.model} model, which does not read it"
-        )
+        raise unread_error(cfg, f"{name}: {', '.join(ignored)}")
     return cfg
 
 

@@ -92,6 +92,7 @@ FAMILY = register(
         exact_cost=exact_cost,
         kv_cache=kv_cache,
         attention_name="dense",
+        reads=("xl_bias_and_scale",),
         paper_cost=paper_cost,
         printed_cost=printed_cost,
         presets=lambda declared: {

@@ -108,6 +108,7 @@ FAMILY = register(
         options=Options,
         validate=validate,
         describe=lambda cfg: f"kv{cfg.opts.n_kv_heads}",
+        reads=("xl_bias_and_scale",),
         presets=presets,
         roles={
             "47m": preset_name("c4-47m-transformer-h10", 2),

@@ -296,6 +296,7 @@ FAMILY = register(
         validate=validate,
         describe=describe,
         routing="heads",
+        reads=("xl_bias_and_scale",),
         choices=lambda cfg: cfg.n_heads,
         presets=presets,
         roles={
