@@ -669,7 +669,7 @@ def test_the_rehearsal_forks_its_commands_with_their_output_status_and_stop(tmp_
     assert {row["preset"] for row in printed} >= {"tiny-transformer", "tiny-switchhead"}
     with pytest.raises(evidence.StepFailed, match="exited 2"):
         ctx.switchbench("speed", "--device", "cpu", "--rounds", "0")
-    assert "switchbench speed: error: rounds and threads must be >= 1" in (tmp_path / "log.txt").read_text()
+    assert "switchbench speed: error: --rounds must be >= 1; got 0" in (tmp_path / "log.txt").read_text()
     ctx.deadline = time.monotonic() + 3
     before = time.monotonic()
     with pytest.raises(evidence.OutOfBudget):

@@ -135,7 +135,9 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--groups", "nope"], "unknown groups nope"),
         (["speed", "--presets", "nope"], "unknown presets: nope"),
         (["speed", "--batch", "0"], "batch must be"),
-        (["speed", "--threads", "0"], "threads must be >= 1"),
+        (["speed", "--threads", "0"], "--threads must be >= 1; got 0"),
+        (["speed", "--quick", "--threads", "0"], "--threads must be >= 1; got 0"),  # was about --clock thread
+        (["speed", "--warmup", "-1"], "--warmup must be >= 0; got -1"),
         (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
         (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
         (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),

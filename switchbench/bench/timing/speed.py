@@ -410,6 +410,10 @@ def _measure(args, device: str, world: distributed.World) -> int:
     rounds = args.rounds if args.rounds is not None else GATE_ROUNDS if args.quick else 20
     gate = args.quick and device == "cpu"
     threads = args.threads if args.threads is not None or not gate else GATE_THREADS
+    least = {"--rounds": (rounds, 1), "--warmup": (args.warmup, 0), "--threads": (threads, 1)}
+    for flag, (value, lowest) in least.items():  # first: the clock's check below reads the threads
+        if value is not None and value < lowest:
+            raise ValueError(f"{flag} must be >= {lowest}; got {value}")
     # The thread clock leaves out the other threads' work: under several processes, gloo's all-reduce
     clock = args.clock or ("thread" if gate and not world.distributed else "wall")
     if clock == "thread" and (device == "cuda" or threads != 1 or world.distributed):
@@ -418,8 +422,6 @@ def _measure(args, device: str, world: distributed.World) -> int:
         )
     if batch is not None:
         distributed.share(batch, world)  # a ValueError unless it splits evenly
-    if rounds < 1 or args.warmup < 0 or (threads is not None and threads < 1):
-        raise ValueError("rounds and threads must be >= 1 and warmup >= 0")
     if args.compile is not None and args.compile not in _compile_backends():
         raise ValueError(
             f"--compile {args.compile!r} is no torch.compile backend (inductor, cudagraphs, aot_eager, ...)"
