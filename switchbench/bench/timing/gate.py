@@ -355,9 +355,11 @@ def _run(args) -> int:
     loaded = [load_run(path) for path in args.run_files]
     if args.write:
         try:
-            print(f"wrote {write_baseline([run for _, run in loaded], Path(args.baseline))}")
+            written = write_baseline([run for _, run in loaded], Path(args.baseline))
         except ValueError as error:
             raise ValueError(f"{', '.join(str(path) for path, _ in loaded)}: {error}") from None
+        runs = [str(path) for path, _ in loaded]
+        print(json.dumps({"wrote": str(written), "runs": runs}, indent=2) if args.json else f"wrote {written}")
         return 0
     if len(loaded) > 1:
         raise ValueError(f"{args.run_files[1]}: check takes one RUN (several only with --write)")
