@@ -257,6 +257,10 @@ def test_the_tables_kernel_tune_writes_into_the_package_come_back_in_the_archive
         (["--budget", "inf"], "--budget must be a finite number of seconds > 0; got inf"),
         (["--results", "/proc/no-such"], "--results /proc/no-such"),
         (["--pack", "/proc/x.tar.gz"], "--pack /proc/x.tar.gz"),
+        (
+            ["--pack", "x.zip"],
+            "--pack x.zip: the archive is a gzipped tar; name it FILE.tar.gz",
+        ),  # a .zip of tar
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):

@@ -102,7 +102,10 @@ def test_pooled_baseline_takes_the_median_of_the_runs_and_needs_equal_counts(tmp
         runs.append(_write(tmp_path / f"run{scale}.json", run))
     pooled = tmp_path / "pooled.json"
     assert main(["check", *map(str, runs), "--baseline", str(pooled), "--write", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"wrote": str(pooled), "runs": list(map(str, runs))}  # was text
+    assert json.loads(capsys.readouterr().out) == {
+        "wrote": str(pooled),
+        "runs": list(map(str, runs)),
+    }  # was text
     written = json.loads(pooled.read_text())
     assert written["ratios"][key]["ratio_time"] == committed["ratios"][key]["ratio_time"]
     assert written["metadata"]["runs"] == 3

@@ -387,6 +387,10 @@ def _run(args: argparse.Namespace) -> int:
     results = writable_folder(Path(args.results), "--results")
     runs = writable_folder(Path(args.runs), "--runs")
     if args.pack:
+        if not args.pack.endswith(
+            ".tar.gz"
+        ):  # it is one whatever its name says, and names the models' beside it
+            raise ValueError(f"--pack {args.pack}: the archive is a gzipped tar; name it FILE.tar.gz")
         writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
     state_path = folder / "state.json"

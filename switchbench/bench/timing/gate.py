@@ -359,7 +359,9 @@ def _run(args) -> int:
         except ValueError as error:
             raise ValueError(f"{', '.join(str(path) for path, _ in loaded)}: {error}") from None
         runs = [str(path) for path, _ in loaded]
-        print(json.dumps({"wrote": str(written), "runs": runs}, indent=2) if args.json else f"wrote {written}")
+        print(
+            json.dumps({"wrote": str(written), "runs": runs}, indent=2) if args.json else f"wrote {written}"
+        )
         return 0
     if len(loaded) > 1:
         raise ValueError(f"{args.run_files[1]}: check takes one RUN (several only with --write)")
