@@ -220,8 +220,17 @@ def test_the_count_says_what_it_sized_for(capsys):
     (bf16), with no word of the dtype or the memory."""
     assert main(["decode", "--count", "--groups", "262m", "--dtype", "bf16", "--memory-gib", "80"]) == 0
     out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "bf16 cache (2 bytes a number)" and "73,728" in out
     assert (
-        out.splitlines()[0] == "bf16 cache (2 bytes a number); largest batches in 80 GiB" and "73,728" in out
+        lines[-1] == "max batch: the most sequences whose caches fit 80 GiB (--memory-gib) beside the weights"
+    )
+    # memory below the weights: every max batch 0, and the note says what a 0 means (it stood without a word)
+    assert main(["decode", "--count", "tiny-transformer", "--memory-gib", "1e-7"]) == 0
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[-1]
+        .endswith("(--memory-gib) beside the weights; 0: not one sequence's cache fits")
     )
     assert (
         main(["decode", "--count", "--groups", "262m", "--dtype", "fp32", "--memory-gib", "80", "--json"])

@@ -414,8 +414,10 @@ def _run(args) -> int:
         sized = {"dtype": dtype_name, "memory_for_max_batch_bytes": memory}  # what every count depends on
         rows = [r | sized for r in count_rows(groups, contexts, memory, width)]
         if not args.json:
-            print(f"{dtype_name} cache ({width} bytes a number); largest batches in {memory / 2**30:.4g} GiB")
+            print(f"{dtype_name} cache ({width} bytes a number)")
         emit(rows, args.json, [_counted(r, contexts) for r in rows])
+        if not args.json:
+            print(_max_batch_note(rows, memory, args.memory_gib is not None))
         return 0
     needs = {
         f"{preset} at batch {b}, context {c}": sizing.peak_bytes(cfg, b, c + 1, min(c, PREFILL_CHUNK), width)
@@ -440,6 +442,7 @@ def _run(args) -> int:
             f"memory bandwidth {metadata['memory_bandwidth_gbs']:.3g} GB/s (both measured)"
         )
         print(pd.DataFrame([_printed(r) for r in rows]).to_string(index=False))
+        print(_max_batch_note(rows, memory, args.memory_gib is not None))
         print(f"saved {path}")
     return nothing_measured(rows, "decode", path, timed="decode_ms")
 
@@ -574,6 +577,14 @@ def _metadata(grid: Grid, device: str, dtype_name: str) -> dict:
         "attention_span": "the whole sequence (one chunk of T = the longest context + 1, no window)",
         "groups": {g: list(p) for g, p in grid.groups.items()},
     }
+
+
+def _max_batch_note(rows: list[dict], memory: int, given: bool) -> str:
+    """What the max batch columns are sized for, which a measured batch does not depend on; and what a 0 means."""
+    where = "--memory-gib" if given else "the device's memory"
+    note = f"max batch: the most sequences whose caches fit {memory / 2**30:.4g} GiB ({where}) beside the weights"
+    zero = any(v == 0 for r in rows for k, v in r.items() if k.startswith("max_batch_at_"))
+    return note + ("; 0: not one sequence's cache fits" if zero else "")
 
 
 def _counted(r: dict, contexts) -> dict:
