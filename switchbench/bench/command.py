@@ -116,12 +116,16 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def first_repeated(values: list):
+    """The first of ``values`` given more than once, else None."""
+    return next((v for v in values if values.count(v) > 1), None)
+
+
 class Distinct(argparse.Action):
     """A list flag whose values must differ: one named twice would be measured twice, its rows repeated."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        repeated = next((v for v in values if values.count(v) > 1), None)
-        if repeated is not None:
+        if (repeated := first_repeated(values)) is not None:
             parser.error(f"{option_string}: {repeated} is named twice: each is measured once")
         setattr(namespace, self.dest, values)
 

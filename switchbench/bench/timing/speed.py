@@ -23,6 +23,7 @@ from switchbench.bench.command import (
     add_kernel_choices,
     describe_kernels,
     device_from_args,
+    first_repeated,
     kernel_metadata,
     slug,
 )
@@ -533,8 +534,7 @@ def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, .
 
 def named_once(named: list[str]) -> None:
     """A ValueError naming the first member or group of ``named`` named twice (a table would show it once)."""
-    repeated = next((name for name in named if named.count(name) > 1), None)
-    if repeated:
+    if (repeated := first_repeated(named)) is not None:
         raise ValueError(f"{repeated} is named twice: each member or group is measured once")
 
 
