@@ -387,9 +387,8 @@ def _run(args: argparse.Namespace) -> int:
     results = writable_folder(Path(args.results), "--results")
     runs = writable_folder(Path(args.runs), "--runs")
     if args.pack:
-        if not args.pack.endswith(
-            ".tar.gz"
-        ):  # it is one whatever its name says, and names the models' beside it
+        # it is a gzipped tar whatever its name says, and the models' archives beside it are named after it
+        if not args.pack.endswith(".tar.gz"):
             raise ValueError(f"--pack {args.pack}: the archive is a gzipped tar; name it FILE.tar.gz")
         writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
