@@ -57,16 +57,17 @@ def _temp_beside(path: Path) -> Path:
 
 
 def _keep(path: Path) -> Path | bool:
-    """A second name (a hard link) for the file at ``path``, to put it back; False where there was none, True
-    where there was one that cannot be kept (not a regular file, or a file system without hard links)."""
-    if not path.exists():
+    """A second name (a hard link) for what is at ``path`` (a symbolic link kept as one), to put it back; False
+    where there was nothing, True where there was something that cannot be kept (a folder, or a file system
+    without hard links)."""
+    if not os.path.lexists(path):
         return False
-    if not path.is_file():
+    if path.is_dir() and not path.is_symlink():
         return True
     kept = _temp_beside(path)
     kept.unlink()
     try:
-        os.link(path, kept)
+        os.link(path, kept, follow_symlinks=False)
     except OSError:
         return True
     return kept
