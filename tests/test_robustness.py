@@ -815,20 +815,23 @@ def test_stale_temporary_files_are_removed_by_the_next_write(tmp_path):
 def test_a_rename_that_fails_puts_back_the_files_renamed_before_it(tmp_path):
     """A set of files is replaced whole or not at all: a rename refused midway (here a folder where the second
     file goes; `tables --out` met a file made immutable) left the first file new and the rest old."""
-    old, new = tmp_path / "old.csv", tmp_path / "new.csv"
+    old, linked, new = tmp_path / "old.csv", tmp_path / "linked.csv", tmp_path / "new.csv"
     old.write_text("earlier run")
+    linked.symlink_to("old.csv")
     (tmp_path / "blocked.csv").mkdir()
     writers = {
-        path: (lambda tmp: tmp.write_text("this run")) for path in (old, new, tmp_path / "blocked.csv")
+        path: (lambda tmp: tmp.write_text("this run"))
+        for path in (old, linked, new, tmp_path / "blocked.csv")
     }
     with pytest.raises(IsADirectoryError):
         results.replace_together(writers)
-    assert old.read_text() == "earlier run" and not new.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked.csv", "old.csv"]  # no temporary file left
+    assert old.read_text() == "earlier run" and linked.is_symlink() and not new.exists()
+    left = ["blocked.csv", "linked.csv", "old.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == left  # no temporary file left
     writers.pop(tmp_path / "blocked.csv")
-    assert results.replace_together(writers) == [old, new]
-    assert old.read_text() == new.read_text() == "this run"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked.csv", "new.csv", "old.csv"]
+    assert results.replace_together(writers) == [old, linked, new]
+    assert old.read_text() == linked.read_text() == new.read_text() == "this run" and not linked.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*left, "new.csv"])
 
 
 def test_a_tables_run_stopped_while_writing_leaves_the_earlier_set(tmp_path, monkeypatch, capsys):
