@@ -228,8 +228,10 @@ def test_the_exit_says_whether_a_kernel_fails(spill, code, monkeypatch, capsys):
     """kernel-check exited 0 with 172 of 198 kernels failing: a CI step could not see a spill."""
     row = {"kernel": "matmul", "case": "c", "dtype": "bf16", "arch": "sm_90", "config": "-", "compiled": True}
     row |= {"registers": 128, "spill_bytes": spill, "shared_bytes": 1024, "mma": "wgmma", "pipelined": True}
-    monkeypatch.setattr(kernel_check, "check", lambda arch, dtype, sizes: [row])
+    asked = []
+    monkeypatch.setattr(kernel_check, "check", lambda *args: asked.append(args) or [row])
     assert main(["kernel-check", "--json"]) == code
+    assert asked == [(["sm_90"], ["bf16"], ["47m", "262m"])]  # a bare run checked 262M alone
     out = json.loads(capsys.readouterr().out)
     assert out["failed"] == code
     # spills differ between Triton versions (3.6 spilled four candidates 3.9 compiled clean): the run names its own

@@ -73,11 +73,21 @@ COLUMNS += ["mma", "pipelined"]
 def register(commands) -> None:
     parser = commands.add_parser(
         "kernel-check",
-        help="compile the Triton kernels (expert matmul, position bias, routing) for a GPU, no GPU needed",
+        help="compile the Triton kernels (expert matmul, flash attention, position bias, routing) for a GPU, "
+        "no GPU needed",
     )
-    parser.add_argument("--arch", nargs="+", choices=list(ARCHS), default=["sm_90"])
-    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"])
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=["262m"])
+    parser.add_argument(
+        "--arch", nargs="+", choices=list(ARCHS), default=["sm_90"], help="targets (default sm_90: Hopper)"
+    )
+    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"], help="default bf16")
+    # both sizes, as kernel-bench and kernel-tune: a bare run skipped the 47M shapes
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=list(SIZES),
+        default=list(SIZES),
+        help="the presets' shapes (default: all)",
+    )
     parser.add_argument("--batch", type=int, default=64, help="sequences, for the roofline (default 64)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=_run)
