@@ -147,6 +147,26 @@ def test_check_json_reports_each_quantity(tmp_path, capsys):
     times = [c for c in out["checks"] if c["quantity"] == "ratio_time"]
     assert out["regressions"] == 0 and {c["ratio"] for c in times} == set(SWITCHHEAD_TIMES)
     assert all(c["low"] <= c["measured"] <= c["high"] and c["verdict"] == "ok" for c in times)
+    assert out["tolerances"] == _committed()["tolerances"]  # the run names the machine that recorded it
+
+
+def test_check_json_gives_the_tolerance_it_applied_on_another_machine(tmp_path, capsys):
+    """Off the recording machine the time ratios were held to 40% while the JSON said 15%."""
+    elsewhere = _run_like(_committed())
+    elsewhere["metadata"]["machine"] = elsewhere["metadata"]["machine"] | {"model": "another processor"}
+    assert (
+        main(["check", str(_write(tmp_path / "run.json", elsewhere)), "--baseline", str(BASELINE), "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["tolerances"] == _committed()["tolerances"] | {"ratio_time": gate.CROSS_MACHINE_TOLERANCE}
+    entry = _committed()["ratios"][SWITCHHEAD_TIMES[0]]
+    limit = next(
+        c["limit"]
+        for c in out["checks"]
+        if (c["ratio"], c["quantity"]) == (SWITCHHEAD_TIMES[0], "ratio_time")
+    )
+    assert limit == pytest.approx(entry["ratio_time"] * (1 + out["tolerances"]["ratio_time"]))
 
 
 def test_scaled_baseline_is_a_regression(tmp_path, capsys):

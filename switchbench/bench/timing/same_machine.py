@@ -238,7 +238,10 @@ def _run(args) -> int:
                 f"{args.rounds} rounds each); the committed time ratios, recorded on "
                 f"{_machine(baseline['metadata'])}, are not used"
             )
-    about = {"baseline": args.baseline, "machine": cpu_fingerprint(), "tolerances": baseline["tolerances"]}
+    applied = gate.tolerances_applied(
+        baseline, head["metadata"].get("machine"), side_by_side=reference is not None
+    )
+    about = {"baseline": args.baseline, "machine": cpu_fingerprint(), "tolerances": applied}
     return gate.print_verdicts(verdicts, against, about, args.json)
 
 
