@@ -22,6 +22,11 @@ from switchbench.reports import report
 from switchbench.train import run as train
 
 DEBUG = "SWITCHBENCH_DEBUG"
+DESCRIPTION = (
+    "Benchmarks and analysis of Mixture-of-Experts attention: SwitchHead against dense, MoA, GQA and MoH in "
+    "parameters, MACs, memory, wall-clock, quality and routing. `switchbench COMMAND --help` says more; "
+    "`switchbench all --quick` runs the main job on the CPU."
+)
 COMMANDS = (
     params,
     tables,
@@ -159,10 +164,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="switchbench", description=__doc__)
+    parser = _Parser(prog="switchbench", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(commands)
+    for listed in commands._choices_actions:  # a command's page opens with its line of the list
+        page = commands.choices[listed.dest]
+        page.description = page.description or listed.help
     return parser
 
 

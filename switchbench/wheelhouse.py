@@ -278,9 +278,17 @@ def _python_version(text: str) -> str:
     return text
 
 
+DESCRIPTION = f"""\
+Build, on a machine with network, the wheels an offline GPU node needs to install switchbench, then copy DIR and
+the checkout to the node. torch, triton and NVIDIA's packages are left out: the node keeps its own. Pure-Python
+dependencies are kept as wheels (source distributions built into wheels here); binary ones only for the Python
+and platform named by --python-version and --platform, except the test tools', always fetched for Python
+{NODE_PYTHON} on x86-64 Linux (the GPU nodes'). Needs only the standard library and pip."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "folder", type=_path, help="the wheelhouse folder (made if missing; wheels are added)"
+        "folder", metavar="DIR", type=_path, help="the wheelhouse folder (made if missing; wheels are added)"
     )
     parser.add_argument(
         "--source", type=_path, default=Path("."), help="the switchbench checkout (default: .)"
@@ -303,7 +311,7 @@ def register(commands) -> None:
     parser = commands.add_parser(
         "wheelhouse",
         help="build the wheels an offline GPU node needs (needs network)",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
@@ -319,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python3 -m switchbench.wheelhouse``: the command from a bare checkout, with the command line's exits."""
     parser = argparse.ArgumentParser(
         prog="python3 -m switchbench.wheelhouse",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)

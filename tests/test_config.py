@@ -3,15 +3,24 @@
 import argparse
 import json
 import re
+from dataclasses import fields
 
 import pytest
 import torch
 from small import T, make_lm, random_tokens, small_cfg
 
-from switchbench.bench.command import add_config_args, config_from_args
+from switchbench.bench.command import FIELD_HELP, add_config_args, config_from_args
 from switchbench.cli import main
 from switchbench.models import family as registry
-from switchbench.models.config import MLP_FIELDS, POSITIONS, ROUTING_FIELDS, XL_FIELDS, ModelConfig, unread
+from switchbench.models.config import (
+    MLP_FIELDS,
+    POSITIONS,
+    ROUTING_FIELDS,
+    XL_FIELDS,
+    ModelConfig,
+    changeable_fields,
+    unread,
+)
 from switchbench.models.presets import PRESETS, from_name
 
 BAD = [
@@ -122,6 +131,18 @@ def test_a_preset_with_changed_fields_is_the_preset_replaced():
     changed = from_name("wikitext103-244m-transformer-h16:T=4096,dropout=0.0,causal=True,pos=rope")
     assert changed == base.replace(T=4096, dropout=0.0)
     assert from_name("c4-47m-switchhead-h2") is PRESETS["c4-47m-switchhead-h2"]
+
+
+def test_every_configuration_flag_says_what_it_sets():
+    """The 33 configuration flags had no help; a field added without one is named here."""
+    parser = argparse.ArgumentParser()
+    add_config_args(parser)
+    flags = {a.dest: a.help for a in parser._actions if a.dest in {f.name for f in changeable_fields()}}
+    assert len(flags) == len(changeable_fields()) and all(flags.values()), [
+        d for d, h in flags.items() if not h
+    ]
+    assert set(FIELD_HELP) == {f.name for f in fields(ModelConfig)} - {"options"}
+    assert flags["n_kv_heads"].endswith("(gqa)") and flags["routed_k"].endswith("(moh)")  # whose option it is
 
 
 def test_a_preset_change_sets_a_family_option_as_its_flag_does():

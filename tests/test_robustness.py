@@ -146,7 +146,7 @@ def test_output_locations_are_checked_before_any_work(command, case, tmp_path, m
         (["train", "--out", ""], "--out"),  # read as no --out, it trained into the default folder
         (["params", ""], "PRESET"),
         (["speed", "--presets", "tiny-transformer", ""], "--presets"),
-        (["wheelhouse", ""], "folder"),
+        (["wheelhouse", ""], "DIR"),
     ],
 )
 def test_an_empty_value_is_refused_and_nothing_is_written_here(argv, named, tmp_path, monkeypatch, capsys):

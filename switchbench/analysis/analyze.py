@@ -355,7 +355,12 @@ def _curves(logs: list[pd.DataFrame], task: str, out: Path) -> list[Path]:
 
 def register(commands) -> None:
     parser = commands.add_parser("analyze", help="attention maxima, expert selections and routing statistics")
-    parser.add_argument("checkpoints", nargs="+", metavar="CHECKPOINT")
+    parser.add_argument(
+        "checkpoints",
+        nargs="+",
+        metavar="CHECKPOINT",
+        help="a trained model's checkpoint (runs/NAME/checkpoint.pt)",
+    )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input", help="text to analyse (ListOps tokens, or any text for an LM)")
     source.add_argument(

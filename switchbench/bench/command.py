@@ -45,26 +45,74 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+# What each configuration flag sets, in the paper's terms (a family option's help is its field's metadata "help")
+FIELD_HELP = {
+    "model": "the attention family (dense is transformer's other name)",
+    "pos": "positions: Transformer-XL's relative term with memory, or rotary",
+    "d_model": "residual width",
+    "n_layers": "layers",
+    "n_heads": "H: attention matrices per token (MoA: its active heads)",
+    "d_head": "width of a head",
+    "d_ff": "hidden width of the dense MLP",
+    "n_experts": "E: experts per head (SwitchHead) or in the pool (MoA)",
+    "k": "experts each head picks per token and side (SwitchHead)",
+    "experts": "which projections are mixtures of experts, letters of qkvo (SwitchHead; e.g. vo)",
+    "shared_selection": "one router per head serves both sides (SwitchHead)",
+    "T": "chunk length: tokens computed per step",
+    "context_blocks": "cached past chunks attended to: C = 1 + context_blocks",
+    "vocab": "vocabulary size",
+    "causal": "causal attention (off: ListOps classification)",
+    "xl_bias_and_scale": "Transformer-XL's global biases and learned logit scale (XL positions; not SwitchHead)",
+    "dropout": "dropout of the embedding, residual branches and MLP hidden layer",
+    "entropy_reg": "router entropy regulariser (SwitchHead)",
+    "expert_dropout": "expert dropout (SwitchHead)",
+    "moa_gating": "MoA's gate over its experts",
+    "moa_cv_coef": "MoA's importance CV^2 loss weight",
+    "moa_switch_coef": "MoA's switch balance loss weight",
+    "moa_z_coef": "MoA's router z-loss weight",
+    "mlp_experts": "N_E: experts of the sigma-MoE MLP (SwitchAll)",
+    "mlp_expert_size": "G: width of a sigma-MoE expert (SwitchAll)",
+    "mlp_k": "K: active sigma-MoE experts per token (SwitchAll)",
+    "mlp_entropy_reg": "sigma-MoE router entropy regulariser (SwitchAll)",
+    "mlp_expert_dropout": "sigma-MoE expert dropout (SwitchAll)",
+}
+
+
+def _field_help(field: dataclasses.Field) -> str | None:
+    if field.name in FIELD_HELP:
+        return FIELD_HELP[field.name]
+    owners = [f.name for f in registry.families() if field.name in {o.name for o in f.option_fields()}]
+    return f"{field.metadata.get('help', 'an option')} ({', '.join(owners)})"
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """A positional PRESET, one flag per ModelConfig field (named after its symbol) and one per option of a
     registered family (``--n-kv-heads``), each overriding the preset."""
     parser.add_argument(
         "preset",
         nargs="?",
-        help="a preset, or NAME:field=value,... (see `switchbench presets`; default: ModelConfig's)",
+        help="a preset, or NAME:field=value,... (see `switchbench presets`; default: the 47M dense Transformer-XL)",
     )
     group = parser.add_argument_group("configuration (each default: the preset's)")
     choices = _CHOICES | {"model": registry.names()}
     for field in changeable_fields():
         flag = "--" + field.name.replace("_", "-")
         if field.type in (bool, "bool"):
-            group.add_argument(flag, dest=field.name, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(
+                flag,
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=_field_help(field),
+            )
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
             kind = registry.as_name if field.name == "model" else kind
             among = choices.get(field.name) or field.metadata.get("choices")
             metavar = "|".join(among) if among else field.name.upper()
-            group.add_argument(flag, dest=field.name, type=kind, choices=among, metavar=metavar)
+            group.add_argument(
+                flag, dest=field.name, type=kind, choices=among, metavar=metavar, help=_field_help(field)
+            )
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:

@@ -378,7 +378,7 @@ def _read_log(path: Path) -> list[dict]:
 
 def register(commands) -> None:
     parser = commands.add_parser(
-        "train", help="train a small model for the routing analysis (CPU by default)"
+        "train", help="train a small model for the routing analysis (a GPU when there is one)"
     )
     parser.add_argument(
         "--task",

@@ -143,7 +143,9 @@ def write_sweep(folder: Path, rows: list[dict], provenance: dict | None = None) 
 
 def register(commands) -> None:
     parser = commands.add_parser("sweep", help="MACs and memory against context length, 128 to 16384 tokens")
-    parser.add_argument("--out", default="results/tables", help="folder for the CSV and the plot")
+    parser.add_argument(
+        "--out", default="results/tables", help="folder for the CSV, JSON and the plot (default: %(default)s)"
+    )
     add_json(parser)
     parser.set_defaults(run=_run)
 

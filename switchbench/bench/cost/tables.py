@@ -282,7 +282,9 @@ def _printable(table: pd.DataFrame) -> pd.DataFrame:
 
 def register(commands) -> None:
     tables = commands.add_parser("tables", help="regenerate the paper's Tables 1, 2, 3 and 7 cell by cell")
-    tables.add_argument("--out", default="results/tables", help="folder for CSV, Markdown and LaTeX")
+    tables.add_argument(
+        "--out", default="results/tables", help="folder for CSV, Markdown and LaTeX (default: %(default)s)"
+    )
     add_json(tables)
     tables.set_defaults(run=_run_tables)
     count = commands.add_parser("count", help="MACs and memory of one attention layer, every view")

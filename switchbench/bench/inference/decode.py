@@ -348,7 +348,9 @@ def register(commands) -> None:
         default=TIMING["rounds"],
         help="timed rounds after warm-up (default %(default)s)",
     )
-    parser.add_argument("--warmup", type=int, default=TIMING["warmup"], help="(default %(default)s)")
+    parser.add_argument(
+        "--warmup", type=int, default=TIMING["warmup"], help="untimed rounds first (default: %(default)s)"
+    )
     parser.add_argument(
         "--prefill-rounds",
         type=int,
@@ -364,7 +366,9 @@ def register(commands) -> None:
         action="store_true",
         help="the cache sizes and largest batches only, counted (no model built)",
     )
-    parser.add_argument("--out", default="results/decode", help="results go to OUT/<device>/")
+    parser.add_argument(
+        "--out", default="results/decode", help="results go to OUT/<device>/ (default: %(default)s)"
+    )
     parser.add_argument(
         "--resume",
         action="store_true",

@@ -664,7 +664,9 @@ def register(commands) -> None:
         default="bf16",
         help="the inputs' type, as autocast hands them over (default: bf16)",
     )
-    parser.add_argument("--out", default="results/kernels", help="folder for the JSON and CSV results")
+    parser.add_argument(
+        "--out", default="results/kernels", help="folder for the JSON and CSV results (default: %(default)s)"
+    )
     parser.add_argument(
         "--cuda-graphs",
         action="store_true",

@@ -171,9 +171,21 @@ def register(commands) -> None:
         "kernel-tune",
         help="tune the Triton kernels and time every expert matmul on this GPU; keep the choices",
     )
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
-    parser.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
-    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=list(SIZES),
+        default=list(SIZES),
+        help="the presets' shapes (default: all)",
+    )
+    parser.add_argument(
+        "--batches",
+        nargs="+",
+        type=int,
+        default=list(BATCHES),
+        help="sequences a step (default: %(default)s)",
+    )
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16", help="default: %(default)s")
     parser.add_argument(
         "--out",
         default=TABLE,

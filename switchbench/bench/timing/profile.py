@@ -466,10 +466,12 @@ def register(commands) -> None:
         help="the largest batch from N down, halving, at which every preset's training step runs",
     )
     parser.add_argument("--steps", type=int, default=3, help="profiled steps, averaged (default 3)")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, default=2, help="unprofiled steps first (default: %(default)s)")
     parser.add_argument("--top", type=int, default=15, help="kernels listed (default 15)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: PyTorch's)")
-    parser.add_argument("--out", default="results/profile", help="results go to OUT/<device>/")
+    parser.add_argument(
+        "--out", default="results/profile", help="results go to OUT/<device>/ (default: %(default)s)"
+    )
     add_kernel_choices(parser)
     add_json(parser)
     parser.set_defaults(run=_run)

@@ -354,12 +354,17 @@ def register(commands) -> None:
     )
     parser.add_argument("--presets", nargs="+", help="one custom group: the first is the baseline")
     parser.add_argument(
-        "--scopes", nargs="+", choices=["model", "layer"], default=["model", "layer"], action=Distinct
+        "--scopes",
+        nargs="+",
+        choices=["model", "layer"],
+        default=["model", "layer"],
+        action=Distinct,
+        help="what is timed: whole models' steps, one attention layer's passes (default: both)",
     )
     parser.add_argument(
         "--rounds", type=int, help=f"timed rounds after warm-up (default 20; {GATE_ROUNDS} with --quick)"
     )
-    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default: %(default)s)")
     parser.add_argument(
         "--threads",
         type=int,
@@ -388,7 +393,9 @@ def register(commands) -> None:
         help="the CI gate: 47M attention layers on the CPU, one thread, 30 rounds (with --groups or --presets: "
         "those, at the gate's settings)",
     )
-    parser.add_argument("--out", default="results/speed", help="results go to OUT/<device>/")
+    parser.add_argument(
+        "--out", default="results/speed", help="results go to OUT/<device>/ (default: %(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     add_kernel_choices(parser)
     parser.set_defaults(run=_run)

@@ -14,7 +14,7 @@ MLP weights per layer are equal.
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
@@ -25,7 +25,10 @@ from switchbench.models.layers.kv_cache import CacheEntry
 
 @dataclass(frozen=True)
 class Options:
-    n_kv_heads: int = 1  # key and value heads, each shared by n_heads / n_kv_heads query heads; 1 is MQA
+    n_kv_heads: int = field(
+        default=1,
+        metadata={"help": "key and value heads, each shared by n_heads / n_kv_heads query heads; 1: MQA"},
+    )
 
     def __post_init__(self):
         in_range("n_kv_heads", self.n_kv_heads, 1)

@@ -40,11 +40,21 @@ ROUTERS = ("softmax", "norm")
 
 @dataclass(frozen=True)
 class Options:
-    shared_heads: int = 1  # h_s: always-on heads, the first ones
-    routed_k: int = 1  # routed heads each token picks among the H - h_s others
-    balance_coef: float = 0.01  # times the mean of the layers' balance losses (MoH-ViT's training)
-    # softmax: MoH-ViT's router matrices; norm: MoH-LLaMA3's query norms (the choices: the command line's too)
-    moh_router: str = field(default="softmax", metadata={"choices": ROUTERS})
+    # metadata: the command line's help and choices
+    shared_heads: int = field(default=1, metadata={"help": "h_s: always-on heads, the first ones"})
+    routed_k: int = field(
+        default=1, metadata={"help": "routed heads each token picks among the H - h_s others"}
+    )
+    balance_coef: float = field(  # MoH-ViT's training
+        default=0.01, metadata={"help": "weight of the mean of the layers' balance losses"}
+    )
+    moh_router: str = field(
+        default="softmax",
+        metadata={
+            "choices": ROUTERS,
+            "help": "softmax: MoH-ViT's router matrices; norm: MoH-LLaMA3's query norms",
+        },
+    )
 
     def __post_init__(self):
         in_range("shared_heads", self.shared_heads, 0)
