@@ -206,7 +206,7 @@ def check_attention(choice: str | None, device: str | None) -> None:
     from_env = os.environ.get(attention_choice.ENV)
     attention_choice.check(from_env or "auto", attention_choice.ENV)
     # the flag's default is the environment's choice: a refusal names where the choice came from
-    named = f"{attention_choice.ENV}={choice}" if choice == from_env else f"--attention {choice}"
+    named = _named(attention_choice.ENV if choice == from_env else "--attention", choice)
     if choice in attention_choice.NEEDS_CUDA and device_from_args(device) != "cuda":
         why = attention_choice.NEEDS_CUDA[choice]
         raise ValueError(f"{named} needs a CUDA device: {why} (use sdpa or explicit there)")
@@ -222,7 +222,12 @@ def check_routing(choice: str | None, device: str | None) -> None:
         if named == "triton":
             reason = _triton_unavailable(device_from_args(device))
             if reason:
-                raise ValueError(f"{where}=triton {reason}")
+                raise ValueError(f"{_named(where, 'triton')} {reason}")
+
+
+def _named(where: str, choice: str) -> str:
+    """A choice as the user made it: ``--flag VALUE`` on the command line, ``VARIABLE=VALUE`` in the environment."""
+    return f"{where} {choice}" if where.startswith("--") else f"{where}={choice}"
 
 
 def _triton_unavailable(device: str) -> str | None:
@@ -241,12 +246,12 @@ def check_expert_matmul(choice: str | None, where: str, device: str | None) -> N
     if not choice:
         return
     if choice not in CHOICES:
-        raise ValueError(f"{where}={choice}: must be one of {', '.join(CHOICES)}")
+        raise ValueError(f"{_named(where, choice)}: must be one of {', '.join(CHOICES)}")
     reason = None if choice == "auto" else expert_matmul_op.unavailable(choice)
     if reason:
-        raise ValueError(f"{where}={choice}: {reason}")
+        raise ValueError(f"{_named(where, choice)}: {reason}")
     if choice == "triton" and (reason := _triton_unavailable(device_from_args(device))):
-        raise ValueError(f"{where}=triton {reason}")
+        raise ValueError(f"{_named(where, choice)} {reason}")
 
 
 def kernel_metadata(expert_matmul: str, device: str) -> dict:
