@@ -237,6 +237,23 @@ def test_cli_params_json_overrides_the_preset(capsys):
     assert out["per_layer"]["attention"] == 2 * 412 * 336 + 2 * 15 * 412 * 112 + 2 * 412 * 15 + 412 * 336
 
 
+def test_a_table_names_a_preset_the_flags_changed_as_changed(capsys):
+    """`params tiny-transformer --model gqa` headed its GQA model "tiny-transformer", a dense preset."""
+    for argv, label in (
+        (
+            ["tiny-transformer", "--model", "gqa", "--n-kv-heads", "2"],
+            "tiny-transformer, changed by flags: gqa",
+        ),
+        (
+            ["tiny-transformer", "--d-model", str(PRESETS["tiny-transformer"].d_model)],
+            "tiny-transformer: transformer",
+        ),
+        ([], "custom: transformer"),
+    ):
+        assert main(["params", *argv]) == 0
+        assert capsys.readouterr().out.startswith(label + " (xl)")
+
+
 @pytest.mark.parametrize(("dense", "moa"), [("transformer", "moa"), ("dense", "moa")])
 def test_every_flag_that_names_a_family_takes_its_name_or_its_key(dense, moa, capsys):
     """The dense family is `transformer` in a configuration and `dense` to train and quality; each flag used to

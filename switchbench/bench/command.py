@@ -128,6 +128,13 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
     return cfg
 
 
+def config_label(preset: str | None, cfg: ModelConfig) -> str:
+    """How a table names the configuration ``cfg`` the flags made of ``preset``: a changed preset no longer is it."""
+    if not preset:
+        return "custom"
+    return preset if cfg == from_name(preset) else f"{preset}, changed by flags"
+
+
 def describe(cfg: ModelConfig) -> str:
     heads = f"{cfg.n_heads}x{cfg.d_head}"
     return f"{cfg.model} ({cfg.pos}), d_model {cfg.d_model}, {cfg.n_layers} layers, heads {heads}"

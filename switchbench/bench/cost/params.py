@@ -8,6 +8,7 @@ from switchbench.bench.command import (
     add_config_args,
     add_json,
     config_from_args,
+    config_label,
     describe,
     emit,
     format_table,
@@ -79,7 +80,7 @@ def _run_params(args) -> None:
         {"what": "per layer: LayerNorms", "parameters": per_layer["layer_norms"]},
         {"what": "per layer: XL biases u, v and logit scale", "parameters": per_layer["xl_bias_and_scale"]},
     ]
-    print(f"{args.preset or 'custom'}: {describe(cfg)}")
+    print(f"{config_label(args.preset, cfg)}: {describe(cfg)}")
     print(format_table(rows))
 
 

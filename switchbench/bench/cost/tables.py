@@ -10,6 +10,7 @@ from switchbench.bench.command import (
     add_config_args,
     add_json,
     config_from_args,
+    config_label,
     describe,
     emit,
     format_table,
@@ -350,7 +351,7 @@ def _run_count(args) -> None:
         for key, label in _VIEWS.items()
     ]
     print(
-        f"{args.preset or 'custom'}: {describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
+        f"{config_label(args.preset, cfg)}: {describe(cfg)}; one attention layer, one sequence of T = {cfg.T}, "
         f"C = {1 + cfg.context_blocks}, forward"
     )
     print(format_table(rows))
