@@ -321,7 +321,7 @@ def report(verdicts: list[dict]) -> str:
     """The verdicts as a plain-text table."""
     table = pd.DataFrame(
         {
-            "ratio": v["ratio"],
+            "row": v["ratio"],  # preset | scope | what: its quantities are ratios and counts
             "quantity": v["quantity"],
             "baseline": _number(v["baseline"]),
             "measured": _number(v["measured"]),
