@@ -390,8 +390,8 @@ def register(commands) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="the CI gate: 47M attention layers on the CPU, one thread, 30 rounds (with --groups or --presets: "
-        "those, at the gate's settings)",
+        help="the CI gate: 47M attention layers on the CPU at batch 4, one thread timed by its CPU clock, "
+        f"{GATE_ROUNDS} rounds (with --groups or --presets: those, at the gate's settings)",
     )
     parser.add_argument(
         "--out", default="results/speed", help="results go to OUT/<device>/ (default: %(default)s)"
