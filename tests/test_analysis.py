@@ -247,7 +247,8 @@ def test_the_statistics_read_as_many_chunks_as_asked(runs, tmp_path, capsys):
     lm = str(runs["lm"])
     assert main(["analyze", lm, "--sample", "0", "--out", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.strip() == "switchbench analyze: error: --sample must be >= 1; got 0"
-    assert main(["analyze", lm, "--sample", "3", "--out", str(tmp_path / "three")]) == 0
+    run_folder = str(runs["lm"].parent)  # stands for its checkpoint.pt (it was read as a file, and refused)
+    assert main(["analyze", run_folder, "--sample", "3", "--out", str(tmp_path / "three")]) == 0
     cfg = PRESETS["tiny-switchhead"]
     usage = read_csv(tmp_path / "three" / "usage.csv")
     per_head = usage.groupby(["layer", "head", "side"])["count"].sum()

@@ -359,7 +359,7 @@ def register(commands) -> None:
         "checkpoints",
         nargs="+",
         metavar="CHECKPOINT",
-        help="a trained model's checkpoint (runs/NAME/checkpoint.pt)",
+        help="a trained model's checkpoint, or its run folder (runs/NAME/checkpoint.pt, or runs/NAME)",
     )
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input", help="text to analyse (ListOps tokens, or any text for an LM)")
@@ -380,8 +380,10 @@ def register(commands) -> None:
 def _run(args) -> None:
     if args.sample < 1:
         raise ValueError(f"--sample must be >= 1; got {args.sample}")
-    out = writable_folder(Path(args.out or Path("results/analysis") / _name(args.checkpoints[0])))
-    written = analyze([Path(p) for p in args.checkpoints], out, args.input, args.example, args.sample)
+    # a run folder stands for its checkpoint, as `train` writes it
+    checkpoints = [Path(p) / "checkpoint.pt" if Path(p).is_dir() else Path(p) for p in args.checkpoints]
+    out = writable_folder(Path(args.out or Path("results/analysis") / _name(checkpoints[0])))
+    written = analyze(checkpoints, out, args.input, args.example, args.sample)
     if args.json:
         emit({"out": str(out), "written": [str(p) for p in written]}, True)
         return
