@@ -78,7 +78,7 @@ FIELD_HELP = {
 }
 
 
-def _field_help(field: dataclasses.Field) -> str | None:
+def _field_help(field: dataclasses.Field) -> str:
     if field.name in FIELD_HELP:
         return FIELD_HELP[field.name]
     owners = [f.name for f in registry.families() if field.name in {o.name for o in f.option_fields()}]
