@@ -819,25 +819,49 @@ def test_stale_temporary_files_are_removed_by_the_next_write(tmp_path):
 
 
 def test_a_rename_that_fails_puts_back_the_files_renamed_before_it(tmp_path):
-    """A set of files is replaced whole or not at all: a rename refused midway (here a folder where the second
-    file goes; `tables --out` met a file made immutable) left the first file new and the rest old."""
-    old, linked, new = tmp_path / "old.csv", tmp_path / "linked.csv", tmp_path / "new.csv"
+    """A set of files is replaced whole or not at all: a rename refused midway (here a folder where the last file
+    goes; `tables --out` met a file made immutable) left the first file new and the rest old. A symbolic link is
+    put back as one, a dangling one too (it was lost: nothing was there to keep, so the new file was removed)."""
+    old, linked, dangling, new = (tmp_path / f"{name}.csv" for name in ("old", "linked", "dangling", "new"))
     old.write_text("earlier run")
     linked.symlink_to("old.csv")
+    dangling.symlink_to("gone.csv")
     (tmp_path / "blocked.csv").mkdir()
     writers = {
         path: (lambda tmp: tmp.write_text("this run"))
-        for path in (old, linked, new, tmp_path / "blocked.csv")
+        for path in (old, linked, dangling, new, tmp_path / "blocked.csv")
     }
     with pytest.raises(IsADirectoryError):
         results.replace_together(writers)
     assert old.read_text() == "earlier run" and linked.is_symlink() and not new.exists()
-    left = ["blocked.csv", "linked.csv", "old.csv"]
+    assert dangling.is_symlink() and os.readlink(dangling) == "gone.csv"
+    left = ["blocked.csv", "dangling.csv", "linked.csv", "old.csv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == left  # no temporary file left
     writers.pop(tmp_path / "blocked.csv")
-    assert results.replace_together(writers) == [old, linked, new]
-    assert old.read_text() == linked.read_text() == new.read_text() == "this run" and not linked.is_symlink()
+    assert results.replace_together(writers) == [old, linked, dangling, new]
+    assert {p.read_text() for p in (old, linked, dangling, new)} == {"this run"} and not linked.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*left, "new.csv"])
+
+
+def test_an_interrupt_as_the_index_is_renamed_leaves_the_earlier_set(tmp_path, monkeypatch):
+    """Ctrl-C lands after a rename returns: the index renamed, then the interrupt. The files before it were put
+    back and the index was not, a new index over the earlier data (it was recorded as renamed only afterwards)."""
+    paths = [tmp_path / name for name in ("a.csv", "b.csv", "metadata.json")]
+    for path in paths:
+        path.write_text("earlier run")
+    real, interrupted = os.replace, []
+
+    def interrupted_after_the_index(src, dst):
+        real(src, dst)
+        if Path(dst).name == "metadata.json" and not interrupted:  # the rename into place, not the one back
+            interrupted.append(dst)
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(results.os, "replace", interrupted_after_the_index)
+    with pytest.raises(KeyboardInterrupt):
+        results.replace_together({path: (lambda tmp: tmp.write_text("this run")) for path in paths})
+    assert [p.read_text() for p in paths] == ["earlier run"] * 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "b.csv", "metadata.json"]
 
 
 def test_a_tables_run_stopped_while_writing_leaves_the_earlier_set(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Result files: written whole or not at all, never over an earlier run."""
 
 import collections
+import contextlib
 import errno
 import glob
 import json
@@ -25,7 +26,9 @@ def replace_atomically(path: Path, write: Callable[[Path], object]) -> Path:
 def replace_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path]:
     """Fill a temporary file for every path, then rename them all into place in order: a run stopped while
     writing leaves every earlier file as it was (put an index such as metadata.json last), and a rename that
-    fails (a file made immutable, a folder in its place) puts back the files renamed before it."""
+    fails (a file made immutable, a folder in its place) or is interrupted puts back the files renamed before it,
+    each that could be kept under a second name (a hard link: not where the file system or its protection
+    refuses one)."""
     temps, kept, done = {}, {}, []
     try:
         for path, write in writers.items():
@@ -37,11 +40,12 @@ def replace_together(writers: dict[Path, Callable[[Path], object]]) -> list[Path
         try:
             for path, tmp in temps.items():
                 kept[path] = _keep(path)
+                done.append(path)  # before the rename: an interrupt lands after it, and it must be put back
                 os.replace(tmp, path)
-                done.append(path)
         except BaseException:
             for path in reversed(done):
-                _put_back(path, kept[path])
+                with contextlib.suppress(OSError):  # the rest still put back, the first error still raised
+                    _put_back(path, kept[path])
             raise
     finally:
         for tmp in [*temps.values(), *kept.values()]:
@@ -68,13 +72,14 @@ def _keep(path: Path) -> Path | bool:
     kept.unlink()
     try:
         os.link(path, kept, follow_symlinks=False)
-    except OSError:
+    except (OSError, NotImplementedError):  # the latter: no link of a link on this platform
         return True
     return kept
 
 
 def _put_back(path: Path, kept: Path | bool) -> None:
-    """The file at ``path`` as it was before its rename: its kept name renamed over it, or (none before) removed."""
+    """The file at ``path`` as it was before its rename (or as it is, where the rename did not happen): its kept
+    name renamed over it, or (none before) removed."""
     if isinstance(kept, Path):
         os.replace(kept, path)
     elif not kept:
