@@ -118,6 +118,8 @@ def test_unread_fields_are_refused_by_flags_and_preset_changes(capsys):
         ValueError, match="xl_bias_and_scale: no effect on a transformer model with RoPE positions"
     ):
         from_name("tiny-transformer-rope:xl_bias_and_scale=False")  # it was read without a word
+    with pytest.raises(ValueError, match="n_experts: no effect on a transformer model, which"):
+        from_name("tiny-transformer-rope:n_experts=3")  # RoPE is not why
 
 
 def test_unknown_preset_suggests_close_names():

@@ -47,8 +47,8 @@ def add_json(parser: argparse.ArgumentParser) -> None:
 
 # What each configuration flag sets, in the paper's terms (a family option's help is its field's metadata "help")
 FIELD_HELP = {
-    "model": "the attention family (dense is transformer's other name)",
-    "pos": "positions: Transformer-XL's relative term with memory, or rotary",
+    "model": "the family: its attention (SwitchAll: its MLP too); dense is transformer's other name",
+    "pos": "positions: Transformer-XL's relative term, or rotary",
     "d_model": "residual width",
     "n_layers": "layers",
     "n_heads": "H: attention matrices per token (MoA: its active heads)",
@@ -62,8 +62,9 @@ FIELD_HELP = {
     "context_blocks": "cached past chunks attended to: C = 1 + context_blocks",
     "vocab": "vocabulary size",
     "causal": "causal attention (off: ListOps classification)",
-    "xl_bias_and_scale": "Transformer-XL's global biases and learned logit scale (XL positions; not SwitchHead)",
-    "dropout": "dropout of the embedding, residual branches and MLP hidden layer",
+    "xl_bias_and_scale": "Transformer-XL's extras under XL positions: global biases and a learned logit scale "
+    "(dense, GQA, MoH), a learned temperature (MoA); SwitchHead and SwitchAll have none",
+    "dropout": "dropout of the embedding, residual branches, MLP hidden layer and before the output layer",
     "entropy_reg": "router entropy regulariser (SwitchHead)",
     "expert_dropout": "expert dropout (SwitchHead)",
     "moa_gating": "MoA's gate over its experts",
@@ -124,7 +125,7 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
     ignored = unread(cfg, given)
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
-        raise unread_error(cfg, flags)
+        raise unread_error(cfg, ignored, flags)
     return cfg
 
 

@@ -184,9 +184,10 @@ def unread(cfg: ModelConfig, names) -> list[str]:
     return [name for name in names if name in ignored]
 
 
-def unread_error(cfg: ModelConfig, named: str) -> ValueError:
-    """The refusal of the changes ``named`` (as the user typed them) that ``cfg``'s model does not read."""
-    model = f"{cfg.model} model" + (" with RoPE positions" if cfg.pos == "rope" else "")
+def unread_error(cfg: ModelConfig, ignored: list[str], named: str) -> ValueError:
+    """The refusal of the changes ``ignored`` (:func:`unread`; ``named`` as the user typed them)."""
+    rope = cfg.pos == "rope" and set(ignored) & set(XL_FIELDS)  # XL's extras: RoPE is why
+    model = f"{cfg.model} model" + (" with RoPE positions" if rope else "")
     return ValueError(f"{named}: no effect on a {model}, which does not read it")
 
 

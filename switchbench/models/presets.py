@@ -154,7 +154,7 @@ def from_name(name: str) -> ModelConfig:
     cfg = with_changes(PRESETS[base], changed)
     ignored = unread(cfg, changed)
     if ignored:
-        raise unread_error(cfg, f"{name}: {', '.join(ignored)}")
+        raise unread_error(cfg, ignored, f"{name}: {', '.join(ignored)}")
     return cfg
 
 
