@@ -200,15 +200,24 @@ def _trainer(ctx: evidence.Context):
         (ctx.runs / name / "checkpoint.pt").write_bytes(b"weights")
 
 
-def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_paths(tmp_path, monkeypatch):
+@pytest.mark.parametrize("packed_from", ["the folders' parent", "elsewhere"])
+def test_the_archive_holds_what_the_chain_wrote_and_its_state_with_relative_paths(
+    packed_from, tmp_path, tmp_path_factory, monkeypatch
+):
     """The figures in one archive; each trained model in one of its own beside it (a checkpoint is ~10 MB, and
-    what comes back from a node may be capped per file)."""
+    what comes back from a node may be capped per file). Packed from elsewhere, with the runs in another folder
+    than the results, each path is from its own folder's parent (a model went in as a bare checkpoint.pt)."""
     steps = (evidence.Step("a", "figure A", 1, _writer("a")), evidence.Step("t", "models", 1, _trainer))
     monkeypatch.setattr(evidence, "STEPS", _steps(*steps))
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "old.csv").write_text("an earlier run")
+    if packed_from == "elsewhere":
+        scratch = tmp_path_factory.mktemp("scratch")
+        (scratch / "runs").mkdir()
+        (tmp_path / "runs").symlink_to(scratch / "runs")
     state = _chain(tmp_path, budget=60)
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path if packed_from == "the folders' parent" else tmp_path / "elsewhere")
     archives = evidence.pack(
         state, tmp_path / "state.json", tmp_path / "out.tar.gz", tmp_path / "results", tmp_path / "runs"
     )

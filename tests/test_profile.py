@@ -45,7 +45,7 @@ def test_the_shares_add_up_to_the_step_timed_by_a_separate_clock():
     wall = rows[0]["ms_wall"]  # perf_counter around each profiled step, not the profiler's clock
     # The profiled range lies inside the timed one: what lies between them (entering the range, a preemption on a
     # loaded machine: 2.7% of a 35 ms step beside a busy CI run) makes the wall clock the longer
-    assert 0.9 * wall <= sum(shares.values()) <= 1.01 * wall
+    assert 0.95 * wall <= sum(shares.values()) <= 1.01 * wall
     assert sum(r["fraction"] for r in rows if r["kind"] == "share") == pytest.approx(1.0)
 
 

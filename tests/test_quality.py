@@ -190,6 +190,10 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
             "bytes-920k-moh-h4:vocab=2: quality trains on bytes, vocab 256; got vocab 2",
         ),  # it trained at vocab 256 without a word
         (
+            ["--presets", "c4-47m-switchhead-h2:vocab=8000"],
+            "c4-47m-switchhead-h2:vocab=8000: quality trains on bytes, vocab 256; got vocab 8000",
+        ),  # the preset's own vocabulary, named
+        (
             ["--presets", "tiny-moh-norm"],
             "chunks of one length, for equal tokens a step: bytes-",
         ),  # 32 bytes, the others 64

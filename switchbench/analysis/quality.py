@@ -70,8 +70,8 @@ def byte_model(preset: str) -> tuple[str, ModelConfig]:
     cfg = from_name(preset)
     if not cfg.causal:  # it was refused under a name never typed, PRESET-bytes
         raise ValueError(f"--presets: {preset} is a ListOps classifier; quality trains language models")
-    if cfg.vocab != 256 and cfg.vocab != PRESETS[preset.partition(OVERRIDES)[0]].vocab:
-        # a vocabulary changed by hand would be replaced by the bytes' without a word
+    named = [item.partition("=")[0] for item in preset.partition(OVERRIDES)[2].split(",")]
+    if cfg.vocab != 256 and "vocab" in named:  # a vocabulary given by hand would be replaced without a word
         raise ValueError(f"--presets: {preset}: quality trains on bytes, vocab 256; got vocab {cfg.vocab}")
     return (preset, cfg) if cfg.vocab == 256 else (f"{preset}-bytes", cfg.replace(vocab=256))
 

@@ -329,23 +329,24 @@ def pack(state: dict, state_path: Path, archive: Path, results: Path, runs: Path
     parts = [(archive, files)] + [
         (archive.with_name(f"{stem}-{name}.tar.gz"), paths) for name, paths in sorted(models.items())
     ]
-    return [_archive(path, members, results) for path, members in parts]
+    return [_archive(path, members, (results, runs)) for path, members in parts]
 
 
-def _archive(archive: Path, files: set[Path], results: Path) -> Path:
+def _archive(archive: Path, files: set[Path], folders: tuple[Path, ...]) -> Path:
     def write(tmp: Path):
         with tarfile.open(tmp, "w:gz") as tar:
             for path in sorted(p for p in files if p.exists()):
-                tar.add(path, arcname=_arcname(path, results))
+                tar.add(path, arcname=_arcname(path, folders))
 
     return replace_atomically(archive, write)
 
 
-def _arcname(path: Path, results: Path) -> str:
+def _arcname(path: Path, folders: tuple[Path, ...]) -> str:
     """The file's path from here (the checkout, as a node runs the chain), else from the checkout's root or the
-    results folder's parent: an archive holds no absolute paths and no '..'."""
+    parent of the folder of ``folders`` (--results, --runs) it is in: an archive holds no absolute paths and no
+    '..'."""
     path = path.resolve()
-    for base in (Path.cwd(), ROOT, results.resolve().parent):
+    for base in (Path.cwd(), ROOT, *(folder.resolve().parent for folder in folders)):
         if path.is_relative_to(base):
             return path.relative_to(base).as_posix()
     return path.name
