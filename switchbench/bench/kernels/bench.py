@@ -17,6 +17,7 @@ Cases are the expert-matmul shapes of the 47M and 262M presets (SwitchHead V and
 and O) and one expert-sized matmul as the paper measured its kernel.
 """
 
+import argparse
 import math
 import statistics
 import sys
@@ -653,9 +654,21 @@ def mark_choice(rows: list[dict], device: str, choice: str) -> dict[str, str]:
     return resolved
 
 
+def add_sizes(parser: argparse.ArgumentParser) -> None:
+    """``--sizes``: the presets whose shapes a kernel command takes, all by default (as every one of them does)."""
+    parser.add_argument(
+        "--sizes",
+        nargs="+",
+        choices=list(SIZES),
+        default=list(SIZES),
+        action=Distinct,
+        help="the presets' shapes (default: all)",
+    )
+
+
 def register(commands) -> None:
     parser = commands.add_parser("kernel-bench", help="expert-matmul throughput against one dense matmul")
-    parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES), action=Distinct)
+    add_sizes(parser)
     parser.add_argument("--batch", type=int, help="sequences (default: 64 on a GPU, 1 on the CPU)")
     parser.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
     parser.add_argument(

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from switchbench.bench.command import DTYPES
 from switchbench.bench.kernels import roofline
-from switchbench.bench.kernels.bench import SIZES, Case, attention_shapes, cases
+from switchbench.bench.kernels.bench import Case, add_sizes, attention_shapes, cases
 from switchbench.models import family as registry
 from switchbench.models.layers.router import FEW_EXPERTS
 from switchbench.models.presets import PRESETS
@@ -80,14 +80,7 @@ def register(commands) -> None:
         "--arch", nargs="+", choices=list(ARCHS), default=["sm_90"], help="targets (default sm_90: Hopper)"
     )
     parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"], help="default bf16")
-    # both sizes, as kernel-bench and kernel-tune: a bare run skipped the 47M shapes
-    parser.add_argument(
-        "--sizes",
-        nargs="+",
-        choices=list(SIZES),
-        default=list(SIZES),
-        help="the presets' shapes (default: all)",
-    )
+    add_sizes(parser)  # both, as kernel-bench and kernel-tune: a bare run skipped the 47M shapes
     parser.add_argument("--batch", type=int, default=64, help="sequences, for the roofline (default 64)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=_run)

@@ -12,8 +12,8 @@ import torch
 
 from switchbench.bench.command import DTYPES, add_json, device_from_args
 from switchbench.bench.kernels.bench import (
-    SIZES,
     AttentionShape,
+    add_sizes,
     attention_shapes,
     case_rows,
     cases,
@@ -171,13 +171,7 @@ def register(commands) -> None:
         "kernel-tune",
         help="tune the Triton kernels and time every expert matmul on this GPU; keep the choices",
     )
-    parser.add_argument(
-        "--sizes",
-        nargs="+",
-        choices=list(SIZES),
-        default=list(SIZES),
-        help="the presets' shapes (default: all)",
-    )
+    add_sizes(parser)
     parser.add_argument(
         "--batches",
         nargs="+",
