@@ -43,7 +43,7 @@ from switchbench.core.results import (
 from switchbench.models import family as registry
 from switchbench.models.config import LARGEST_INT, ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
-from switchbench.models.presets import OVERRIDES, PRESETS, from_name
+from switchbench.models.presets import PRESETS, changes_of, from_name
 from switchbench.train.run import LMTask, TrainConfig, train
 
 CONFIDENCE = 0.95
@@ -70,8 +70,9 @@ def byte_model(preset: str) -> tuple[str, ModelConfig]:
     cfg = from_name(preset)
     if not cfg.causal:  # it was refused under a name never typed, PRESET-bytes
         raise ValueError(f"--presets: {preset} is a ListOps classifier; quality trains language models")
-    named = [item.partition("=")[0] for item in preset.partition(OVERRIDES)[2].split(",")]
-    if cfg.vocab != 256 and "vocab" in named:  # a vocabulary given by hand would be replaced without a word
+    if cfg.vocab != 256 and "vocab" in changes_of(
+        preset
+    ):  # a vocabulary given by hand would be replaced without a word
         raise ValueError(f"--presets: {preset}: quality trains on bytes, vocab 256; got vocab {cfg.vocab}")
     return (preset, cfg) if cfg.vocab == 256 else (f"{preset}-bytes", cfg.replace(vocab=256))
 

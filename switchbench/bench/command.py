@@ -172,6 +172,13 @@ def add_kernel_choices(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def at_least(bounds: dict[str, tuple[int | None, int]]) -> None:
+    """A ValueError naming the first flag whose value (None: not given) is below its lowest: {flag: (value, lowest)}."""
+    for flag, (value, lowest) in bounds.items():
+        if value is not None and value < lowest:
+            raise ValueError(f"{flag} must be >= {lowest}; got {value}")
+
+
 def first_repeated(values: list):
     """The first of ``values`` given more than once, else None."""
     return next((v for v in values if values.count(v) > 1), None)

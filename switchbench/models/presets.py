@@ -158,6 +158,12 @@ def from_name(name: str) -> ModelConfig:
     return cfg
 
 
+def changes_of(name: str) -> dict:
+    """The fields ``NAME:field=value,...`` changes, each value read as its field's type ({} for a bare preset)."""
+    changes = name.partition(OVERRIDES)[2]
+    return _changes(name, changes) if changes else {}
+
+
 def _changes(name: str, text: str) -> dict:
     """``field=value,...`` -> {field: value}, each value read as its field's type."""
     types = {f.name: f.type for f in changeable_fields()}

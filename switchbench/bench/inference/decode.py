@@ -25,6 +25,7 @@ from switchbench.bench.command import (
     DTYPES,
     Distinct,
     add_kernel_choices,
+    at_least,
     device_from_args,
     emit,
     kernel_metadata,
@@ -396,11 +397,8 @@ def _run(args) -> int:
     writable_folder(Path(args.out))
     dtype_name = args.dtype or ("bf16" if device == "cuda" else "fp32")
     batches, contexts = args.batches or GRIDS[device][0], args.contexts or GRIDS[device][1]
-    least = {"--batches": (min(batches), 1), "--contexts": (min(contexts), 1), "--rounds": (args.rounds, 1)}
-    least |= {"--prefill-rounds": (args.prefill_rounds, 1), "--warmup": (args.warmup, 0)}
-    for flag, (value, lowest) in least.items():
-        if value < lowest:
-            raise ValueError(f"{flag} must be >= {lowest}; got {value}")
+    at_least({"--batches": (min(batches), 1), "--contexts": (min(contexts), 1), "--rounds": (args.rounds, 1)})
+    at_least({"--prefill-rounds": (args.prefill_rounds, 1), "--warmup": (args.warmup, 0)})
     if max(contexts) >= LARGEST_INT:  # a model is served one longer than its longest context
         raise ValueError(f"--contexts must be < {LARGEST_INT}; got {max(contexts)}")
     # prefill is timed in the first of the timed rounds: the default (3) shrinks to fewer rounds, a count given does not

@@ -21,6 +21,7 @@ from switchbench.bench.command import (
     DTYPES,
     Distinct,
     add_kernel_choices,
+    at_least,
     describe_kernels,
     device_from_args,
     first_repeated,
@@ -418,10 +419,8 @@ def _measure(args, device: str, world: distributed.World) -> int:
     rounds = args.rounds if args.rounds is not None else GATE_ROUNDS if args.quick else 20
     gate = args.quick and device == "cpu"
     threads = args.threads if args.threads is not None or not gate else GATE_THREADS
-    least = {"--rounds": (rounds, 1), "--warmup": (args.warmup, 0), "--threads": (threads, 1)}
-    for flag, (value, lowest) in least.items():  # first: the clock's check below reads the threads
-        if value is not None and value < lowest:
-            raise ValueError(f"{flag} must be >= {lowest}; got {value}")
+    # first: the clock's check below reads the threads
+    at_least({"--rounds": (rounds, 1), "--warmup": (args.warmup, 0), "--threads": (threads, 1)})
     # The thread clock leaves out the other threads' work: under several processes, gloo's all-reduce
     clock = args.clock or ("thread" if gate and not world.distributed else "wall")
     if clock == "thread" and (device == "cuda" or threads != 1 or world.distributed):
