@@ -50,13 +50,15 @@ def assert_close_scaled(got, exact, atol) -> None:
 
 
 def assert_counted_exactly(cfg) -> None:
-    """The exact cost of ``cfg``'s attention layer equals what fvcore and FlopCounterMode count (MACs) and what
-    saved-tensor hooks see (floats kept for backward): the check every family's cost is held to."""
+    """The exact cost of ``cfg``'s attention layer equals what fvcore and FlopCounterMode count (MACs, of one
+    sequence and of a batch) and what saved-tensor hooks see (floats kept for backward): the check every family's
+    cost is held to."""
     from switchbench.bench.cost import measure
     from switchbench.bench.cost.accounting import exact_cost
 
     exact = exact_cost(cfg)
     assert measure.flop_counter_macs(cfg) == exact.macs
+    assert measure.flop_counter_macs(cfg, batch=3) == exact.batched_macs(3)
     assert measure.saved_floats(cfg) == exact.mem
     # Where fvcore is missing (a GPU node) the other two still hold every example: a skip here, inside a
     # Hypothesis test, ended it after its first

@@ -14,35 +14,55 @@ from switchbench.train import listops, run
 
 
 @pytest.mark.parametrize("preset", ["listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4"])
-@pytest.mark.parametrize("length", [9, 31])
-def test_the_classifier_count_is_what_runs(preset, length):
+@pytest.mark.parametrize(("length", "batch"), [(9, 1), (31, 1), (31, 3)])
+def test_the_classifier_count_is_what_runs(preset, length, batch):
     cfg = PRESETS[preset]
     torch.manual_seed(0)
     model = SequenceClassifier(cfg, listops.N_CLASSES).eval()
-    tokens = torch.randint(len(listops.VOCAB), (1, length))
+    tokens = torch.randint(len(listops.VOCAB), (batch, length))
     with torch.no_grad():
-        assert counted_macs(lambda: model(tokens)) == run.classifier_macs(cfg, length)
+        assert counted_macs(lambda: model(tokens)) == run.classifier_macs(cfg, length, batch)
 
 
-@pytest.mark.parametrize(
-    "preset",
-    ["tiny-transformer", "tiny-switchhead", "tiny-switchall", "tiny-moa", "tiny-gqa-kv2", "tiny-moh"],
-)
-def test_the_language_model_count_is_what_runs(preset):
+LM_PRESETS = [
+    "tiny-transformer",
+    "tiny-switchhead",
+    "tiny-switchall",
+    "tiny-moa",
+    "tiny-gqa-kv2",
+    "tiny-moh",
+    "tiny-transformer-rope",
+    "tiny-switchhead-rope",
+]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("preset", LM_PRESETS)
+def test_the_language_model_count_is_what_runs(preset, batch):
     """The LM's count (the train log's MFU, quality's training MACs, the MAC floors) against FlopCounterMode, the
-    σ-MoE MLP's branch included: a chunk that starts a stream attends to no memory, the next to a chunk of it."""
+    σ-MoE MLP's branch included: a chunk that starts a stream attends to no memory, the next to a chunk of it. A
+    batch projects XL's positions once for all its sequences."""
     cfg = PRESETS[preset]
     torch.manual_seed(0)
     model = LanguageModel(cfg).eval()
-    tokens = torch.randint(cfg.vocab, (1, cfg.T))
+    tokens = torch.randint(cfg.vocab, (batch, cfg.T))
     with torch.no_grad():
         state = model(tokens).state
-        assert counted_macs(lambda: model(tokens)) == model_macs(cfg.replace(context_blocks=0))
-        assert (
-            counted_macs(lambda: model(tokens, state))
-            == model_macs(cfg)
-            > model_macs(cfg.replace(context_blocks=0))
-        )
+        assert counted_macs(lambda: model(tokens)) == model_macs(cfg.replace(context_blocks=0), batch)
+        assert counted_macs(lambda: model(tokens, state)) == model_macs(cfg, batch)
+    if cfg.context_blocks:
+        assert model_macs(cfg, batch) > model_macs(cfg.replace(context_blocks=0), batch)
+
+
+@pytest.mark.parametrize("preset", LM_PRESETS)
+def test_a_batch_shares_only_the_position_projection(preset):
+    """What a batch of 3 computes once is XL's position projection, D distances x d_model x heads x d_head a
+    layer (a hand count), and nothing with RoPE."""
+    cfg = PRESETS[preset]
+    D = (1 + cfg.context_blocks) * cfg.T
+    heads = 1 if cfg.model == "moa" else cfg.n_heads
+    by_hand = cfg.n_layers * D * cfg.d_model * heads * cfg.d_head if cfg.pos == "xl" else 0
+    assert 3 * model_macs(cfg) - model_macs(cfg, 3) == 2 * by_hand
 
 
 @pytest.mark.parametrize("task", ["lm", "listops"])
@@ -56,14 +76,14 @@ def test_each_logged_interval_carries_its_mfu(task, tmp_path, monkeypatch):
     if task == "lm":  # a step that starts the streams again has no XL memory to attend to
         chunks = run.LMTask(cfg, model_cfg).chunks
         memory = [model_cfg if step % chunks else model_cfg.replace(context_blocks=0) for step in range(4)]
-        per_step = [6 * 2 * model_macs(c) for c in memory]
+        per_step = [6 * model_macs(c, 2) for c in memory]
         assert per_step[0] < per_step[1]
     else:
         lengths = [
             len(listops.length_batch(2, s, 0, listops.ListOpsConfig(max_length=model_cfg.T))[0][0])
             for s in range(4)
         ]
-        per_step = [6 * 2 * run.classifier_macs(model_cfg, n) for n in lengths]
+        per_step = [6 * run.classifier_macs(model_cfg, n, 2) for n in lengths]
     seconds = [0.0, *log["train_seconds"]]
     for i, row in enumerate(log.itertuples()):
         flops = sum(per_step[2 * i : 2 * i + 2])

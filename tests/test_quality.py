@@ -157,9 +157,9 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
     plan = quality.Plan({"switchhead": (name, cfg)}, seeds=2, steps=1, batch=16, lr=1e-3, clip=1.0)
     task = LMTask(plan.train_config("switchhead", 0), cfg)
     steps = task.chunks + 2  # steps 0 and `chunks` have no XL memory
-    fresh, carried = model_macs(cfg.replace(context_blocks=0)), model_macs(cfg)
+    fresh, carried = model_macs(cfg.replace(context_blocks=0), 16), model_macs(cfg, 16)
     assert fresh < carried
-    assert quality.training_macs(cfg, 16, steps, task) == 3 * 16 * (2 * fresh + task.chunks * carried)
+    assert quality.training_macs(cfg, 16, steps, task) == 3 * (2 * fresh + task.chunks * carried)
 
 
 # Bad input: one line, exit 2, nothing written

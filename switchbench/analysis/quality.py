@@ -226,8 +226,8 @@ def training_macs(cfg: ModelConfig, batch: int, steps: int, task: LMTask) -> int
     """3x the exact forward MACs of every step's chunk (the backward as twice the forward, the usual convention);
     a chunk that starts the streams again has no XL memory to attend to."""
     carried = sum(task.continues(step) for step in range(steps))
-    forward = carried * model_macs(cfg) + (steps - carried) * model_macs(cfg.replace(context_blocks=0))
-    return 3 * batch * forward
+    fresh = cfg.replace(context_blocks=0)
+    return 3 * (carried * model_macs(cfg, batch) + (steps - carried) * model_macs(fresh, batch))
 
 
 def step_memory(cfg: ModelConfig, batch: int, device: str) -> int:

@@ -147,7 +147,7 @@ class ListOpsTask:
     def step_flops(self, step: int) -> float:
         """Model FLOPs of this process's training step: its sequences, at the step's length."""
         examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)[self.rows]
-        return 6 * len(examples) * classifier_macs(self.model_cfg, len(examples[0][0]))
+        return 6 * classifier_macs(self.model_cfg, len(examples[0][0]), len(examples))
 
     @torch.no_grad()
     def evaluate(self, model) -> dict:
@@ -184,8 +184,8 @@ class LMTask:
         self.T, self.train = model_cfg.T, text.streams(data[:split], cfg.batch)[rows].to(cfg.device)
         streams = len(self.train)
         self.flops = {  # model FLOPs of a step after XL memory, and of one that starts the streams again
-            True: 6 * streams * model_macs(model_cfg),
-            False: 6 * streams * model_macs(model_cfg.replace(context_blocks=0)),
+            True: 6 * model_macs(model_cfg, streams),
+            False: 6 * model_macs(model_cfg.replace(context_blocks=0), streams),
         }
         self.val = text.streams(data[split:], 4).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
@@ -221,11 +221,12 @@ class LMTask:
 
 
 @functools.cache  # each training step asks for its length's count: one config per length, not one per step
-def classifier_macs(cfg: ModelConfig, length: int) -> int:
-    """Forward MACs of the sequence classifier on one sequence of ``length`` tokens: the stack as the language
-    model's, its head on the pooled state instead of the vocabulary on every token."""
+def classifier_macs(cfg: ModelConfig, length: int, batch: int = 1) -> int:
+    """Forward MACs of the sequence classifier on ``batch`` sequences of ``length`` tokens: the stack as the
+    language model's, its head on the pooled state instead of the vocabulary on every token."""
     at_length = cfg.replace(T=length)
-    return model_macs(at_length) - length * cfg.d_model * cfg.vocab + cfg.d_model * listops.N_CLASSES
+    head = length * cfg.d_model * cfg.vocab - cfg.d_model * listops.N_CLASSES
+    return model_macs(at_length, batch) - batch * head
 
 
 def train(

@@ -52,11 +52,12 @@ def parse_paper(cell: str) -> tuple[float, int, str]:
     return float(number) * (1e9 if unit == "G" else 1e6), decimals, unit
 
 
-def model_macs(cfg: ModelConfig) -> int:
-    """Forward MACs of the whole language model on one sequence: L layers of attention and MLP, and the head."""
+def model_macs(cfg: ModelConfig, batch: int = 1) -> int:
+    """Forward MACs of the whole language model on ``batch`` sequences: L layers of attention and MLP, and the
+    head."""
     T, dm = cfg.T, cfg.d_model
     if cfg.mlp == "dense":
         mlp = 2 * T * dm * cfg.d_ff
     else:  # router, then K experts of size G up and down
         mlp = T * dm * cfg.mlp_experts + 2 * T * cfg.mlp_k * dm * cfg.mlp_expert_size
-    return cfg.n_layers * (exact_cost(cfg).macs + mlp) + T * dm * cfg.vocab
+    return cfg.n_layers * (exact_cost(cfg).batched_macs(batch) + batch * mlp) + batch * T * dm * cfg.vocab

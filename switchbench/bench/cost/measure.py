@@ -125,13 +125,14 @@ def _or_oom(measure: Callable[[ModelConfig], int], cfg: ModelConfig, fits: bool)
         return "OOM"
 
 
-def layer_and_inputs(cfg: ModelConfig, seed: int = 0):
-    """The attention module of ``cfg`` and the inputs of one sequence: T tokens after (C - 1) T cached ones."""
+def layer_and_inputs(cfg: ModelConfig, seed: int = 0, batch: int = 1):
+    """The attention module of ``cfg`` and the inputs of ``batch`` sequences: T tokens after (C - 1) T cached
+    ones."""
     cfg = cfg.replace(moa_cv_coef=0.0, moa_switch_coef=0.0, moa_z_coef=0.0, entropy_reg=0.0, dropout=0.0)
     torch.manual_seed(seed)
     layer = cfg.family.attention(cfg)
-    x = torch.randn(1, cfg.T, cfg.d_model, requires_grad=True)
-    mem = torch.randn(1, cfg.mem_len, cfg.d_model) if cfg.mem_len else None
+    x = torch.randn(batch, cfg.T, cfg.d_model, requires_grad=True)
+    mem = torch.randn(batch, cfg.mem_len, cfg.d_model) if cfg.mem_len else None
     window = make_window(cfg.mem_len, cfg.mem_len, cfg.T, cfg.T, cfg.context_blocks, cfg.causal, "cpu")
     return layer, x, mem, window
 
@@ -235,14 +236,15 @@ def counted_macs(fn: Callable) -> int:
     return counter.get_total_flops() // 2
 
 
-def flop_counter_macs(cfg: ModelConfig) -> int:
-    layer, x, mem, window = layer_and_inputs(cfg)
+def flop_counter_macs(cfg: ModelConfig, batch: int = 1) -> int:
+    layer, x, mem, window = layer_and_inputs(cfg, batch=batch)
     return counted_macs(lambda: layer(x, mem, window))
 
 
-def saved_floats(cfg: ModelConfig) -> int:
-    """Floats autograd keeps for the backward of one forward pass of the layer (in fp32: 4 bytes each)."""
-    layer, x, mem, window = layer_and_inputs(cfg)
+def saved_floats(cfg: ModelConfig, batch: int = 1) -> int:
+    """Floats autograd keeps for the backward of one forward pass of the layer over ``batch`` sequences (in fp32:
+    4 bytes each)."""
+    layer, x, mem, window = layer_and_inputs(cfg, batch=batch)
     return count_saved_bytes(lambda: layer(x, mem, window), layer) // 4
 
 
