@@ -139,11 +139,12 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     out = {name: None if t is None else t.to(device, dtype).requires_grad_() for name, t in tensors.items()}
     routing = route(choice.reshape(case.tokens, case.slots).to(device), n_experts)
     out["routing"] = routing
-    out["dense"] = weight[0].to(device, dtype).requires_grad_()
+    out["dense"] = weight[0].to(device, dtype, copy=True).requires_grad_()
     rows = x[:, :1].expand(case.tokens, case.slots, case.d_in).reshape(-1, case.d_in)
-    out["rows"] = rows.to(device, dtype).requires_grad_()
+    out["rows"] = rows.to(device, dtype, copy=True).requires_grad_()
     sorted_rows = aligned(_sorted_rows(case, out).detach(), ALIGN)  # [M, d_in']
-    out["padded"] = _capacity_buffer(sorted_rows, routing).requires_grad_()
+    # detached: a view cannot be a timed leaf, which do_bench_cudagraph detaches in place before every call
+    out["padded"] = _capacity_buffer(sorted_rows, routing).detach().requires_grad_()
     out["sorted"] = sorted_rows.requires_grad_()
     out["weight_aligned"] = aligned(out["weight"].detach(), ALIGN).clone().requires_grad_()
     out["ends"] = expert_matmul_grouped.expert_ends(routing.offsets)
@@ -325,7 +326,8 @@ def timer(device: str, graphs: bool = False) -> Callable[..., list[float]]:
         fn()
         times = []
         for _ in range(repeats):
-            for t in grad_to_none:
+            for t in grad_to_none:  # as do_bench_cudagraph resets them, which refuses a view
+                t.detach_().requires_grad_()
                 t.grad = None
             times.append(clock(fn))
         return times
