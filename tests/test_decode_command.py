@@ -125,6 +125,20 @@ def test_a_wrong_decode_path_is_not_timed(monkeypatch, tmp_path, capsys):
     assert len(wrong) == 1 and wrong[0]["status"] == "wrong" and "decode_ms" not in wrong[0]
 
 
+def test_without_its_dense_baseline_a_group_gets_no_ratios(monkeypatch, tmp_path, capsys):
+    """Dense refused (a wrong decode path here, or too large for the memory): SwitchHead must not become the
+    baseline of the rest, its ratios read as theirs to dense."""
+    monkeypatch.setattr(
+        decode, "decoding_check", lambda preset, device: 0.5 if "transformer" in preset else 0.0
+    )
+    presets = ["tiny-transformer", "tiny-switchhead", "tiny-moa"]
+    argv = ["decode", *presets, "--device", "cpu", *FAST, "--out", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    timed = [r for r in json.loads(capsys.readouterr().out)["rows"] if "decode_ms" in r]
+    assert {r["preset"] for r in timed} == {"tiny-switchhead", "tiny-moa"}
+    assert not any("baseline" in r or "ratio_decode_time" in r for r in timed)
+
+
 @pytest.mark.slow  # times a pair
 def test_a_family_without_a_cache_is_a_row_not_an_error(monkeypatch, tmp_path, capsys):
     import dataclasses
@@ -290,11 +304,11 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
     grid's cells that is, in the run's one pair of files."""
     time_cell, calls = decode.time_cell, []
 
-    def stopped_at_the_second_cell(*args):
+    def stopped_at_the_second_cell(*args, **kwargs):
         calls.append(args[1:3])
         if len(calls) == 2:
             raise KeyboardInterrupt  # as a SIGINT at the end of a slice would
-        return time_cell(*args)
+        return time_cell(*args, **kwargs)
 
     monkeypatch.setattr(decode, "time_cell", stopped_at_the_second_cell)
     argv = ["decode", "tiny-transformer", "tiny-switchhead", "--device", "cpu", *FAST, "--out", str(tmp_path)]
@@ -312,7 +326,9 @@ def test_a_run_stopped_midway_keeps_the_cells_it_measured(monkeypatch, tmp_path)
 
     # --resume measures only the cell left, into the same files, and keeps the first cell's rows as they were
     calls.clear()
-    monkeypatch.setattr(decode, "time_cell", lambda *args: calls.append(args[1:3]) or time_cell(*args))
+    monkeypatch.setattr(
+        decode, "time_cell", lambda *args, **kwargs: calls.append(args[1:3]) or time_cell(*args, **kwargs)
+    )
     assert main([*argv, "--resume"]) == 0
     assert calls == [(2, 8)] and list(tmp_path.glob("*/*.json")) == [saved]
     resumed = json.loads(saved.read_text())

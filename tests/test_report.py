@@ -648,26 +648,28 @@ def test_the_inference_section_sets_serving_beside_training(tmp_path):
     run = json.loads(run_path.read_text())
     run["rows"].append({"preset": HOSTILE, "family": "plug-in", "status": "no decode path", "group": "tiny"})
     run_path.write_text(json.dumps(run))
-    speed = {
-        "metadata": {"device": "cpu", "dtype": "fp32"},
-        "rows": [
-            {
-                "preset": "tiny-switchhead",
-                "scope": "model",
-                "what": "train step",
-                "status": "ok",
-                "ratio_time": 1.23,
-            }
-        ],
-    }
-    (tmp_path / "speed" / "cpu").mkdir(parents=True)
-    (tmp_path / "speed" / "cpu" / "fp32.json").write_text(json.dumps(speed))
+
+    def speed_run(device, ratio, time):
+        row = {"preset": "tiny-switchhead", "scope": "model", "what": "train step", "status": "ok"}
+        return {
+            "metadata": {"device": device, "dtype": "fp32", "time": time},
+            "rows": [row | {"ratio_time": ratio}],
+        }
+
+    # the same preset's training ratio on this device, not the newer one of another device
+    for folder, run_of in (
+        ("cpu", speed_run(run["metadata"]["device"], 1.23, "1")),
+        ("h200", speed_run("H200", 0.5, "2")),
+    ):
+        (tmp_path / "speed" / folder).mkdir(parents=True)
+        (tmp_path / "speed" / folder / "fp32.json").write_text(json.dumps(run_of))
     summary_rows = collect(tmp_path)["decode"]["runs"][0]["summary"]
     by_preset = {r["preset"]: r for r in summary_rows}
     assert (by_preset["tiny-switchhead"]["batch"], by_preset["tiny-switchhead"]["train_step_ratio"]) == (
         2,
         1.23,
     )
+    assert "speed/cpu/fp32.json" in by_preset["tiny-switchhead"]["train_step_source"]
     assert by_preset["tiny-transformer"]["train_step_ratio"] is None
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert 'id="decode"' in page and "123.0%" in page and "no decode path" in page

@@ -17,6 +17,7 @@ from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.timing import benches as benches_module
 from switchbench.bench.timing import speed
 from switchbench.cli import main
+from switchbench.core import distributed
 from switchbench.models.presets import PRESETS
 
 
@@ -91,6 +92,26 @@ def test_a_step_that_cannot_be_captured_is_a_row_and_the_group_is_timed_without_
     ]
     timed = {r["preset"] for r in rows if r.get("status") == "ok" and r.get("group") == "tiny"}
     assert timed == {"tiny-transformer", "tiny-moa"} and released
+
+
+def test_without_its_dense_baseline_a_group_gets_no_ratios(monkeypatch):
+    """Dense is the member most likely not to be built (the largest step at 262M, or not capturable): the next
+    member must not become the baseline, its ratios read as SwitchHead's to dense."""
+    real = speed.model_benches
+
+    def benches(preset, *args):
+        if preset == "tiny-transformer":
+            raise benches_module.CaptureFailed("not capturable in a CUDA graph: a sync")
+        return real(preset, *args)
+
+    monkeypatch.setattr(speed, "model_benches", benches)
+    group = {"tiny": ("tiny-transformer", "tiny-switchhead", "tiny-moa")}
+    rows = speed.run(group, ("model",), "cpu", torch.float32, 1, rounds=2, warmup=0)
+    timed = [r for r in rows if r.get("status") == "ok" and r["group"] == "tiny"]
+    assert {r["preset"] for r in timed} == {"tiny-switchhead", "tiny-moa"}
+    assert not any(
+        key in r for r in timed for key in ("ratio_time", "ratio_macs", "baseline", "ratio_memory")
+    )
 
 
 @pytest.mark.slow
@@ -342,6 +363,7 @@ def test_a_group_that_does_not_fit_together_is_halved_and_made_up_by_accumulatio
     assert {r["status"] for r in timed} == {"ok"} and {(r["batch"], r["accumulation"]) for r in timed} == {
         (4, 2)
     }
+    assert speed.sequences_per_step(timed, distributed.ONE) == {"tiny": 8}  # what the run's metadata says
 
 
 def test_an_oom_lets_go_of_the_failed_calls_tensors_before_the_memory_is_released(monkeypatch):

@@ -147,24 +147,43 @@ def load_decode(results: Path) -> dict | None:
     runs = _each([p for p in map(newest, folders) if p is not None], lambda path: _run(path, "decode"))
     if not runs:
         return None
-    speed = load_speed(results, quiet=True) or {"runs": []}
-    training = {
-        r["preset"]: r["ratio_time"]
-        for run in speed["runs"]
-        for r in run["rows"]
-        if r.get("what") == "train step" and r.get("ratio_time") is not None
+    speed = (load_speed(results, quiet=True) or {"runs": []})["runs"]
+    return {
+        "runs": [
+            run
+            | {
+                "summary": _decode_summary(
+                    run["rows"], _training_ratios(speed, run["metadata"].get("device"))
+                )
+            }
+            for run in runs
+        ]
     }
-    return {"runs": [run | {"summary": _decode_summary(run["rows"], training)} for run in runs]}
 
 
-def _decode_summary(rows: list[dict], training: dict) -> list[dict]:
+def _training_ratios(speed_runs: list[dict], device: str | None) -> dict[str, tuple[float, str]]:
+    """Each preset's training-step time ratio on ``device`` and the run it comes from: the newest speed run of that
+    device to time it (a ratio belongs to its device and its settings, so none is taken from another device)."""
+    found = {}
+    for run in sorted(speed_runs, key=lambda run: run["metadata"].get("time", "")):
+        if run["metadata"].get("device") != device:
+            continue
+        source = f"{run['file']} ({labels.speed_setting(run['metadata'])})"
+        for r in run["rows"]:
+            if r.get("what") == "train step" and r.get("ratio_time") is not None:
+                found[r["preset"]] = (r["ratio_time"], source)
+    return found
+
+
+def _decode_summary(rows: list[dict], training: dict[str, tuple[float, str]]) -> list[dict]:
     """One row per preset: its cache, and its decode ratio at the run's largest batch and context."""
     timed = [r for r in rows if r["status"] == "ok"]
     cell = max(((r["batch"], r["context"]) for r in timed), default=None)
     out = {}
     for r in rows:
         if r["status"] != "ok" or (r["batch"], r["context"]) == cell:
-            out[r["preset"]] = r | {"train_step_ratio": training.get(r["preset"])}
+            ratio, source = training.get(r["preset"], (None, None))
+            out[r["preset"]] = r | {"train_step_ratio": ratio, "train_step_source": source}
     return list(out.values())
 
 

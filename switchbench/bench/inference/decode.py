@@ -106,9 +106,12 @@ class Member:
         self.lm.decode(self.prompt[:, self.context :], self.cache)
 
 
-def time_cell(models: dict, batch: int, context: int, device, dtype, grid: "Grid") -> list[dict]:
+def time_cell(
+    models: dict, batch: int, context: int, device, dtype, grid: "Grid", baseline: str | None = None
+) -> list[dict]:
     """One cell of the grid: every member (a served model of ``models``) given its cache and prompt, or refused,
-    counted, then timed interleaved; a member that runs out of memory while timed is an OOM row."""
+    counted, then timed interleaved; a member that runs out of memory while timed is an OOM row. Ratios are to
+    ``baseline`` (by default the first of ``models``), and none where it was not timed."""
     width = torch.empty((), dtype=dtype).element_size()
     rows, members = [], []
     for preset, lm in models.items():
@@ -141,7 +144,7 @@ def time_cell(models: dict, batch: int, context: int, device, dtype, grid: "Grid
     measured = [_row(m, times[m.preset], width) for m in members if m.preset in times]
     del members
     release_memory()
-    return _with_ratios(measured, times) + rows
+    return _with_ratios(measured, times, baseline or next(iter(models), None)) + rows
 
 
 def _time_interleaved(members: list, timer: Timer, grid: "Grid") -> dict[str, dict[str, list]]:
@@ -193,11 +196,10 @@ def _row(member: Member, times: dict, width: int) -> dict:
     }
 
 
-def _with_ratios(rows: list[dict], times: dict) -> list[dict]:
-    """Each member's paired per-round time ratios to the cell's first member (the group's dense baseline)."""
-    if not rows:
+def _with_ratios(rows: list[dict], times: dict, base: str | None) -> list[dict]:
+    """Each member's paired per-round time ratios to ``base`` (the group's dense baseline), if it was timed."""
+    if base not in times:
         return rows
-    base = rows[0]["preset"]
     for row in rows:
         for what in ("prefill", "decode"):
             paired = [a / b for a, b in zip(times[row["preset"]][what], times[base][what], strict=True)]
@@ -224,7 +226,9 @@ def with_floors(rows: list[dict], peak_tflops: float, bandwidth_gbs: float, memo
         row["max_batch_at_context"] = sizing.max_batch(cfg, row["context"], memory, width)
     by_cell = {(r["preset"], r["batch"], r["context"]): r for r in rows if r.get("status") == "ok"}
     for row in by_cell.values():
-        base = by_cell.get((row["baseline"], row["batch"], row["context"]))
+        base = by_cell.get((row.get("baseline"), row["batch"], row["context"]))
+        if base is None:  # the baseline was not timed: no ratio
+            continue
         for what in ("prefill", "decode"):
             row[f"ratio_{what}_floor"] = row[f"{what}_floor_ms"] / base[f"{what}_floor_ms"]
         row["ratio_kv_cache_bytes"] = row["kv_cache_bytes_per_token"] / base["kv_cache_bytes_per_token"]
@@ -276,7 +280,7 @@ def run(grid: "Grid", device: str, dtype: torch.dtype, saved=lambda rows: None, 
         # built once for the group, long enough for its longest context: a cell gives each its cache
         models = {preset: served(preset, max(grid.contexts) + 1, device, dtype) for preset in ready}
         for batch, context in tqdm(cells, desc=f"decode {group}", disable=None):
-            cell = time_cell(models, batch, context, device, dtype, grid)
+            cell = time_cell(models, batch, context, device, dtype, grid, baseline=presets[0])
             rows += [per_preset[r["preset"]] | r | {"group": group} for r in cell]
             saved(rows)
         del models

@@ -81,10 +81,11 @@ def time_group(
     warmup: int,
     progress=None,
     world: distributed.World = distributed.ONE,
+    baseline: str | None = None,
 ) -> list[dict]:
-    """Time the benches round-robin; ratios against the first bench of each (scope, what) are paired medians.
-    Under several processes the ranks meet at a barrier before each call, and each call's time is the slowest
-    rank's."""
+    """Time the benches round-robin; ratios against the ``baseline`` preset's bench of each (scope, what), by
+    default the first bench's, are paired medians. Under several processes the ranks meet at a barrier before each
+    call, and each call's time is the slowest rank's."""
     times: dict[int, list[float]] = {i: [] for i in range(len(benches))}
     failed: dict[int, str] = {}
     for r in range(warmup + rounds):
@@ -100,9 +101,10 @@ def time_group(
         if progress is not None:
             progress.update(1)
     times, failed = _slowest_rank(times, failed, world)
-    rows, baseline = [], benches[0].preset if benches else None
+    rows = []
+    baseline = baseline or (benches[0].preset if benches else None)
     for i, bench in enumerate(benches):
-        # The group's baseline is its first preset; if it failed, nothing gets a ratio.
+        # The group's baseline is its first preset; if it failed (or was never built), nothing gets a ratio.
         base = next(
             (
                 j
@@ -279,7 +281,7 @@ def run(
                     | {"reason": f["reason"], "group": group, "batch": size}
                     for f in failures
                 ]
-                timed = time_group(benches, timer, rounds, warmup, bar, world)
+                timed = time_group(benches, timer, rounds, warmup, bar, world, baseline=presets[0])
                 made_up = {"accumulation": steps.accumulation} if steps.accumulation > 1 else {}
                 rows += [r | {"group": group, "batch": size} | made_up for r in timed]
                 del benches
@@ -480,7 +482,7 @@ def _measure(args, device: str, world: distributed.World) -> int:
             device,
             dtype_name,
             batch=batch if batch is not None else "fitted per group",
-            batches={r["group"]: r["batch"] * world.size for r in rows if "batch" in r},
+            batches=sequences_per_step(rows, world),
             processes=world.size,
             world_size=world.size,
             backend=world.backend,
@@ -519,6 +521,12 @@ def _measure(args, device: str, world: distributed.World) -> int:
     print(_published_wallclock().to_string(index=False))
     print(f"saved {path}")
     return nothing_measured(_timed(rows), "speed", path)
+
+
+def sequences_per_step(rows: list[dict], world: distributed.World) -> dict[str, int]:
+    """Each group's sequences in a training step: its micro-batch times the micro-batches accumulated, over every
+    rank (the rows record the micro-batch)."""
+    return {r["group"]: r["batch"] * r.get("accumulation", 1) * world.size for r in rows if "batch" in r}
 
 
 def _device_of(device: str, world: distributed.World) -> str:
