@@ -182,6 +182,19 @@ def test_cli_bad_input(capsys, argv, message):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_host_sync_in_a_step_is_named_before_its_capture():
+    """Inside a capture CUDA reports only that the capture was invalidated, and torch leaves the capture's stream
+    current: the last warm-up step finds the sync first, by name, and the caller's stream stays current."""
+    x, stream = torch.ones(4, device="cuda"), torch.cuda.current_stream()
+    with pytest.raises(benches_module.CaptureFailed, match="synchroniz"):
+        benches_module.captured(lambda: x.sum().item())
+    assert torch.cuda.current_stream() == stream
+    replay = benches_module.captured(lambda: x.mul_(2))  # a host-free step still captures
+    replay()
+    assert torch.cuda.get_sync_debug_mode() == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_path(tmp_path, capsys):
     """CUDA events, peak memory, bf16 autocast and the Triton expert matmul, on the tiny groups."""
     argv = [

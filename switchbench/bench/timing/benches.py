@@ -24,6 +24,7 @@ from switchbench.bench.cost.params import parameter_counts
 from switchbench.core import distributed, optim
 from switchbench.core.compiling import allow_recompilations
 from switchbench.core.precision import autocast
+from switchbench.core.sync import syncs_raise
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.window import make_window
@@ -298,22 +299,36 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     stays allocated). A pool lives only while a graph holds it: a capture into a pool whose graphs are all gone
     fails an assertion in torch's allocator (seen on an H100), so :func:`release_memory` forgets the pool and the
     next capture starts a new one."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
+    stream, caller = torch.cuda.Stream(), torch.cuda.current_stream()
+    stream.wait_stream(caller)
     with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
+        for i in range(warmup):
+            # The last warm-up step, past autotuning, runs with host syncs made errors: a sync is named there,
+            # where inside the capture CUDA says only that the capture was invalidated
+            checked = warmup > 1 and i == warmup - 1
+            with _not_capturable(), syncs_raise() if checked else contextlib.nullcontext():
+                step()
+    caller.wait_stream(stream)
     torch.cuda.empty_cache()  # the warm-up's cached blocks, for the capture's pool to take
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=_graph_pool()):
+        with _not_capturable(), torch.cuda.graph(graph, pool=_graph_pool()):
             step()
+    except RuntimeError:
+        torch.cuda.set_stream(caller)  # a failed capture leaves its own stream current
+        raise
+    return graph.replay
+
+
+@contextlib.contextmanager
+def _not_capturable():
+    """A RuntimeError inside the block, but running out of memory, as :class:`CaptureFailed` with its first line."""
+    try:
+        yield
     except RuntimeError as error:
-        if is_oom(error):
+        if is_oom(error) or isinstance(error, CaptureFailed):
             raise
         raise CaptureFailed(f"not capturable in a CUDA graph: {str(error).splitlines()[0]}") from error
-    return graph.replay
 
 
 class CaptureFailed(RuntimeError):
