@@ -107,11 +107,11 @@ class Member:
 
 
 def time_cell(
-    models: dict, batch: int, context: int, device, dtype, grid: "Grid", baseline: str | None = None
+    models: dict, batch: int, context: int, device, dtype, grid: "Grid", baseline: str
 ) -> list[dict]:
     """One cell of the grid: every member (a served model of ``models``) given its cache and prompt, or refused,
     counted, then timed interleaved; a member that runs out of memory while timed is an OOM row. Ratios are to
-    ``baseline`` (by default the first of ``models``), and none where it was not timed."""
+    ``baseline`` (the group's first preset), and none where it was not timed."""
     width = torch.empty((), dtype=dtype).element_size()
     rows, members = [], []
     for preset, lm in models.items():
@@ -144,7 +144,7 @@ def time_cell(
     measured = [_row(m, times[m.preset], width) for m in members if m.preset in times]
     del members
     release_memory()
-    return _with_ratios(measured, times, baseline or next(iter(models), None)) + rows
+    return _with_ratios(measured, times, baseline) + rows
 
 
 def _time_interleaved(members: list, timer: Timer, grid: "Grid") -> dict[str, dict[str, list]]:
@@ -196,7 +196,7 @@ def _row(member: Member, times: dict, width: int) -> dict:
     }
 
 
-def _with_ratios(rows: list[dict], times: dict, base: str | None) -> list[dict]:
+def _with_ratios(rows: list[dict], times: dict, base: str) -> list[dict]:
     """Each member's paired per-round time ratios to ``base`` (the group's dense baseline), if it was timed."""
     if base not in times:
         return rows
