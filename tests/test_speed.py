@@ -94,6 +94,13 @@ def test_a_step_that_cannot_be_captured_is_a_row_and_the_group_is_timed_without_
     assert timed == {"tiny-transformer", "tiny-moa"} and released
 
 
+def test_the_printout_marks_a_ratio_below_its_floor():
+    row = {"group": "g", "preset": "p", "scope": "model", "what": "train step", "status": "ok"}
+    assert speed._printed(row | {"time_over_floor": 0.976})["time/floor"] == "0.98 (baseline suspect)"
+    assert speed._printed(row | {"time_over_floor": 1.02})["time/floor"] == "1.02"
+    assert speed._printed(row)["time/floor"] == ""
+
+
 def test_without_its_dense_baseline_a_group_gets_no_ratios(monkeypatch):
     """Dense is the member most likely not to be built (the largest step at 262M, or not capturable): the next
     member must not become the baseline, its ratios read as SwitchHead's to dense."""
