@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from switchbench.analysis import stats
+from switchbench.analysis import analyze as analyze_module
 from switchbench.analysis.analyze import analyze
 from switchbench.cli import main
 from switchbench.core.results import read_csv
@@ -110,6 +111,33 @@ def test_validation_runs_each_length_unpadded_and_splits_accuracy_by_operator_an
             groups.setdefault(key(tokens), []).append(ok)
         for value, oks in groups.items():
             assert got[f"val_accuracy_{name}_{value}"] == pytest.approx(sum(oks) / len(oks))
+
+
+@pytest.mark.parametrize("preset", ["listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4"])
+def test_a_listops_sample_is_observed_as_each_sequence_alone(preset):
+    """The classifier has no padding mask, so padding changes the real tokens' attention and routing: every
+    statistic reads each sequence run alone, unpadded, as it was trained, with zeros at its padding."""
+    torch.manual_seed(0)
+    model = checkpoint.build_model("listops", PRESETS[preset], listops.N_CLASSES).eval()
+    run = {"task": "listops", "module": model}
+    sample = listops.generate(6, seed=5, cfg=listops.ListOpsConfig(max_length=PRESETS[preset].T))
+    tokens = listops.encode(sample, PRESETS[preset].T)[0]
+    got = analyze_module._observe_sample(run, tokens)
+    for i, (example, _) in enumerate(sample):
+        n = len(example)
+        alone = analyze_module._observe(run, tokens[i : i + 1, :n])
+        for module, record in alone.items():
+            for key, value in record.items():
+                whole = got[module][key][i : i + 1]
+                if key == "maps":
+                    torch.testing.assert_close(whole[..., :n, :n], value, rtol=0, atol=1e-6)
+                    assert not whole[..., n:].any() and not whole[..., n:, :].any()
+                else:
+                    torch.testing.assert_close(whole[:, :n], value, rtol=0, atol=1e-6)
+                    assert not whole[:, n:].any()
+    padded = analyze_module._observe(run, tokens)  # what the statistics read before
+    maps = [name for name in padded if "maps" in padded[name]]
+    assert any(not torch.allclose(padded[m]["maps"], got[m]["maps"]) for m in maps)
 
 
 def test_statistics_on_a_hand_made_routing():

@@ -68,6 +68,32 @@ def _observe(run: dict, tokens: torch.Tensor) -> dict[str, dict]:
     return records
 
 
+def _observe_sample(run: dict, tokens: torch.Tensor) -> dict[str, dict]:
+    """:func:`_observe` over a sample. ListOps' classifier has no padding mask and trains and validates each length
+    unpadded: each length runs alone, its records put back into [B, T, ...] with zeros at the padding (read
+    padded, the sample's padding took 49 to 90% of the real tokens' attention past the first layer)."""
+    if run["task"] != "listops":
+        return _observe(run, tokens)
+    B, T = tokens.shape
+    lengths = (tokens != listops.TOKEN_ID[listops.PAD]).sum(1)
+    merged: dict[str, dict] = {}
+    for n in lengths.unique().tolist():
+        rows = (lengths == n).nonzero().flatten()
+        for module, record in _observe(run, tokens[rows, :n]).items():
+            for key, value in record.items():
+                if key == "maps":  # [b, H, n, n]
+                    full = merged.setdefault(module, {}).setdefault(
+                        key, value.new_zeros(B, value.shape[1], T, T)
+                    )
+                    full[rows, :, :n, :n] = value
+                else:  # [b, n, ...]
+                    full = merged.setdefault(module, {}).setdefault(
+                        key, value.new_zeros(B, T, *value.shape[2:])
+                    )
+                    full[rows, :n] = value
+    return merged
+
+
 def _attention(records: dict) -> list[dict]:
     return [records[name] for name in sorted(records, key=_layer) if name.endswith(".attn")]
 
@@ -101,7 +127,7 @@ def analyze(
         attention = _attention(_observe(run, ids))
         maxima[run["name"]] = [a["maps"][0].amax(0).float().numpy() for a in attention]
         written += _selections(run, attention, labels, out)
-        records = _observe(run, tokens)
+        records = _observe_sample(run, tokens)
         sample_maxima[run["name"]] = [
             a["maps"].amax(1).float().numpy() for a in _attention(records)
         ]  # [B, T, T]
