@@ -9,8 +9,8 @@ import matplotlib.image
 import pytest
 import torch
 
-from switchbench.analysis import stats
 from switchbench.analysis import analyze as analyze_module
+from switchbench.analysis import stats
 from switchbench.analysis.analyze import analyze
 from switchbench.cli import main
 from switchbench.core.results import read_csv

@@ -6,6 +6,7 @@ dense rows' weights; its options checked."""
 import json
 import math
 
+import pandas as pd
 import pytest
 
 pytest.importorskip("hypothesis")  # a GPU node without it skips this module, naming it
@@ -261,7 +262,8 @@ def test_the_balance_loss_is_added_in_training_only_and_observation_records_the_
     with observe(layer) as records:
         layer(x, mem, window)
     record = records[""]
-    assert torch.equal(record["experts"], chosen) and torch.equal(record["head_weights"], weights)
+    # the routed heads (after the 2 shared), numbered as the router numbers them
+    assert torch.equal(record["experts"], chosen - 2) and torch.equal(record["head_weights"], weights)
     torch.testing.assert_close(record["gates"], weights.gather(-1, chosen))
 
 
@@ -419,3 +421,7 @@ def test_the_norm_form_runs_through_every_command(tmp_path, capsys):
     assert "listops-moh-norm-h8" in (tmp_path / "analysis" / "explorer.html").read_text()
     usage = (tmp_path / "analysis" / "usage.csv").read_text().splitlines()
     assert len(usage) > 1 and all(line.startswith("listops-moh-norm-h8,") for line in usage[1:])
+    # per router, one count for each routed head: the shared ones are no experts left unused
+    cfg = PRESETS["listops-moh-norm-h8"]
+    routers = pd.read_csv(tmp_path / "analysis" / "usage.csv").groupby(["layer", "head", "side"])["expert"]
+    assert set(routers.nunique()) == {cfg.n_heads - cfg.opts.shared_heads}

@@ -47,6 +47,18 @@ def test_compare_averages_rows_of_real_tokens_only():
     assert row["rows"] == 5
 
 
+def test_a_causal_row_is_compared_over_the_keys_it_sees():
+    """Row i of a causal map attends to keys 0..i; the zeros past them, shared by construction, are no agreement."""
+    rng = np.random.default_rng(2)
+    a, b = np.tril(rng.random((1, 5, 5))), np.tril(rng.random((1, 5, 5)))
+    (row,) = similarity.compare([a], [b], lengths=[5], causal=True)
+    pairs = [_naive(a[0, i, : i + 1], b[0, i, : i + 1]) for i in range(1, 5)]  # row 0 sees one key: no r
+    assert row["pearson"] == pytest.approx(statistics.fmean(r for r, _ in pairs))
+    assert row["rows"] == 4
+    (whole,) = similarity.compare([a], [b], lengths=[5])
+    assert whole["pearson"] > row["pearson"]  # the shared zeros inflate it
+
+
 def test_identical_maps_and_the_baseline_flag():
     maps = [np.random.default_rng(1).random((4, 5, 5)) for _ in range(2)]
     table = similarity.similarity_table(

@@ -245,7 +245,8 @@ def _similarity(runs: list[dict], maxima: dict, tokens: torch.Tensor, out: Path)
         if runs[0]["task"] == "listops"
         else [tokens.shape[1]] * len(tokens)
     )
-    table = similarity.similarity_table(maxima, {r["name"]: r["train"]["preset"] for r in runs}, lengths)
+    presets = {r["name"]: r["train"]["preset"] for r in runs}
+    table = similarity.similarity_table(maxima, presets, lengths, causal=runs[0]["cfg"].causal)
     title = f"Attention maxima over heads compared row by row ({len(tokens)} sequences)"
     return [
         write_csv(out / "similarity.csv", table),

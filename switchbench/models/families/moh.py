@@ -132,7 +132,10 @@ class MoHAttention(Observable, nn.Module):
         y = self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
         if self.observing:
             gates = weights.detach().gather(-1, chosen) if chosen is not None else None
-            self.record(maps=maps, experts=chosen, gates=gates, head_weights=weights.detach())
+            # the analysis counts what the router chooses among: the routed heads, numbered from 0 (the shared
+            # heads, always on, would read as experts never chosen)
+            routed = chosen - self.shared if chosen is not None else None
+            self.record(maps=maps, experts=routed, gates=gates, head_weights=weights.detach())
         return y, chosen, probs
 
     def softmax_weights(
@@ -307,7 +310,7 @@ FAMILY = register(
         describe=describe,
         routing="heads",
         reads=("xl_bias_and_scale",),
-        choices=lambda cfg: cfg.n_heads,
+        choices=lambda cfg: cfg.n_heads - cfg.opts.shared_heads,  # the routed heads
         presets=presets,
         roles={
             "47m": "c4-47m-moh-h10",
