@@ -26,11 +26,16 @@ def table(monkeypatch):
 
 
 def test_shape_buckets():
-    assert choice.shape_bucket(40000, 1024, 112, torch.bfloat16, True) == "65536x1024x112 bfloat16 gates"
-    assert choice.shape_bucket(1, 24, 20, torch.float32, False) == "1x24x20 float32"
-    assert choice.shape_bucket(10**9, 8, 8, torch.float16, False) == "262144x8x8 float16"  # capped
+    bucket = choice.shape_bucket(40000, 1024, 112, torch.bfloat16, True, 8, 16)
+    assert bucket == "65536x1024x112 8of16 bfloat16 gates"
+    assert choice.shape_bucket(1, 24, 20, torch.float32, False, 1, 4) == "1x24x20 1of4 float32"
+    assert choice.shape_bucket(10**9, 8, 8, torch.float16, False, 2, 2) == "262144x8x8 2of2 float16"  # capped
+    # MoA's 8 and 12 of 16 experts: computing every expert costs 2 and 1.33 times the routed MACs
+    assert choice.shape_bucket(40000, 1024, 146, torch.bfloat16, False, 12, 16) != choice.shape_bucket(
+        40000, 1024, 146, torch.bfloat16, False, 8, 16
+    )
     # torch.jit.trace hands sizes over as tensors
-    traced = choice.shape_bucket(torch.tensor(256), 64, 16, torch.float32, True)
+    traced = choice.shape_bucket(torch.tensor(256), 64, 16, torch.float32, True, 2, 4)
     assert traced == choice.TRACED and choice.lookup(CPU, traced, "auto").reason == "fallback"
 
 
@@ -96,7 +101,7 @@ def test_a_layer_runs_on_the_choice_in_force():
 
 def test_a_table_choosing_an_implementation_the_op_lacks_fails_as_it_loads(tmp_path, monkeypatch):
     """The shipped table (empty until a GPU tunes it) is checked as auto_tables() loads it."""
-    bucket = choice.shape_bucket(65536, 1024, 112, torch.bfloat16, True)
+    bucket = choice.shape_bucket(65536, 1024, 112, torch.bfloat16, True, 8, 16)
     good = [{"device": "NVIDIA H200", "choices": {bucket: "all_experts"}}]
     bad = [*good, {"device": H100, "choices": {bucket: "cutlass"}}]
     monkeypatch.setattr(choice, "SHIPPED", tmp_path / choice.AUTO_FILE)

@@ -99,6 +99,7 @@ def test_cli_writes_results_without_overwriting(tmp_path, capsys):
         "torch-kernel",
         "grouped_mm-kernel",
         "dense",
+        "dense projection",
     }
     assert len(list(tmp_path.glob("*.csv"))) == 2
     assert not list(tmp_path.glob(".*.tmp"))
@@ -122,7 +123,7 @@ TINY = kernels.Case(
 def test_every_timed_call_matches_its_float64_loop_in_output_and_every_gradient(dtype):
     """The whole op of each implementation (and the loop peer) and each kernel alone, off a GPU."""
     for impl in kernels.default_impls("cpu"):
-        if impl == "dense":
+        if impl in kernels.DENSE:
             continue
         inputs = kernels.make_inputs(TINY, "cpu", dtype)
         got, exact = kernels.outputs(TINY, inputs, impl), kernels.reference(TINY, inputs, impl)
@@ -241,8 +242,27 @@ def test_the_memory_estimate_is_a_lower_bound_of_the_inputs():
         gated=True,
     )
     inputs = kernels.make_inputs(case, "cpu", torch.float32)
-    held = sum(inputs[k].numel() for k in ("x", "weight", "scores", "rows")) * 4
+    held = (
+        sum(inputs[k].numel() for k in ("x", "weight", "scores", "rows", "projection_rows", "projection")) * 4
+    )
     assert held <= kernels.estimated_bytes(case) <= held + 4 * 9 * 4 * 16  # plus one output row per slot
+
+
+@pytest.mark.parametrize("size", ["47m", "262m"])
+def test_the_dense_projection_does_the_useful_macs_reading_and_writing_each_row_once(size):
+    """The MoE overhead's comparator, as a dense model's projection: a 262M SwitchHead token's row read once for all
+    8 slots' 112 outputs, not once a slot (a [N S, 1024] @ [1024, 112] product is memory-bound)."""
+    for case in kernels.cases(size, 2):
+        m, k, n = case.projection_shape
+        assert m * k * n == case.macs, case.name
+        if case.in_groups <= case.out_groups:  # each input row read once
+            assert (m, k) == (case.tokens * case.in_groups, case.d_in), case.name
+        else:  # each output row written once
+            assert (m, n) == (case.tokens * case.out_groups, case.d_out), case.name
+    by_name = {c.name: c for c in kernels.cases("262m", 2)}
+    # 2 sequences of 512 tokens, 1024 keys and values (XL's memory), 4 heads x k=2 slots of 112 channels
+    assert by_name["262m switchhead-v"].projection_shape == (2048, 1024, 8 * 112)
+    assert by_name["262m switchhead-o"].projection_shape == (1024, 8 * 112, 1024)
 
 
 def test_gradients_are_reset_before_every_timed_call():
@@ -278,7 +298,7 @@ def test_a_peak_below_the_runs_dense_matmuls_gives_way_to_the_fastest(tmp_path, 
     monkeypatch.setattr(kernels, "matmul_peak_tflops", lambda device, dtype: 1e-12)
     assert main([*_cli(tmp_path)[:-1], "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    dense = [r for r in out["rows"] if r["view"] == "dense"]
+    dense = [r for r in out["rows"] if r["impl"] in kernels.DENSE]
     fastest = max(r["tflops"] for r in dense)
     assert out["metadata"]["matmul_peak_tflops"] == fastest
     assert out["metadata"]["matmul_peak_source"].startswith(f"dense {TINY.name} ")
@@ -298,15 +318,18 @@ def test_op_and_kernel_rows_with_their_fractions_and_the_choice(tmp_path, monkey
     assert main([*_cli(tmp_path)[:-1], "--dtype", "bf16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {(r["impl"], r["pass"]): r for r in out["rows"]}
-    for impl in ("torch", "grouped_mm", "loop", "torch-kernel", "grouped_mm-kernel", "dense"):
+    for impl in ("torch", "grouped_mm", "loop", "torch-kernel", "grouped_mm-kernel", *kernels.DENSE):
         for what in kernels.PASSES:
             r = rows[impl, what]
             assert r["status"] == "ok" and r["fraction_of_matmul_peak"] == pytest.approx(r["tflops"] / 1e3)
-            assert r["vs_dense"] > 0 and (impl == "dense" or r["max_rel_error"] < 3e-2)
+            assert r["vs_dense"] > 0 and r["vs_projection"] > 0
+            assert impl in kernels.DENSE or r["max_rel_error"] < 3e-2
+            projection = rows["dense projection", what]["ms"]
+            assert r["vs_projection"] == pytest.approx(projection / r["ms"])
     assert [impl for (impl, what), r in rows.items() if r["chosen"]] == ["torch", "torch"]  # auto falls back
-    # the MoE overhead: routing plus the chosen op, less dense, as timed in this run
+    # the MoE overhead: routing plus the chosen op, less the dense projection, as timed in this run
     for what in kernels.PASSES:
-        routing, chosen, dense = (rows[impl, what] for impl in ("routing", "torch", "dense"))
+        routing, chosen, dense = (rows[impl, what] for impl in ("routing", "torch", "dense projection"))
         assert routing["view"] == "routing" and routing["method"] == "sort" and routing["vs_dense"] is None
         assert chosen["routing_ms"] == routing["ms"] == rows["routing", "forward"]["ms"]
         assert chosen["moe_overhead_ms"] == pytest.approx(routing["ms"] + chosen["ms"] - dense["ms"])
@@ -361,7 +384,10 @@ def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
         *(row(case, "routing", 3.0, "routing", routing="routing") for case in "abc"),
         *(row(case, "top-k", 1.0, "routing", routing="top-k") for case in "abc"),
         *(row(case, "routing (count)", 0.1, "routing", routing="routing") for case in "abc"),  # not in force
-        *(row(case, "dense", 10.0, "dense") for case in "abc"),
+        *(
+            row(case, "dense", 99.0, "dense") for case in "abc"
+        ),  # the op's shape: not the overhead's comparator
+        *(row(case, "dense projection", 10.0, "projection") for case in "abc"),
         row("a", "triton", 12.0, chosen=True),
         row("b", "all_experts", 12.0, chosen=True),
         row("c", "triton", 12.0, chosen=True),

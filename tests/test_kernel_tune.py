@@ -13,7 +13,7 @@ from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul import choice
 from switchbench.ops.expert_matmul.cases import Case
 
-BIG, SMALL = "65536x1024x112 bfloat16 gates", "8192x412x76 bfloat16 gates"
+BIG, SMALL = "65536x1024x112 8of16 bfloat16 gates", "8192x412x76 6of10 bfloat16 gates"
 
 
 def _row(
@@ -53,6 +53,18 @@ def test_the_fastest_implementation_timed_on_every_case_of_its_bucket():
     ]
     table = kernel_tune.fastest(rows)
     assert table == {"choices": {BIG: "grouped_mm"}, "ms": {BIG: {"torch": 27.0, "grouped_mm": 12.0}}}
+
+
+def test_one_case_at_two_batches_in_one_bucket_counts_as_two():
+    """kernel-tune times each case at several batches, whose slot counts may round to one bucket: an implementation
+    wrong at one of them is ruled out, not summed over fewer cases than its rivals."""
+    rows = [
+        _row(BIG, "v", "triton", 2.0) | {"shape_tokens": 32},
+        _row(BIG, "v", "triton", 4.0) | {"shape_tokens": 64},
+        _row(BIG, "v", "all_experts", 3.0) | {"shape_tokens": 32},
+        _row(BIG, "v", "all_experts", status="wrong") | {"shape_tokens": 64},
+    ]
+    assert kernel_tune.fastest(rows) == {"choices": {BIG: "triton"}, "ms": {BIG: {"triton": 6.0}}}
 
 
 def test_each_time_counts_the_share_of_routing_its_implementation_reads():

@@ -126,7 +126,8 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     and the routing; for the kernels alone, made here outside any timed region: the input rows in expert order
     ("sorted"), the same rows scattered into the PyTorch path's [E, capacity] buffer ("padded"), the weight with
     padded widths, the int32 expert ends and a routing of the sorted rows (each its own slot); for the dense
-    comparator, N * S rows and one expert's weight."""
+    comparators, N * S rows and one expert's weight (the op's shape), and the rows and weight of
+    ``Case.projection_shape`` (a dense projection's)."""
     gen = torch.Generator().manual_seed(seed)
     k = case.slots // case.groups
     scores = torch.rand(case.tokens, case.groups, case.experts_per_group, generator=gen)
@@ -142,6 +143,8 @@ def make_inputs(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> d
     out["dense"] = weight[0].to(device, dtype, copy=True).requires_grad_()
     rows = x[:, :1].expand(case.tokens, case.slots, case.d_in).reshape(-1, case.d_in)
     out["rows"] = rows.to(device, dtype, copy=True).requires_grad_()
+    projection = (t.to(device, dtype).requires_grad_() for t in _projection_operands(case, gen))
+    out["projection_rows"], out["projection"] = projection
     sorted_rows = aligned(_sorted_rows(case, out).detach(), ALIGN)  # [M, d_in']
     # detached: a view cannot be a timed leaf, which do_bench_cudagraph detaches in place before every call
     out["padded"] = _capacity_buffer(sorted_rows, routing).detach().requires_grad_()
@@ -215,8 +218,21 @@ def _grouped_mm_kernel(case: Case, inputs: dict):
 
 
 def _dense(case: Case, inputs: dict):
-    """The same useful MACs as one dense matmul: [N * S, d_in] @ [d_in, d_out]."""
+    """The same useful MACs as one dense matmul of the op's shape, [N * S, d_in] @ [d_in, d_out]: what the op's
+    kernels would take without routing (``vs_dense``)."""
     return inputs["rows"] @ inputs["dense"]
+
+
+def _projection(case: Case, inputs: dict):
+    """The same useful MACs as a dense model's projection, each row read and written once
+    (``Case.projection_shape``): what the MoE overhead is counted against."""
+    return inputs["projection_rows"] @ inputs["projection"]
+
+
+def _projection_operands(case: Case, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded [M, K] rows and [K, N] weight of the dense projection."""
+    m, k, n = case.projection_shape
+    return torch.randn(m, k, generator=gen) / k**0.25, torch.randn(k, n, generator=gen) / k**0.25
 
 
 def router_logits(case: Case, device: str, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
@@ -273,7 +289,7 @@ class Peer:
 
     run: Callable
     implementation: str
-    view: str  # "op", "kernel" or "dense"
+    view: str  # "op", "kernel", "dense" (the op's shape) or "projection" (a dense projection's)
     leaves: tuple[str, ...]
     reference: Callable | None
 
@@ -290,7 +306,9 @@ PEERS = {
     "triton-kernel": Peer(_triton_kernel, "triton", "kernel", _SORTED, _sorted_loop),
     "grouped_mm-kernel": Peer(_grouped_mm_kernel, "grouped_mm", "kernel", _SORTED, _sorted_loop),
     "dense": Peer(_dense, "", "dense", ("rows", "dense"), None),
+    "dense projection": Peer(_projection, "", "projection", ("projection_rows", "projection"), None),
 }
+DENSE = ("dense", "dense projection")  # the comparators
 PASSES = ("forward", "forward+backward")
 
 
@@ -389,14 +407,16 @@ def check(case: Case, inputs: dict, impl: str, dtype: torch.dtype, references: d
 
 def estimated_bytes(case: Case) -> int:
     """A lower bound of what measuring ``case`` holds: its fp32 inputs as drawn (x, weight, scores, the dense
-    peer's rows) and one output row per slot. Used to refuse a case before it starts."""
-    slots = case.tokens * case.slots
-    n_experts = case.groups * case.experts_per_group
+    peers' rows and weights) and one output row per slot. Used to refuse a case before it starts."""
+    m, k, n = case.projection_shape
+    slots, n_experts = case.tokens * case.slots, case.groups * case.experts_per_group
     floats = (
         case.tokens * case.in_groups * case.d_in
         + n_experts * case.d_in * case.d_out
         + (case.tokens * n_experts if case.gated else 0)
         + slots * (case.d_in + case.d_out)
+        + m * k
+        + k * n
     )
     return 4 * floats
 
@@ -518,13 +538,12 @@ def _spread(times: list[float]) -> dict:
 
 
 def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str, float]:
-    """Median ms, per pass, of the dense comparator alone: one matmul of ``case``'s useful MACs (what a dense
-    projection doing the same work costs; profile's MoE overhead subtracts it)."""
+    """Median ms, per pass, of the dense projection of ``case``'s useful MACs alone (``Case.projection_shape``:
+    what a dense model pays for the same work; profile's MoE overhead subtracts it)."""
     gen = torch.Generator().manual_seed(0)
-    rows = torch.randn(case.tokens * case.slots, case.d_in, generator=gen) / case.d_in**0.25
-    weight = torch.randn(case.d_in, case.d_out, generator=gen) / case.d_in**0.25
+    rows, weight = _projection_operands(case, gen)
     inputs = {name: t.to(device, dtype).requires_grad_() for name, t in (("rows", rows), ("dense", weight))}
-    grad = torch.randn(case.tokens * case.slots, case.d_out, generator=gen).to(device, dtype)
+    grad = torch.randn(rows.shape[0], weight.shape[1], generator=gen).to(device, dtype)
     ms, leaves = timer(device), list(inputs.values())
     forward = ms(lambda: _dense(case, inputs))
     both = ms(lambda: _dense(case, inputs).backward(grad), grad_to_none=leaves)
@@ -557,10 +576,10 @@ def routing_share(routings: dict[tuple, float], row: dict) -> float | None:
 
 def moe_overhead(rows: list[dict]) -> None:
     """On each chosen whole-op row of a routed case: ``routing_ms``, its share of its router's routing
-    (:func:`routing_share`), and ``moe_overhead_ms``, that share plus the op less the dense matmul of the same
+    (:func:`routing_share`), and ``moe_overhead_ms``, that share plus the op less the dense projection of the same
     useful MACs: what the case costs beyond dense, in ms (negative: it saves)."""
     routings = routing_times(rows)
-    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["view"] == "dense" and "ms" in r}
+    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["view"] == "projection" and "ms" in r}
     for r in rows:
         if not (r.get("chosen") and "ms" in r):
             continue
@@ -594,7 +613,7 @@ def default_impls(device: str, choice: str = "auto") -> list[str]:
     so it is left out) and the loop peer; with a named one, that one; each as the whole op and its kernel alone,
     and the dense comparator."""
     if choice != "auto":
-        return [name for name in (choice, f"{choice}-kernel", "dense") if name in PEERS]
+        return [name for name in (choice, f"{choice}-kernel", *DENSE) if name in PEERS]
     return [name for name, peer in PEERS.items() if device == "cuda" or peer.implementation != "triton"]
 
 
@@ -608,11 +627,12 @@ def run(
         for case in cases(size, batch):
             found = case_rows(case, device, dtype, impls, graphs)
             rows += [r | {"bucket": expert_matmul_choice.case_bucket(case, dtype)} for r in found]
-    dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == "dense" and "ms" in r}
-    for r in rows:
-        key = (r["case"], r["pass"])
-        timed = key in dense and "ms" in r and r["view"] != "routing"
-        r["vs_dense"] = dense[key] / r["ms"] if timed else None
+    for name, field in (("dense", "vs_dense"), ("dense projection", "vs_projection")):
+        dense = {(r["case"], r["pass"]): r["ms"] for r in rows if r["impl"] == name and "ms" in r}
+        for r in rows:
+            key = (r["case"], r["pass"])
+            timed = key in dense and "ms" in r and r["view"] != "routing"
+            r[field] = dense[key] / r["ms"] if timed else None
     return rows
 
 
@@ -734,6 +754,7 @@ def _run(args) -> int:
             "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
             "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
             "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
+            "vs projection": "" if r["vs_projection"] is None else f"{100 * r['vs_projection']:.0f}%",
             "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
             "MoE overhead": f"{r['moe_overhead_ms']:+.3f} ms" if "moe_overhead_ms" in r else "",
         }
@@ -741,10 +762,11 @@ def _run(args) -> int:
     ]
     if not args.json:
         print(
-            f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = dense-matmul time / this time; "
+            f"{metadata['device']}, {args.dtype}, batch {batch}; vs dense = time of a dense matmul of the op's shape "
+            "/ this time; vs projection = the same for a dense projection of the same MACs (each row read once); "
             f"of peak: of the measured matmul peak ({_tflops(peak)}"
             f"{'' if peak_source in (None, 'square product') else ', of ' + peak_source}); * = what --expert-matmul "
-            f"{args.expert_matmul} runs for the case; MoE overhead = routing share + that op - dense"
+            f"{args.expert_matmul} runs for the case; MoE overhead = routing share + that op - dense projection"
         )
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]
@@ -764,7 +786,7 @@ def _yardstick(rows: list[dict], device: str, dtype: torch.dtype) -> tuple[float
         return None, None
     peak = matmul_peak_tflops(device, dtype)
     dense = max(
-        (r for r in rows if r["view"] == "dense" and "tflops" in r), key=lambda r: r["tflops"], default=None
+        (r for r in rows if r["impl"] in DENSE and "tflops" in r), key=lambda r: r["tflops"], default=None
     )
     if dense is None or dense["tflops"] <= peak:
         return peak, "square product"

@@ -99,15 +99,12 @@ def all_experts_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
     return [(f"all_experts: {name}", nbytes, m) for name, nbytes, m in steps if nbytes or m]
 
 
-def dense_passes(case: Case, b: int) -> list[tuple[str, float, float]]:
-    """The same useful MACs as one dense [N * S, d_in] @ [d_in, d_out], forward and backward."""
-    m = case.tokens * case.slots
-    a, w, y, macs = (
-        m * case.d_in * b,
-        case.d_in * case.d_out * b,
-        m * case.d_out * b,
-        m * case.d_in * case.d_out,
-    )
+def dense_passes(case: Case, b: int, projection: bool = False) -> list[tuple[str, float, float]]:
+    """The same useful MACs as one dense matmul, forward and backward: of the op's shape, [N * S, d_in] @
+    [d_in, d_out], or with ``projection`` a dense projection's, each row read and written once
+    (``Case.projection_shape``)."""
+    m, k, n = case.projection_shape if projection else (case.tokens * case.slots, case.d_in, case.d_out)
+    a, w, y, macs = m * k * b, k * n * b, m * n * b, m * k * n
     return [
         ("dense forward", a + w + y, macs),
         ("dense grad_x", y + w + a, macs),
@@ -121,7 +118,8 @@ def milliseconds(nbytes: float, macs: float, gpu: str, dtype: str) -> float:
 
 
 def table(sizes: list[str], batch: int, dtypes: list[str]) -> list[dict]:
-    """One row per pass of each case, and its total and the dense total, with the estimate per GPU."""
+    """One row per pass of each case, its total, and the totals of a dense matmul of its shape and of a dense
+    projection of its MACs, with the estimate per GPU."""
     rows = []
     for dtype in dtypes:
         for size in sizes:
@@ -134,6 +132,8 @@ def table(sizes: list[str], batch: int, dtypes: list[str]) -> list[dict]:
                 if every:
                     rows.append(_total(case, dtype, "all_experts total", every))
                 rows.append(_total(case, dtype, "dense total", dense_passes(case, BYTES[dtype])))
+                projection = dense_passes(case, BYTES[dtype], projection=True)
+                rows.append(_total(case, dtype, "dense projection total", projection))
     return rows
 
 

@@ -126,12 +126,13 @@ def fastest_implementations(rows: list[dict], routing: str | None) -> dict[str, 
     for r in rows:
         if r["pass"] != "forward+backward" or r["view"] != "op":
             continue
-        cases_of.setdefault(r["bucket"], set()).add(r["case"])
+        case = r["case"], r["shape_tokens"]  # a case at two batches may fall in one bucket: two cases
+        cases_of.setdefault(r["bucket"], set()).add(case)
         share = routing_share(routings, r) if "ms" in r else None
         if share is not None:
             total.setdefault(r["bucket"], {}).setdefault(r["impl"], 0.0)
             total[r["bucket"]][r["impl"]] += r["ms"] + share
-            timed.setdefault((r["bucket"], r["impl"]), set()).add(r["case"])
+            timed.setdefault((r["bucket"], r["impl"]), set()).add(case)
     ms = {
         b: {impl: t for impl, t in sums.items() if timed[b, impl] == cases_of[b]} for b, sums in total.items()
     }

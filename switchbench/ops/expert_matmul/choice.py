@@ -52,19 +52,26 @@ resolutions = _CHOICE.resolutions  # {"device | bucket": Resolution}
 recording = _CHOICE.recording
 
 
-def shape_bucket(slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: bool) -> str:
-    """``65536x1024x112 bfloat16 gates``: the token slots rounded up to a power of two (capped), the widths, the
-    compute dtype, and whether the slots are gated. Sizes that are not numbers yet (a torch.jit trace, symbolic
-    shapes under torch.compile) make the bucket TRACED, which no table holds: auto falls back there."""
-    if not all(type(n) is int for n in (slots, d_in, d_out)):
+def shape_bucket(
+    slots: int, d_in: int, d_out: int, dtype: torch.dtype, gated: bool, per_token: int, experts: int
+) -> str:
+    """``65536x1024x112 8of16 bfloat16 gates``: the token slots rounded up to a power of two (capped), the widths,
+    the slots a token fills of how many experts (computing every expert costs experts / per_token times the routed
+    MACs: MoA's 8 of 16 and 12 of 16 are two buckets), the compute dtype, and whether the slots are gated. Sizes that
+    are not numbers yet (a torch.jit trace, symbolic shapes under torch.compile) make the bucket TRACED, which no
+    table holds: auto falls back there."""
+    if not all(type(n) is int for n in (slots, d_in, d_out, per_token, experts)):
         return TRACED
     bucket = min(1 << max(slots - 1, 0).bit_length(), _BUCKET_CAP)
-    return f"{bucket}x{d_in}x{d_out} {str(dtype).removeprefix('torch.')}" + (" gates" if gated else "")
+    name = f"{bucket}x{d_in}x{d_out} {per_token}of{experts} {str(dtype).removeprefix('torch.')}"
+    return name + (" gates" if gated else "")
 
 
 def case_bucket(case: Case, dtype: torch.dtype) -> str:
     """The shape bucket an expert matmul of ``case`` in ``dtype`` resolves ``auto`` by."""
-    return shape_bucket(case.tokens * case.slots, case.d_in, case.d_out, dtype, case.gated)
+    return shape_bucket(
+        case.tokens * case.slots, case.d_in, case.d_out, dtype, case.gated, case.slots, case.n_experts
+    )
 
 
 @functools.cache

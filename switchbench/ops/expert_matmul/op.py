@@ -171,7 +171,10 @@ def expert_matmul(
         x, weight = x.to(dtype), weight.to(dtype)
         scores = None if scores is None else scores.to(dtype)
     if impl is None or impl == "auto":
-        bucket = shape_bucket(routing.indices.numel(), d_in, weight.shape[2], x.dtype, scores is not None)
+        gated = scores is not None
+        bucket = shape_bucket(
+            routing.indices.numel(), d_in, weight.shape[2], x.dtype, gated, slots, routing.n_experts
+        )
         impl = resolve(x.device, bucket, impl)
     if impl not in IMPLS:
         raise ValueError(f"expert matmul impl must be one of {', '.join(IMPLS)} or auto; got {impl!r}")
