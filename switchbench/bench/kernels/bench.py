@@ -542,11 +542,14 @@ def dense_equivalent_ms(case: Case, device: str, dtype: torch.dtype) -> dict[str
     what a dense model pays for the same work; profile's MoE overhead subtracts it)."""
     gen = torch.Generator().manual_seed(0)
     rows, weight = _projection_operands(case, gen)
-    inputs = {name: t.to(device, dtype).requires_grad_() for name, t in (("rows", rows), ("dense", weight))}
+    inputs = {
+        name: t.to(device, dtype).requires_grad_()
+        for name, t in (("projection_rows", rows), ("projection", weight))
+    }
     grad = torch.randn(rows.shape[0], weight.shape[1], generator=gen).to(device, dtype)
     ms, leaves = timer(device), list(inputs.values())
-    forward = ms(lambda: _dense(case, inputs))
-    both = ms(lambda: _dense(case, inputs).backward(grad), grad_to_none=leaves)
+    forward = ms(lambda: _projection(case, inputs))
+    both = ms(lambda: _projection(case, inputs).backward(grad), grad_to_none=leaves)
     return {p: statistics.median(times) for p, times in zip(PASSES, (forward, both), strict=True)}
 
 
