@@ -85,6 +85,20 @@ def test_a_training_batch_has_one_length_and_depends_only_on_seed_and_step():
     assert len({len(batch[0][0]) for batch in steps}) > 10  # short and long expressions alike
 
 
+def test_no_validation_expression_is_trained_on():
+    """Flat expressions are few: without the exclusion a seed's first pools held most of its flat validation ones."""
+    cfg = TrainConfig("listops", "listops-transformer-h8", val_size=200)
+    task = ListOpsTask(cfg, PRESETS["listops-transformer-h8"])
+    trained = {tuple(tokens) for step in range(300) for tokens, _ in task.examples(step)}
+    assert not trained & task.held_out
+    plain = {
+        tuple(tokens)
+        for step in range(300)
+        for tokens, _ in listops.length_batch(cfg.batch, step, cfg.seed, task.data_cfg)
+    }
+    assert plain & task.held_out  # what the exclusion removes
+
+
 def test_operator_and_depth_by_hand():
     tokens = listops.tokenize("[MED 2 [MIN 3 [SM 4 9 ] ] 5 ]")
     assert (listops.operator(tokens), listops.depth(tokens)) == ("MED", 3)

@@ -79,10 +79,8 @@ def test_each_logged_interval_carries_its_mfu(task, tmp_path, monkeypatch):
         per_step = [6 * model_macs(c, 2) for c in memory]
         assert per_step[0] < per_step[1]
     else:
-        lengths = [
-            len(listops.length_batch(2, s, 0, listops.ListOpsConfig(max_length=model_cfg.T))[0][0])
-            for s in range(4)
-        ]
+        task = run.ListOpsTask(cfg, model_cfg)
+        lengths = [len(task.examples(s)[0][0]) for s in range(4)]
         per_step = [6 * run.classifier_macs(model_cfg, n, 2) for n in lengths]
     seconds = [0.0, *log["train_seconds"]]
     for i, row in enumerate(log.itertuples()):

@@ -16,6 +16,7 @@ from switchbench.models.families.dense import DenseAttention
 from switchbench.models.presets import PRESETS
 from switchbench.reports import summary
 from switchbench.reports.report import collect, write_report
+from switchbench.train import text
 from switchbench.train.run import LMTask
 
 # Student t quantiles as printed in statistical tables (e.g. NIST/SEMATECH e-Handbook, table 1.3.6.7.2)
@@ -27,6 +28,7 @@ RUN_KEYS = {
     "val_bits_per_byte",
     "val_perplexity",
     "train_macs",
+    "passes_over_text",
     "train_seconds",
     "mfu",
     "matmul_peak_tflops",
@@ -259,6 +261,9 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
         assert set(row) == RUN_KEYS
         assert row["val_perplexity"] == pytest.approx(2 ** row["val_bits_per_byte"])
         assert row["tokens"] == 3 * 16 * 64 and row["train_seconds"] > 0 and row["memory_bytes"] > 0
+        # 90% of the embedded text trains, in 16 streams read 64 bytes a step (a chunk reads one byte past it)
+        data = text.encode(text.load_text(None, None))
+        assert row["passes_over_text"] == pytest.approx(3 / ((int(0.9 * data.numel()) // 16 - 1) // 64))
         # the MFU can be checked from the file: the run's FLOPs (2 a MAC) over its time, over the peak it records
         achieved = 2 * row["train_macs"] / row["train_seconds"] / (row["matmul_peak_tflops"] * 1e12)
         assert row["mfu"] == pytest.approx(achieved, rel=1e-9)

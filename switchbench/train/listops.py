@@ -67,21 +67,25 @@ def generate(n: int, seed: int, cfg: ListOpsConfig = ListOpsConfig()) -> list[tu
 POOL_STEPS = 100
 
 
-def length_batch(batch: int, step: int, seed: int, cfg: ListOpsConfig = ListOpsConfig()) -> list:
+def length_batch(
+    batch: int, step: int, seed: int, cfg: ListOpsConfig = ListOpsConfig(), held_out: frozenset = frozenset()
+) -> list:
     """The ``step``-th training batch: ``batch`` examples of one length, so a step computes on real tokens only
     (padded to 64, a batch did 2.7x the work for the same accuracy per step). The same for the same seed and step,
     so training resumes exactly. Steps come in pools of POOL_STEPS: a pool's examples are drawn once and cut by
     length into full batches, taken in a seeded order; a length's share of the batches is its share of the draws,
-    less the incomplete batch each length leaves."""
-    return _pool(batch, step // POOL_STEPS, seed, cfg)[step % POOL_STEPS]
+    less the incomplete batch each length leaves. An expression in ``held_out`` (the validation set's token tuples)
+    is drawn again: flat expressions are few, and without this all 347 flat ones of a 1,000-example validation set
+    were trained on, 382 of its expressions in all by step 41,500."""
+    return _pool(batch, step // POOL_STEPS, seed, cfg, held_out)[step % POOL_STEPS]
 
 
 @functools.lru_cache(maxsize=2)
-def _pool(batch: int, pool: int, seed: int, cfg: ListOpsConfig) -> tuple:
+def _pool(batch: int, pool: int, seed: int, cfg: ListOpsConfig, held_out: frozenset) -> tuple:
     rng, by_length, full = random.Random(f"{seed}/{pool}"), defaultdict(list), []
     while len(full) < POOL_STEPS:
         tokens, answer = _expression(rng, 1, cfg)
-        if len(tokens) <= cfg.max_length:
+        if len(tokens) <= cfg.max_length and tuple(tokens) not in held_out:
             bucket = by_length[len(tokens)]
             bucket.append((tokens, answer))
             if len(bucket) == batch:

@@ -125,6 +125,7 @@ class ListOpsTask:
         self.cfg, self.model_cfg, self.rows = cfg, model_cfg, rows  # rows: this process's share of a batch
         self.data_cfg = listops.ListOpsConfig(max_length=model_cfg.T)
         self.val = listops.generate(cfg.val_size, seed=10**6 + cfg.seed, cfg=self.data_cfg)
+        self.held_out = frozenset(tuple(tokens) for tokens, _ in self.val)  # never trained on
         self.val_answers = torch.tensor([answer for _, answer in self.val], device=cfg.device)
         self.val_lengths = listops.by_length(self.val)
         # the validation examples of each outer operator and each nesting depth, the columns' order
@@ -134,8 +135,14 @@ class ListOpsTask:
             for value in sorted(set(keys)):
                 self.val_groups[f"{name}_{value}"] = [i for i, k in enumerate(keys) if k == value]
 
+    def examples(self, step: int) -> list:
+        """This process's share of the ``step``-th training batch, no validation expression among them."""
+        return listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg, self.held_out)[
+            self.rows
+        ]
+
     def loss(self, model, step: int, state=None):
-        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)[self.rows]
+        examples = self.examples(step)
         tokens, answers = (t.to(self.cfg.device) for t in listops.encode(examples, len(examples[0][0])))
         logits, aux = model(tokens)
         return (
@@ -146,7 +153,7 @@ class ListOpsTask:
 
     def step_flops(self, step: int) -> float:
         """Model FLOPs of this process's training step: its sequences, at the step's length."""
-        examples = listops.length_batch(self.cfg.batch, step, self.cfg.seed, self.data_cfg)[self.rows]
+        examples = self.examples(step)
         return 6 * classifier_macs(self.model_cfg, len(examples[0][0]), len(examples))
 
     @torch.no_grad()
@@ -405,7 +412,13 @@ def register(commands) -> None:
         default=1e-3,
         help="AdamW's peak learning rate, after warm-up (default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="weights and data (default: %(default)s)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the initial weights, and for ListOps the data and its validation draw (a language model reads the "
+        "same batches whatever the seed; default: %(default)s)",
+    )
     parser.add_argument(
         "--eval-every",
         type=int,
