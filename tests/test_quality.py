@@ -199,6 +199,10 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
             ["--presets", "tiny-moh-norm"],
             "chunks of one length, for equal tokens a step: bytes-",
         ),  # 32 bytes, the others 64
+        (
+            ["--presets", "bytes-920k-switchhead-h2:context_blocks=2"],
+            "must carry one length of XL memory, for equal context: bytes-920k-gqa-h4-kv2 context_blocks=1",
+        ),  # it trained with twice the memory beside the others without a word
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, says, tmp_path, capsys, monkeypatch):

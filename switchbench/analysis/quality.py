@@ -134,6 +134,13 @@ class Plan:
         if len({cfg.T for _, cfg in self.models.values()}) != 1:
             lengths = ", ".join(sorted(f"{preset} T={cfg.T}" for preset, cfg in self.models.values()))
             raise ValueError(f"the models must read chunks of one length, for equal tokens a step: {lengths}")
+        if (
+            len({cfg.context_blocks for _, cfg in self.models.values()}) != 1
+        ):  # else one sees more of the past
+            memory = ", ".join(
+                sorted(f"{p} context_blocks={cfg.context_blocks}" for p, cfg in self.models.values())
+            )
+            raise ValueError(f"the models must carry one length of XL memory, for equal context: {memory}")
         for family in self.models:
             self.train_config(family, 0)  # checks steps, batch, lr and clip
 
