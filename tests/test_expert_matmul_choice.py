@@ -17,10 +17,18 @@ CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 H100 = "NVIDIA H100 80GB HBM3"
 
 
+def _bucket(dtype: torch.dtype) -> str:
+    """The 262M SwitchHead value projection's bucket at batch 64, as the op makes it."""
+    return choice.shape_bucket(65536, 1024, 112, dtype, True, 8, 16)
+
+
+BF16 = _bucket(torch.bfloat16)
+
+
 @pytest.fixture
 def table(monkeypatch):
     """A measured table for an H100, and this process's GPU named so."""
-    tables = ({"device": H100, "choices": {"65536x1024x112 bfloat16 gates": "grouped_mm"}},)
+    tables = ({"device": H100, "choices": {BF16: "grouped_mm"}},)
     monkeypatch.setattr(choice, "auto_tables", lambda: tables)
     monkeypatch.setattr(choice, "device_name", lambda device: H100 if device.type == "cuda" else "x86_64")
 
@@ -40,23 +48,17 @@ def test_shape_buckets():
 
 
 def test_auto_takes_the_measured_fastest_where_device_and_bucket_match(table):
-    assert choice.lookup(GPU, "65536x1024x112 bfloat16 gates", "auto") == choice.Resolution(
-        "grouped_mm", "measured"
-    )
-    fallback = choice.lookup(GPU, "65536x1024x112 float32 gates", "auto")  # another dtype: no entry
+    assert choice.lookup(GPU, BF16, "auto") == choice.Resolution("grouped_mm", "measured")
+    fallback = choice.lookup(GPU, _bucket(torch.float32), "auto")  # another dtype: no entry
     assert fallback == choice.Resolution("triton", "fallback") and "fell back" in fallback.describe()
     # float64 (the exact checks, on a GPU too) is not Triton's: an H200 refused 51 tests' calls
-    assert choice.lookup(GPU, "65536x1024x112 float64 gates", "auto") == choice.Resolution(
-        "torch", "fallback"
-    )
-    assert choice.lookup(CPU, "65536x1024x112 bfloat16 gates", "auto") == choice.Resolution(
-        "torch", "fallback"
-    )
+    assert choice.lookup(GPU, _bucket(torch.float64), "auto") == choice.Resolution("torch", "fallback")
+    assert choice.lookup(CPU, BF16, "auto") == choice.Resolution("torch", "fallback")
     assert choice.measured_entries(GPU) == 1 and choice.measured_entries(CPU) == 0
 
 
 def test_precedence_named_then_environment_then_auto(table, monkeypatch):
-    bucket = "65536x1024x112 bfloat16 gates"
+    bucket = BF16
     monkeypatch.delenv(choice.ENV_IMPL, raising=False)
     assert choice.choice() == "auto" and choice.resolve(GPU, bucket) == "grouped_mm"
     monkeypatch.setenv(choice.ENV_IMPL, "torch")
@@ -79,10 +81,10 @@ def test_precedence_named_then_environment_then_auto(table, monkeypatch):
 def test_every_resolution_is_recorded_under_its_choice(table):
     with choice.selected("auto"):
         with choice.recording() as inner:
-            choice.resolve(GPU, "65536x1024x112 bfloat16 gates")
+            choice.resolve(GPU, BF16)
         choice.resolve(CPU, "8x4x4 float32")
         seen = choice.resolutions()
-    assert inner == {f"{H100} | 65536x1024x112 bfloat16 gates": choice.Resolution("grouped_mm", "measured")}
+    assert inner == {f"{H100} | {BF16}": choice.Resolution("grouped_mm", "measured")}
     assert seen == inner | {"x86_64 | 8x4x4 float32": choice.Resolution("torch", "fallback")}
     assert choice.resolutions() == {}  # outside any choice
 
