@@ -193,9 +193,25 @@ def test_a_host_sync_in_a_step_is_named_before_its_capture():
     """Inside a capture CUDA reports only that the capture was invalidated, and torch leaves the capture's stream
     current: the last warm-up step finds the sync first, by name, and the caller's stream stays current."""
     x, stream = torch.ones(4, device="cuda"), torch.cuda.current_stream()
-    with pytest.raises(benches_module.CaptureFailed, match="synchroniz"):
+    with pytest.raises(benches_module.CaptureFailed, match=benches_module.SYNC_ERROR):
         benches_module.captured(lambda: x.sum().item())
     assert torch.cuda.current_stream() == stream
+
+    def fails_in_capture():
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("operation not permitted when stream is capturing")
+        x.mul_(2)
+
+    with pytest.raises(benches_module.CaptureFailed, match="not permitted"):
+        benches_module.captured(fails_in_capture)
+    assert torch.cuda.current_stream() == stream  # the failed capture's stream is not left current
+
+    def broken():
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch") as raised:  # a bug, not a finding
+        benches_module.captured(broken)
+    assert not isinstance(raised.value, benches_module.CaptureFailed)
     replay = benches_module.captured(lambda: x.mul_(2))  # a host-free step still captures
     replay()
     assert torch.cuda.get_sync_debug_mode() == 0

@@ -304,9 +304,11 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     with torch.cuda.stream(stream):
         for i in range(warmup):
             # The last warm-up step, past autotuning, runs with host syncs made errors: a sync is named there,
-            # where inside the capture CUDA says only that the capture was invalidated
-            checked = warmup > 1 and i == warmup - 1
-            with _not_capturable(), syncs_raise() if checked else contextlib.nullcontext():
+            # where inside the capture CUDA says only that the capture was invalidated. Any other error is a bug.
+            if warmup > 1 and i == warmup - 1:
+                with _not_capturable(only=SYNC_ERROR), syncs_raise():
+                    step()
+            else:
                 step()
     caller.wait_stream(stream)
     torch.cuda.empty_cache()  # the warm-up's cached blocks, for the capture's pool to take
@@ -320,13 +322,17 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     return graph.replay
 
 
+SYNC_ERROR = "synchronizing CUDA operation"  # what CUDA's sync debug mode raises with
+
+
 @contextlib.contextmanager
-def _not_capturable():
-    """A RuntimeError inside the block, but running out of memory, as :class:`CaptureFailed` with its first line."""
+def _not_capturable(only: str = ""):
+    """A RuntimeError inside the block whose message holds ``only``, but running out of memory, as
+    :class:`CaptureFailed` with its first line."""
     try:
         yield
     except RuntimeError as error:
-        if is_oom(error) or isinstance(error, CaptureFailed):
+        if is_oom(error) or isinstance(error, CaptureFailed) or only not in str(error):
             raise
         raise CaptureFailed(f"not capturable in a CUDA graph: {str(error).splitlines()[0]}") from error
 
