@@ -9,6 +9,10 @@ import pytest
 from switchbench.analysis import similarity
 
 
+def test_two_points_give_no_correlation():
+    assert math.isnan(similarity.row_pearson(np.array([[1.0, 2]]), np.array([[5.0, 3]]))[0])  # would be -1
+
+
 def test_pearson_by_hand():
     # deviations (-1, 0, 1) and (-4/3, -1/3, 5/3): products sum to 3, squares to 2 and 42/9
     r = similarity.row_pearson(np.array([[1.0, 2, 3], [5, 5, 5]]), np.array([[1.0, 2, 4], [1, 2, 3]]))
@@ -42,9 +46,10 @@ def test_compare_averages_rows_of_real_tokens_only():
     pairs = [_naive(a[0, i], b[0, i]) for i in range(3)] + [
         _naive(a[1, i, :2], b[1, i, :2]) for i in range(2)
     ]
-    assert row["pearson"] == pytest.approx(statistics.fmean(r for r, _ in pairs))
+    # the second sequence's rows see two keys each: too few for a correlation, not for a distance
+    assert row["pearson"] == pytest.approx(statistics.fmean(r for r, _ in pairs[:3]))
     assert row["js_distance"] == pytest.approx(statistics.fmean(d for _, d in pairs))
-    assert row["rows"] == 5
+    assert row["rows"] == 3
 
 
 def test_a_causal_row_is_compared_over_the_keys_it_sees():
@@ -52,9 +57,9 @@ def test_a_causal_row_is_compared_over_the_keys_it_sees():
     rng = np.random.default_rng(2)
     a, b = np.tril(rng.random((1, 5, 5))), np.tril(rng.random((1, 5, 5)))
     (row,) = similarity.compare([a], [b], lengths=[5], causal=True)
-    pairs = [_naive(a[0, i, : i + 1], b[0, i, : i + 1]) for i in range(1, 5)]  # row 0 sees one key: no r
+    pairs = [_naive(a[0, i, : i + 1], b[0, i, : i + 1]) for i in range(2, 5)]  # rows 0, 1 see 1, 2 keys: no r
     assert row["pearson"] == pytest.approx(statistics.fmean(r for r, _ in pairs))
-    assert row["rows"] == 4
+    assert row["rows"] == 3
     (whole,) = similarity.compare([a], [b], lengths=[5])
     assert whole["pearson"] > row["pearson"]  # the shared zeros inflate it
 

@@ -9,7 +9,7 @@ import numpy as np
 
 def row_pearson(a: np.ndarray, b: np.ndarray, visible: np.ndarray | None = None) -> np.ndarray:
     """[N] Pearson correlation of each row of a [N, S] with the same row of b over the row's ``visible`` columns
-    (all by default); NaN where a row is constant there."""
+    (all by default); NaN where a row is constant there, or sees fewer than 3 (two points always correlate by +-1)."""
     visible = np.ones(a.shape, dtype=bool) if visible is None else visible
 
     def centred(x: np.ndarray) -> np.ndarray:
@@ -18,7 +18,8 @@ def row_pearson(a: np.ndarray, b: np.ndarray, visible: np.ndarray | None = None)
 
     a, b = centred(a), centred(b)
     scale = np.sqrt((a * a).sum(axis=1) * (b * b).sum(axis=1))
-    return np.divide((a * b).sum(axis=1), scale, out=np.full(len(a), np.nan), where=scale > 0)
+    enough = visible.sum(axis=1) >= 3
+    return np.divide((a * b).sum(axis=1), scale, out=np.full(len(a), np.nan), where=(scale > 0) & enough)
 
 
 def row_js_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -241,10 +241,9 @@ def flop_counter_macs(cfg: ModelConfig, batch: int = 1) -> int:
     return counted_macs(lambda: layer(x, mem, window))
 
 
-def saved_floats(cfg: ModelConfig, batch: int = 1) -> int:
-    """Floats autograd keeps for the backward of one forward pass of the layer over ``batch`` sequences (in fp32:
-    4 bytes each)."""
-    layer, x, mem, window = layer_and_inputs(cfg, batch=batch)
+def saved_floats(cfg: ModelConfig) -> int:
+    """Floats autograd keeps for the backward of one forward pass of the layer (in fp32: 4 bytes each)."""
+    layer, x, mem, window = layer_and_inputs(cfg)
     return count_saved_bytes(lambda: layer(x, mem, window), layer) // 4
 
 

@@ -325,11 +325,13 @@ def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[
 # What routing and the expert matmul cost beyond dense
 
 MOE_SHARES = ("routing", EXPERT_FORWARD, EXPERT_INPUT, EXPERT_WEIGHT)
+# What the MoE overhead subtracts (runs before 2026-11-29: dense matmuls of the ops' own shapes)
+MOE_COMPARATOR = "dense projections of the same useful MACs, each row read once"
 
 
 def dense_equivalent(preset: str, batch: int, device: str, dtype: torch.dtype) -> dict[str, float] | None:
-    """Per pass, what dense matmuls of the same useful MACs as ``preset``'s expert matmuls take on this device: every
-    layer's, each timed alone as kernel-bench's dense comparator. None for a model without experts."""
+    """Per pass, what dense projections of the same useful MACs as ``preset``'s expert matmuls take on this device:
+    every layer's, each timed alone as kernel-bench's dense projection. None for a model without experts."""
     cfg = from_name(preset)
     cases = registry.layer_expert_matmuls(cfg, batch)
     if not cases:
@@ -345,7 +347,7 @@ def moe_overhead(shares: list[dict], step_ms: float, what: str, dense: dict[str,
     machinery = sum(r["ms"] for r in shares if r["kind"] == "share" and r["name"] in MOE_SHARES)
     return {
         "kind": "moe overhead",
-        "name": "routing + expert matmul - dense matmuls of the same useful MACs",
+        "name": "routing + expert matmul - dense projections of the same useful MACs",
         "ms": machinery - equivalent,
         "fraction": (machinery - equivalent) / step_ms,
         "moe_ms": machinery,
@@ -519,6 +521,7 @@ def _run(args) -> int:
             "compile": "eager",
             "counted": "kernel durations (CUDA)" if device == "cuda" else "operator self CPU time",
             "mfu_convention": MFU_CONVENTION,
+            "moe_overhead_against": MOE_COMPARATOR,
         }
         | kernel_metadata(args.expert_matmul, device)
     )
@@ -551,7 +554,7 @@ def overhead_lines(rows: list[dict]) -> list[str]:
     for r in (r for r in rows if r["kind"] == "moe overhead"):
         line = (
             f"{r['preset']}, {r['what']}: MoE overhead {r['ms']:+.2f} ms (routing and expert matmul "
-            f"{r['moe_ms']:.2f} ms, dense matmuls of the same useful MACs {r['dense_equivalent_ms']:.2f} ms)"
+            f"{r['moe_ms']:.2f} ms, dense projections of the same useful MACs {r['dense_equivalent_ms']:.2f} ms)"
         )
         if "fraction_of_dense_step" in r:
             line += f", {100 * r['fraction_of_dense_step']:.1f}% of {r['dense_preset']}'s {r['what']}"

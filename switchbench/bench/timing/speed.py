@@ -526,7 +526,13 @@ def _measure(args, device: str, world: distributed.World) -> int:
 def sequences_per_step(rows: list[dict], world: distributed.World) -> dict[str, int]:
     """Each group's sequences in a training step: its micro-batch times the micro-batches accumulated, over every
     rank (the rows record the micro-batch)."""
-    return {r["group"]: r["batch"] * r.get("accumulation", 1) * world.size for r in rows if "batch" in r}
+    found: dict[str, int] = {}
+    for r in rows:  # the largest: a member that failed to build records its batch, not an accumulation
+        if "batch" in r:
+            found[r["group"]] = max(
+                found.get(r["group"], 0), r["batch"] * r.get("accumulation", 1) * world.size
+            )
+    return found
 
 
 def _device_of(device: str, world: distributed.World) -> str:
