@@ -134,9 +134,8 @@ class Plan:
         if len({cfg.T for _, cfg in self.models.values()}) != 1:
             lengths = ", ".join(sorted(f"{preset} T={cfg.T}" for preset, cfg in self.models.values()))
             raise ValueError(f"the models must read chunks of one length, for equal tokens a step: {lengths}")
-        if (
-            len({cfg.context_blocks for _, cfg in self.models.values()}) != 1
-        ):  # else one sees more of the past
+        # unequal XL memory: one model would see more of the past than another
+        if len({cfg.context_blocks for _, cfg in self.models.values()}) != 1:
             memory = ", ".join(
                 sorted(f"{p} context_blocks={cfg.context_blocks}" for p, cfg in self.models.values())
             )
