@@ -20,6 +20,7 @@ from browser import CHROMIUM, WIDTH, opened
 
 from switchbench.cli import main
 from switchbench.core.environment import cpu_fingerprint, describe_machine
+from switchbench.core.results import newest
 from switchbench.reports import summary
 from switchbench.reports.report import collect, report_environment, write_report
 
@@ -617,6 +618,48 @@ def test_a_practitioner_s_run_and_an_eager_one_are_both_shown_the_newest_by_its_
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     assert "bf16, attention sdpa, each step replayed from one CUDA graph, batch" in page
     assert "bf16, attention explicit, batch" in page
+
+
+def test_the_profile_section_keeps_the_newest_profile_of_each_configuration_by_its_recorded_time(tmp_path):
+    """An H200 profiled the 262M pair, then SwitchHead alone on all_experts: both are shown; of two profiles of the
+    pair the later recorded one, whatever the files' modification times (a checkout, or a rewritten metadata field,
+    moves those)."""
+
+    def write(name: str, mtime: int, time: str, presets: list, expert_matmul: str):
+        metadata = {"device": "NVIDIA H200", "cuda": "13.0", "dtype": "bf16", "time": time}
+        metadata |= {"presets": presets, "expert_matmul": expert_matmul}
+        rows = [
+            {
+                "preset": p,
+                "what": "train step",
+                "kind": "share",
+                "name": "attention",
+                "ms": 1.0,
+                "fraction": 0.5,
+            }
+            | {"ms_unprofiled": 2.0, "ms_profiled": 2.0, "batch": 64, "tag": name}
+            for p in presets
+        ]
+        path = tmp_path / "profile" / "h200" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"metadata": metadata, "rows": rows}))
+        os.utime(path, (mtime, mtime))
+
+    pair = ["c4-262m-transformer-h16", "c4-262m-switchhead-h4"]
+    write("pair-older", 3, "2026-11-27T00:37:41+00:00", pair, "auto")
+    write("pair-newer", 1, "2026-11-27T13:18:52+00:00", pair, "auto")
+    write("alone", 2, "2026-11-27T13:19:24+00:00", pair[1:], "all_experts")
+    shown = sorted(run["rows"][0]["tag"] for run in collect(tmp_path)["profile"]["runs"])
+    assert shown == ["alone", "pair-newer"]
+
+
+def test_newest_goes_by_the_time_a_run_recorded(tmp_path):
+    for name, mtime, time in (("a", 2, "2026-11-27T00:00:00+00:00"), ("b", 1, "2026-11-28T00:00:00+00:00")):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"metadata": {"time": time}, "rows": []}))
+        os.utime(path, (mtime, mtime))
+    (tmp_path / "c.json").write_text("not json")  # recorded nothing: oldest, not an error
+    assert newest(tmp_path).name == "b.json"
 
 
 def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():

@@ -266,9 +266,20 @@ def read_csv(path: Path) -> pd.DataFrame:
 
 
 def newest(folder: Path, pattern: str = "*.json") -> Path | None:
-    """The most recently written file matching ``pattern`` under ``folder``, or None."""
-    files = sorted(Path(folder).glob(pattern), key=lambda p: p.stat().st_mtime)
+    """The newest run matching ``pattern`` under ``folder``, or None: by the time its metadata records, else by when
+    the file was written (a checkout gives every committed file about one modification time, and rewriting a file's
+    metadata makes it no newer a run)."""
+    files = sorted(Path(folder).glob(pattern), key=lambda p: (recorded_time(p), p.stat().st_mtime))
     return files[-1] if files else None
+
+
+def recorded_time(path: Path) -> str:
+    """The ISO time a run's JSON records in its metadata, or "" where it records none or cannot be read."""
+    try:
+        metadata = json.loads(Path(path).read_text()).get("metadata")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return metadata.get("time", "") if isinstance(metadata, dict) else ""
 
 
 def save_run(folder: Path, label: str, metadata: dict, rows: list[dict], stem: Path | None = None) -> Path:

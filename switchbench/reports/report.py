@@ -193,9 +193,18 @@ def load_kernels(results: Path) -> dict | None:
 
 
 def load_profile(results: Path) -> dict | None:
-    """The newest profile of each device folder: its shares as one row per share with a cell per model."""
-    folders = sorted(p for p in (results / "profile").glob("*") if p.is_dir())
-    runs = _each([p for p in map(newest, folders) if p is not None], _profile)
+    """The newest profile of each configuration (presets, passes, expert matmul) in each device folder: its shares as
+    one row per share with a cell per model. A profile of SwitchHead alone on another expert matmul does not hide
+    the pair's."""
+    runs = []
+    for folder in sorted(p for p in (results / "profile").glob("*") if p.is_dir()):
+        newest_of = {}
+        for run in sorted(
+            _each(sorted(folder.glob("*.json")), _profile), key=lambda r: r["metadata"].get("time", "")
+        ):
+            metadata = run["metadata"]
+            newest_of[(tuple(metadata.get("presets") or ()), metadata.get("expert_matmul"))] = run
+        runs += newest_of.values()
     return {"runs": runs} if runs else None
 
 
