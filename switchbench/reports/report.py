@@ -128,16 +128,25 @@ def load_speed(results: Path, quiet: bool = False) -> dict | None:
     """The newest run of each configuration (groups, compile mode, expert matmul) in each device folder, and the
     paper's Table 5: a GPU's evidence is one run per group and mode, not one run of everything. ``quiet``: say
     nothing of unreadable runs (the Speed section has said it)."""
-    runs = []
-    for folder in sorted(p for p in (results / "speed").glob("*") if p.is_dir()):
-        newest_of = {}
-        # newest by the time a run recorded, where it did: a checkout gives every file the same modification time
-        paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        loaded = _each(paths, lambda path: _run(path, "speed"), quiet)
-        for run in sorted(loaded, key=lambda run: run["metadata"].get("time", "")):
-            newest_of[labels.speed_configuration(run["metadata"])] = run
-        runs += newest_of.values()
+    runs = _newest_of_each(
+        results / "speed", lambda path: _run(path, "speed"), labels.speed_configuration, quiet
+    )
     return {"runs": runs, "table5": _rows(WALLCLOCK)} if runs else None
+
+
+def _newest_of_each(
+    kind: Path, load: Callable, configuration: Callable[[dict], tuple], quiet: bool = False
+) -> list[dict]:
+    """In each device folder under ``kind``, the newest run (by the time it recorded, where it did: a checkout gives
+    every file about one modification time) of each configuration that ``configuration(metadata)`` names."""
+    runs = []
+    for folder in sorted(p for p in kind.glob("*") if p.is_dir()):
+        newest_of = {}
+        paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+        for run in sorted(_each(paths, load, quiet), key=lambda run: run["metadata"].get("time", "")):
+            newest_of[configuration(run["metadata"])] = run
+        runs += newest_of.values()
+    return runs
 
 
 def load_decode(results: Path) -> dict | None:
@@ -193,18 +202,12 @@ def load_kernels(results: Path) -> dict | None:
 
 
 def load_profile(results: Path) -> dict | None:
-    """The newest profile of each configuration (presets, passes, expert matmul) in each device folder: its shares as
-    one row per share with a cell per model. A profile of SwitchHead alone on another expert matmul does not hide
-    the pair's."""
-    runs = []
-    for folder in sorted(p for p in (results / "profile").glob("*") if p.is_dir()):
-        newest_of = {}
-        for run in sorted(
-            _each(sorted(folder.glob("*.json")), _profile), key=lambda r: r["metadata"].get("time", "")
-        ):
-            metadata = run["metadata"]
-            newest_of[(tuple(metadata.get("presets") or ()), metadata.get("expert_matmul"))] = run
-        runs += newest_of.values()
+    """The newest profile of each configuration (presets, expert matmul) in each device folder: its shares as one row
+    per share with a cell per model. A profile of SwitchHead alone on another expert matmul does not hide the
+    pair's."""
+    runs = _newest_of_each(
+        results / "profile", _profile, lambda m: (tuple(m.get("presets") or ()), m.get("expert_matmul"))
+    )
     return {"runs": runs} if runs else None
 
 
