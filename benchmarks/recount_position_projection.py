@@ -13,9 +13,9 @@ import argparse
 import json
 from pathlib import Path
 
-from switchbench.analysis import plots, quality
+from switchbench.analysis import quality
 from switchbench.bench.cost.accounting import exact_cost, model_macs
-from switchbench.core.results import frame, save_figure, save_run, write_atomic, write_csv
+from switchbench.core.results import save_run, write_atomic
 from switchbench.models.config import ModelConfig
 from switchbench.models.presets import from_name
 
@@ -93,18 +93,8 @@ def quality_run(path: Path) -> bool:
         row["train_macs"] = 3 * (
             carried * model_macs(cfg, batch) + (steps - carried) * model_macs(fresh, batch)
         )
-    metadata = metadata | {"recounted": NOTE}
     summary = quality.summarize(run["rows"], metadata["confidence"])
-    stem = path.with_suffix("")
-    title = (
-        f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
-        f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval"
-    )
-    save_figure(plots.quality(frame(run["rows"]), frame(summary), title), stem)
-    write_csv(stem.with_suffix(".csv"), run["rows"])
-    write_csv(stem.with_name(f"{stem.name}-summary.csv"), summary)
-    payload = {"metadata": metadata, "rows": run["rows"], "summary": summary}
-    write_atomic(path, json.dumps(payload, indent=2, allow_nan=False))
+    quality.write_files(path.with_suffix(""), metadata | {"recounted": NOTE}, run["rows"], summary)
     return True
 
 

@@ -81,16 +81,10 @@ def _observe_sample(run: dict, tokens: torch.Tensor) -> dict[str, dict]:
         rows = (lengths == n).nonzero().flatten()
         for module, record in _observe(run, tokens[rows, :n]).items():
             for key, value in record.items():
-                if key == "maps":  # [b, H, n, n]
-                    full = merged.setdefault(module, {}).setdefault(
-                        key, value.new_zeros(B, value.shape[1], T, T)
-                    )
-                    full[rows, :, :n, :n] = value
-                else:  # [b, n, ...]
-                    full = merged.setdefault(module, {}).setdefault(
-                        key, value.new_zeros(B, T, *value.shape[2:])
-                    )
-                    full[rows, :n] = value
+                maps = key == "maps"  # [b, H, n, n]; every other record [b, n, ...]
+                shape = (B, value.shape[1], T, T) if maps else (B, T, *value.shape[2:])
+                full = merged.setdefault(module, {}).setdefault(key, value.new_zeros(shape))
+                full[(rows, slice(None), slice(n), slice(n)) if maps else (rows, slice(n))] = value
     return merged
 
 

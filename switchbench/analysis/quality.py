@@ -298,7 +298,11 @@ def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, con
 def save(folder: Path, label: str, metadata: dict, rows: list[dict], summary: list[dict]) -> Path:
     """LABEL.png/.svg (the figure), LABEL.csv (the runs), LABEL-summary.csv and LABEL.json (all three, written
     last) under ``folder``, LABEL numbered past earlier runs; returns the JSON path."""
-    stem = new_run_stem(folder, label)
+    return write_files(new_run_stem(folder, label), metadata, rows, summary)
+
+
+def write_files(stem: Path, metadata: dict, rows: list[dict], summary: list[dict]) -> Path:
+    """A run's files over ``stem``: the figure, the two CSVs and the JSON (written last); returns the JSON path."""
     title = (
         f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
         f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval"
