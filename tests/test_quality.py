@@ -27,6 +27,8 @@ RUN_KEYS = {
     "seed",
     "val_bits_per_byte",
     "val_perplexity",
+    "best_val_bits_per_byte",
+    "best_step",
     "train_macs",
     "passes_over_text",
     "train_seconds",
@@ -116,6 +118,49 @@ def test_summary_per_family():
     assert switchhead["vs_dense"] == pytest.approx(0.0) and moa["vs_dense"] == pytest.approx(0.5)
     assert switchhead["train_macs_vs_dense"] == 0.75 and moa["train_seconds_vs_dense"] == 1.0
     assert "vs_dense" not in quality.summarize([r for r in rows if r["family"] == "moa"])[0]
+
+
+def test_summary_of_the_best_scores_on_the_way():
+    """Each seed's lowest held-out score: their mean, how many seeds had passed it by their end, and the difference
+    to dense's best by hand (equal spreads, so Welch's interval is centred on the difference of the means)."""
+    rows = [
+        {
+            "family": family,
+            "preset": family,
+            "seed": seed,
+            "steps": 100,
+            "val_bits_per_byte": final,
+            "best_val_bits_per_byte": best,
+            "best_step": step,
+            "train_macs": 1.0,
+            "train_seconds": 1.0,
+            "memory_bytes": 1,
+        }
+        for family, runs in (
+            ("dense", ((2.3, 2.0, 40), (2.4, 2.1, 50), (2.5, 2.2, 100))),
+            ("switchhead", ((2.2, 1.9, 100), (2.3, 2.0, 100), (2.4, 2.1, 100))),
+        )
+        for seed, (final, best, step) in enumerate(runs)
+    ]
+    dense, switchhead = quality.summarize(rows)
+    assert dense["past_best"] == 2 and switchhead["past_best"] == 0
+    assert dense["best_bpb_mean"] == pytest.approx(2.1) and switchhead["best_bpb_mean"] == pytest.approx(2.0)
+    assert switchhead["vs_dense_best"] == pytest.approx(-0.1)
+    half = switchhead["vs_dense_best_high"] - switchhead["vs_dense_best"]
+    # Welch with equal variances s^2 = 0.01 and n = 3: df = 4, half-width t(0.975, 4) x sqrt(2 x 0.01 / 3)
+    assert half == pytest.approx(T_975[4] * math.sqrt(2 * 0.01 / 3), rel=1e-5)
+    assert switchhead["verdict_best"] == "matches" and "vs_dense_best" not in dense
+    # a run recorded before the scores on the way has no best columns
+    assert (
+        "best_bpb_mean"
+        not in quality.summarize([{k: v for k, v in r.items() if "best" not in k} for r in rows])[0]
+    )
+
+
+def test_a_runs_mfu_weighs_each_logged_interval_by_its_seconds():
+    # 1 s at 10% then 3 s at 30%: (0.1 x 1 + 0.3 x 3) / 4
+    log = [{"train_seconds": 1.0, "mfu": 0.1}, {"train_seconds": 4.0, "mfu": 0.3}]
+    assert quality._run_mfu(log) == pytest.approx(0.25)
 
 
 # Models and costs
@@ -263,6 +308,12 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
     ]
     for row in saved["rows"]:
         assert set(row) == RUN_KEYS
+        # 3 steps: scored after each (every max(1, 3 // 10) steps); the run's score is its last, its best the lowest
+        curve = [c for c in saved["curves"] if (c["family"], c["seed"]) == (row["family"], row["seed"])]
+        assert [c["step"] for c in curve] == [1, 2, 3]
+        assert curve[-1]["val_bits_per_byte"] == row["val_bits_per_byte"]
+        best = min(curve, key=lambda c: c["val_bits_per_byte"])
+        assert (row["best_val_bits_per_byte"], row["best_step"]) == (best["val_bits_per_byte"], best["step"])
         assert row["val_perplexity"] == pytest.approx(2 ** row["val_bits_per_byte"])
         assert row["tokens"] == 3 * 16 * 64 and row["train_seconds"] > 0 and row["memory_bytes"] > 0
         # 90% of the embedded text trains, in 16 streams read 64 bytes a step (a chunk reads one byte past it)

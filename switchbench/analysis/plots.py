@@ -190,13 +190,21 @@ def similarity(rows: list[dict], title: str) -> Figure:
     return fig
 
 
-def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
+def quality(
+    runs: pd.DataFrame, summary: pd.DataFrame, title: str, curves: pd.DataFrame | None = None
+) -> Figure:
     """Held-out bits per byte against training MACs and against wall-clock: one point per run (its marker the
-    seed), and each family's mean with its interval as an open diamond with error bars, drawn under the runs."""
+    seed), and each family's mean with its interval as an open diamond with error bars, drawn under the runs; with
+    ``curves`` (each run's evaluations on the way), a first panel of each family's mean score against the passes
+    over the training text, the seeds' range as a band."""
     palette = dict(zip(summary["family"], _seaborn().color_palette(n_colors=len(summary)), strict=True))
     runs = runs.assign(seed=runs["seed"].astype(str))
-    fig = new_figure(figsize=(11, 4))
-    axes = fig.subplots(1, 2, sharey=True)
+    panels = 2 if curves is None else 3
+    fig = new_figure(figsize=(5.5 * panels, 4))
+    axes = list(fig.subplots(1, panels))
+    if curves is not None:  # first, on a scale of its own: the first evaluations score far above the last
+        _held_out_curves(axes.pop(0), curves, palette)
+    axes[1].sharey(axes[0])
     for ax, (x, label) in zip(
         axes,
         (
@@ -236,3 +244,18 @@ def quality(runs: pd.DataFrame, summary: pd.DataFrame, title: str) -> Figure:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def _held_out_curves(ax, curves: pd.DataFrame, palette: dict) -> None:
+    _seaborn().lineplot(
+        data=curves,
+        x="passes_over_text",
+        y="val_bits_per_byte",
+        hue="family",
+        palette=palette,
+        errorbar=("pi", 100),  # the band spans the seeds
+        legend=False,
+        ax=ax,
+    )
+    ax.set(xlabel="passes over the training text", ylabel="held-out bits per byte")
+    ax.grid(alpha=0.3)

@@ -44,7 +44,7 @@ from switchbench.models import family as registry
 from switchbench.models.config import LARGEST_INT, ModelConfig
 from switchbench.models.lm import LanguageModel, count_parameters
 from switchbench.models.presets import PRESETS, changes_of, from_name
-from switchbench.train.run import LMTask, TrainConfig, train
+from switchbench.train.run import LMTask, TrainConfig, read_log, train
 
 CONFIDENCE = 0.95
 ADAMW_FLOATS = 4  # per parameter: the weight, its gradient and AdamW's two moments, all fp32
@@ -114,6 +114,11 @@ BUDGETS = {
 }
 
 
+# Held-out scores a run records, evenly over its steps (and at its end): a model that memorises its text passes
+# its best score before the end, which the final score alone would hide.
+EVALUATIONS = 10
+
+
 @dataclass(frozen=True)
 class Plan:
     """What one invocation trains: every family's model, ``seeds`` times, ``steps`` steps each."""
@@ -158,7 +163,7 @@ class Plan:
             warmup=max(1, self.steps // 10),
             clip=self.clip,
             seed=seed,
-            eval_every=self.steps,
+            eval_every=max(1, self.steps // EVALUATIONS),
             device=self.device,
             text=self.text,
             hf_dataset=self.hf_dataset,
@@ -178,6 +183,7 @@ class Plan:
             "tokens_per_run": self.steps * self.tokens_per_step,
             "lr": self.lr,
             "warmup": first.warmup,
+            "eval_every": first.eval_every,
             "clip": self.clip,
             "text": self.hf_dataset or self.text or "The Tempest (Shakespeare; embedded, 98 KB)",
         }
@@ -203,16 +209,29 @@ def _train(plan: Plan, family: str, seed: int, progress: bool) -> dict:
     if plan.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     with tempfile.TemporaryDirectory(prefix="switchbench-quality-") as folder:
-        last = train(plan.train_config(family, seed), Path(folder), progress=progress)
+        train(plan.train_config(family, seed), Path(folder), progress=progress)
+        evaluations = read_log(Path(folder) / "log.csv")
+    last, best = evaluations[-1], min(evaluations, key=lambda r: r["val_bits_per_byte"])
     bpb = last["val_bits_per_byte"]
     return {
         "val_bits_per_byte": bpb,
         "val_perplexity": 2**bpb,  # per byte
+        "best_val_bits_per_byte": best["val_bits_per_byte"],
+        "best_step": best["step"],
+        "val_curve": [[r["step"], r["val_bits_per_byte"]] for r in evaluations],
         "train_seconds": last["train_seconds"],
-        "mfu": last["mfu"],  # of the whole run: it evaluates once, at its end
+        "mfu": _run_mfu(evaluations),
         "matmul_peak_tflops": last["matmul_peak_tflops"],  # what the MFU divides by
         "peak_allocated_bytes": torch.cuda.max_memory_allocated() if plan.device == "cuda" else None,
     }
+
+
+def _run_mfu(evaluations: list[dict]) -> float:
+    """The whole run's MFU from its log, each row's MFU being of the steps since the row before: the FLOPs of every
+    interval (its MFU x its seconds) over all the seconds."""
+    seconds = [r["train_seconds"] for r in evaluations]
+    intervals = [b - a for a, b in zip([0.0, *seconds[:-1]], seconds, strict=True)]
+    return sum(r["mfu"] * t for r, t in zip(evaluations, intervals, strict=True)) / max(seconds[-1], 1e-9)
 
 
 def _costs(plan: Plan, cfg: ModelConfig, task: LMTask) -> dict:
@@ -277,22 +296,41 @@ def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, con
         "bpb_std": statistics.stdev(bpb),
     }
     if dense is not None and family != "dense":
-        difference = difference_interval(bpb, [r["val_bits_per_byte"] for r in dense], confidence)
-        row |= {
-            "vs_dense": difference.estimate,
-            "vs_dense_low": difference.low,
-            "vs_dense_high": difference.high,
-            "vs_dense_df": difference.df,
-            "verdict": difference.verdict(),
-        }
+        row |= _against_dense(runs, dense, "val_bits_per_byte", "", confidence)
     elif family == "dense":
         row["verdict"] = "baseline"
+    if all(
+        "best_val_bits_per_byte" in r for r in runs
+    ):  # runs before 2026-11-29 evaluated once, at their end
+        best = mean_interval([r["best_val_bits_per_byte"] for r in runs], confidence)
+        row |= {
+            "best_bpb_mean": best.estimate,
+            "best_bpb_low": best.low,
+            "best_bpb_high": best.high,
+            # seeds whose held-out score was best before their last step: the run went on memorising
+            "past_best": sum(r["best_step"] < r["steps"] for r in runs),
+        }
+        if dense is not None and family != "dense":
+            row |= _against_dense(runs, dense, "best_val_bits_per_byte", "_best", confidence)
     row["mfu"] = statistics.fmean(r["mfu"] for r in runs) if all("mfu" in r for r in runs) else None
     for cost in ("train_macs", "train_seconds", "memory_bytes"):
         row[cost] = statistics.fmean(r[cost] for r in runs)
         if dense is not None:
             row[f"{cost}_vs_dense"] = row[cost] / statistics.fmean(r[cost] for r in dense)
     return row
+
+
+def _against_dense(runs: list[dict], dense: list[dict], key: str, suffix: str, confidence: float) -> dict:
+    """The difference of the means of ``key`` to dense's with Welch's interval and its verdict, keyed
+    ``vs_dense{suffix}``, ``vs_dense{suffix}_low``..."""
+    difference = difference_interval([r[key] for r in runs], [r[key] for r in dense], confidence)
+    return {
+        f"vs_dense{suffix}": difference.estimate,
+        f"vs_dense{suffix}_low": difference.low,
+        f"vs_dense{suffix}_high": difference.high,
+        f"vs_dense{suffix}_df": difference.df,
+        f"verdict{suffix}": difference.verdict(),
+    }
 
 
 def save(folder: Path, label: str, metadata: dict, rows: list[dict], summary: list[dict]) -> Path:
@@ -307,11 +345,30 @@ def write_files(stem: Path, metadata: dict, rows: list[dict], summary: list[dict
         f"{metadata['device']}: {metadata['tokens_per_run']:,} tokens per run, {metadata['seeds']} seeds; "
         f"diamonds: the mean over seeds with its {metadata['confidence']:.0%} t-interval"
     )
-    save_figure(plots.quality(frame(rows), frame(summary), title), stem)
-    write_csv(stem.with_suffix(".csv"), rows)
+    saved = payload(metadata, rows, summary)
+    curves = frame(saved["curves"]) if saved["curves"] else None
+    save_figure(plots.quality(frame(saved["rows"]), frame(summary), title, curves), stem)
+    write_csv(stem.with_suffix(".csv"), saved["rows"])
     write_csv(stem.with_name(f"{stem.name}-summary.csv"), summary)
-    payload = {"metadata": metadata, "rows": rows, "summary": summary}
-    return write_atomic(stem.with_suffix(".json"), json.dumps(payload, indent=2, allow_nan=False))
+    return write_atomic(stem.with_suffix(".json"), json.dumps(saved, indent=2, allow_nan=False))
+
+
+def payload(metadata: dict, rows: list[dict], summary: list[dict]) -> dict:
+    """A run's JSON: its metadata, one row per run, the summary, and each run's held-out scores on the way (its
+    ``val_curve``) as a long table, one row per evaluation."""
+    curves = [
+        {
+            "family": r["family"],
+            "seed": r["seed"],
+            "step": step,
+            "passes_over_text": step * r["passes_over_text"] / r["steps"],
+            "val_bits_per_byte": bpb,
+        }
+        for r in rows
+        for step, bpb in r.get("val_curve", ())
+    ]
+    runs = [{k: v for k, v in r.items() if k != "val_curve"} for r in rows]
+    return {"metadata": metadata, "rows": runs, "summary": summary, "curves": curves}
 
 
 def register(commands) -> None:
@@ -416,9 +473,7 @@ def _run(args) -> None:
     label = f"{plan.seeds}seeds-{plan.steps}steps" + ("-quick" if args.quick else "")
     path = save(out / slug(metadata["device"]), label, metadata, rows, summary)
     if args.json:
-        print(
-            json.dumps({"metadata": metadata, "rows": rows, "summary": summary, "saved": str(path)}, indent=2)
-        )
+        print(json.dumps(payload(metadata, rows, summary) | {"saved": str(path)}, indent=2))
         return
     passes = rows[0]["passes_over_text"]
     print(
@@ -428,8 +483,10 @@ def _run(args) -> None:
     )
     print(format_table([_printed(r) for r in summary]))
     print(
-        f"bits per byte on held-out text: mean over seeds [{CONFIDENCE:.0%} t-interval]; vs dense: difference "
-        f"of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0\nsaved {path}"
+        f"bits per byte on held-out text at the end of each run: mean over seeds [{CONFIDENCE:.0%} t-interval]; "
+        f"vs dense: difference of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0; best: each "
+        f"run's lowest of its evaluations every {metadata['eval_every']} steps, with how many seeds had passed it by their end"
+        f"\nsaved {path}"
     )
 
 
@@ -438,19 +495,24 @@ _REPEATED = (
 )
 
 
-def _printed(r: dict) -> dict:
-    difference = (
-        f"{r['vs_dense']:+.3f} [{r['vs_dense_low']:+.3f}, {r['vs_dense_high']:+.3f}]"
-        if "vs_dense" in r
+def _difference(r: dict, suffix: str = "") -> str:
+    key = f"vs_dense{suffix}"
+    return (
+        f"{r[key]:+.3f} [{r[f'{key}_low']:+.3f}, {r[f'{key}_high']:+.3f}] {r[f'verdict{suffix}']}"
+        if key in r
         else ""
     )
+
+
+def _printed(r: dict) -> dict:
     return {
         "family": r["family"],
         "model": r["preset"],
         "seeds": r["runs"],
         "bits/byte": f"{r['bpb_mean']:.3f} [{r['bpb_low']:.3f}, {r['bpb_high']:.3f}]",
-        "vs dense": difference,
-        "verdict": r.get("verdict", ""),
+        "vs dense": _difference(r) or r.get("verdict", ""),
+        "best bits/byte": f"{r['best_bpb_mean']:.3f} ({r['past_best']} past)",
+        "best vs dense": _difference(r, "_best"),
         "training MACs": f"{r['train_macs']:.3g}",
         "rel. MACs": f"{r['train_macs_vs_dense']:.2f}" if "train_macs_vs_dense" in r else "",
         "seconds": f"{r['train_seconds']:.1f}",

@@ -291,7 +291,7 @@ def train(
                 "continue it, or --force to start again"
             )
         # The log is written before the checkpoint: rows past the checkpoint's step are redone.
-        log_rows = [r for r in _read_log(out / "log.csv") if r["step"] <= start]
+        log_rows = [r for r in read_log(out / "log.csv") if r["step"] <= start]
     if _reached(log_rows, cfg.stop_at):
         return log_rows[-1]  # a resumed run that had met its target
     state, kept = None, start
@@ -375,7 +375,7 @@ def _diverged(step: int, what: str, out: Path, saved: int) -> str:
     return f"step {step}: {what}; stopped training: {kept}; a lower --lr may help"
 
 
-def _read_log(path: Path) -> list[dict]:
+def read_log(path: Path) -> list[dict]:
     """The rows of a run's log, missing cells left out."""
     if not path.exists():
         return []
