@@ -335,6 +335,7 @@ def test_a_tiny_run_writes_its_files_and_prints_one_row_per_run(tiny_run, capsys
     assert 'id="quality"' in page and "Quality at equal parameters" in page and "12.27 vs 12.31 (47M)" in page
     lines = [line for line in summary.lines(collect(out.parent)) if line.link == "#quality"]
     assert len(lines) == 1 and lines[0].claim.startswith("held-out bits per byte, switchhead minus dense")
+    assert f"at each seed's best score {saved['summary'][1]['vs_dense_best']:+.3f}" in lines[0].ours
 
 
 @pytest.mark.slow
