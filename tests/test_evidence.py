@@ -372,6 +372,7 @@ def _calls(
     monkeypatch.setattr(evidence, "time", clock)
     monkeypatch.setattr(evidence, "device_name", lambda device: "Simulated H100")
     monkeypatch.setattr(evidence, "commit", lambda: "abc")
+    monkeypatch.setattr(evidence, "environment", lambda device: {"device": "Simulated H100"})
     monkeypatch.setattr(evidence, "STEPS", tuple(_simulated(s, clock, slower(s)) for s in evidence.STEPS))
     lengths, finished = [], []
     for _ in range(most):
@@ -715,3 +716,70 @@ def test_a_damaged_state_file_is_named_before_any_step(content, tmp_path, monkey
     err = capsys.readouterr().err
     assert err.startswith(f"switchbench evidence: error: results/evidence/{state.parent.name}/state.json: ")
     assert len(err.splitlines()) == 1 and state.read_text() == content
+
+
+# A chain killed from outside: its first step writes a figure, its second prints its pid and sleeps
+KILLED_CHAIN = """
+import sys
+from switchbench.cli import main
+from switchbench.jobs import evidence
+
+def quick(ctx):
+    ctx.command([sys.executable, "-c", "import pathlib; pathlib.Path('results/a.txt').write_text('a')"])
+
+def sleeper(ctx):
+    ctx.command([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(120)"])
+
+evidence.STEPS = (
+    evidence.Step("a", "figure A", 1, quick),
+    evidence.Step("b", "figure B", 1, sleeper),
+    evidence.Step(evidence.REPORT, "the report", 1, quick, cpu_seconds=0.5),
+)
+sys.exit(main(["evidence", "--device", "cpu", "--budget", "200", "--pack", "out/e.tar.gz"]))
+"""
+
+
+@pytest.mark.slow  # a chain in a process of its own, killed: seconds
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_chain_killed_mid_step_leaves_the_finished_steps_packed_and_no_step_running(how, tmp_path):
+    """A node's time limit kills the chain in its second step: the archive already holds the first step's figure
+    (it is rewritten after every step), the sleeping step's output is in the log as it printed it, and the step
+    dies with the chain though it runs in a session of its own. SIGTERM also records the step as stopped and
+    packs once more."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "chain.py").write_text(KILLED_CHAIN)
+    chain = subprocess.Popen([sys.executable, "chain.py"], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+    log = tmp_path / "results" / "evidence" / slug(device_name("cpu")) / "log.txt"
+    deadline = time.monotonic() + 60
+    while not (
+        log.exists() and "time.sleep(120)" in log.read_text() and log.read_text().split()[-1].isdigit()
+    ):
+        assert time.monotonic() < deadline and chain.poll() is None, "the second step never started"
+        time.sleep(0.1)
+    step = int(log.read_text().split()[-1])  # its pid, streamed to the log as printed
+    chain.send_signal(how)
+    code = chain.wait(timeout=30)
+    with chain.stdout:
+        printed = chain.stdout.read()
+    assert code == (143 if how == signal.SIGTERM else -signal.SIGKILL), printed
+    for _ in range(
+        50
+    ):  # the step is killed with the chain: by the chain, or by the kernel at its parent's death
+        if not Path(f"/proc/{step}").exists() or "Z" in Path(f"/proc/{step}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(step, signal.SIGKILL)
+        pytest.fail(f"the step (pid {step}) outlived the chain")
+    with tarfile.open(tmp_path / "out" / "e.tar.gz") as tar:
+        names = set(tar.getnames())
+        state = json.load(tar.extractfile(next(n for n in names if n.endswith("state.json"))))
+    assert "results/a.txt" in names and state["steps"]["a"]["status"] == "done"
+    assert state["environment"]["python"] == sys.version.split()[0]
+    if how == signal.SIGTERM:
+        assert (state["steps"]["b"]["status"], state["steps"]["b"]["detail"]) == (
+            "interrupted",
+            "stopped by SIGTERM",
+        )
+        assert "stopped by SIGTERM; what the finished steps wrote is packed" in printed
+        assert "b" not in state["durations"]  # a stop says nothing of how long the step runs

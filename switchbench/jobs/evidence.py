@@ -21,6 +21,7 @@ nothing), and the steps that need CUDA are reported as missing.
 import argparse
 import json
 import math
+import signal
 import sys
 import tarfile
 import time
@@ -31,7 +32,7 @@ from pathlib import Path
 from switchbench.bench.command import add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
 from switchbench.core import schema
-from switchbench.core.environment import commit, device_name
+from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
 from switchbench.jobs import evidence_steps
 from switchbench.jobs.evidence_steps import (
@@ -177,10 +178,14 @@ def run_chain(
     only: list[str] | None = None,
     retry_failed: bool = False,
     say=print,
+    after_step: Callable[[dict], object] = lambda state: None,
 ) -> dict:
     """Run what is left within ``budget`` seconds. Steps are stopped at the budget less the report's reserve; the
-    report (when anything ran) has that reserve at the end, so the call ends within its budget."""
+    report (when anything ran) has that reserve at the end, so the call ends within its budget. ``after_step``
+    gets the state after each step (the archive is rewritten there: a call killed from outside keeps the steps
+    it finished)."""
     state = load_state(state_path, evidence_steps.fingerprint())
+    state["environment"] = environment(ctx.device)  # this call's versions, in the archive whatever else is
     todo, notes = plan(state, ctx.device, only, retry_failed)
     say(f"evidence chain on {device_name(ctx.device)} (code {state['fingerprint']}), budget {budget:.0f} s")
     for note in notes:
@@ -202,9 +207,11 @@ def run_chain(
             say(f"  later  {step.name}: needs about {need:.0f} s, {max(left, 0):.0f} s of this call left")
             continue
         ran.append(_run_step(step, ctx, state, state_path, say, whole_call=not ran))
+        after_step(state)
     if report and (ran or report in todo):
         ctx.deadline = end
         _run_step(report, ctx, state, state_path, say)
+        after_step(state)
     missing = missing_figures(state, ctx.device)
     say("still missing:" if missing else "every figure of the chain is done for this code")
     for line in missing:
@@ -261,11 +268,14 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
     ctx.step = step.name
+    stopped = None
     try:
         step.run(ctx)
         status, detail = "done", ""
     except OutOfBudget:
         status, detail = "interrupted", "stopped at the end of the budget"
+    except (Stopped, KeyboardInterrupt) as error:  # recorded, with what it wrote, before the chain stops
+        stopped, status, detail = error, "interrupted", f"stopped by {_signal_name(error)}"
     except StepFailed as error:
         status, detail = "failed", str(error)
     except Exception as error:  # a fault in the step's own code: the chain goes on, and the call still packs
@@ -275,6 +285,7 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
             f"{type(error).__name__}: {error} (in the step's own code; traceback in the log)",
         )
     seconds = time.monotonic() - started
+    detail, *shown = detail.split("\n")  # a failed command's last lines are printed, not kept in the state
     record |= {
         "whole_call": whole_call,
         "status": status,
@@ -293,11 +304,30 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
         # as a call's first step, with all of it).
         previous = expected_seconds(step, state, ctx.device)
         estimate = previous if step.resumable else max(2 * seconds, previous)
-    if status != "failed":  # how soon a step failed says nothing of how long it runs
+    # how soon a step failed, or was stopped from outside, says nothing of how long it runs
+    if status != "failed" and stopped is None:
         state["durations"][step.name] = round(estimate, 1)
     _save_state(state_path, state)
     say(f"   {status} in {seconds:.0f} s{': ' + detail if detail else ''}")
+    for line in shown:
+        say(f"   | {line}")
+    if stopped is not None:
+        raise stopped
     return status
+
+
+class Stopped(BaseException):
+    """The chain was sent SIGTERM (a node's time limit, a scheduler): the running step is stopped and recorded,
+    the archive written, and the call exits. A BaseException, so that no step's own handler takes it for a
+    failure."""
+
+
+def _signal_name(error: BaseException) -> str:
+    return "SIGINT" if isinstance(error, KeyboardInterrupt) else "SIGTERM"
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped()
 
 
 def missing_figures(state: dict, device: str) -> list[str]:
@@ -403,8 +433,24 @@ def _run(args: argparse.Namespace) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
-    state = run_chain(ctx, state_path, args.budget, args.only, args.retry_failed, say)
-    packed = [str(p) for p in pack(state, state_path, Path(args.pack), results, runs)] if args.pack else []
+
+    def packed_now(state: dict) -> list[str]:
+        return [str(p) for p in pack(state, state_path, Path(args.pack), results, runs)] if args.pack else []
+
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        state = run_chain(ctx, state_path, args.budget, args.only, args.retry_failed, say, packed_now)
+    except (Stopped, KeyboardInterrupt) as error:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the archive is written once more, whole
+        for path in packed_now(load_state(state_path, evidence_steps.fingerprint())):
+            say(f"packed {path}")
+        say(
+            f"switchbench evidence: stopped by {_signal_name(error)}; what the finished steps wrote is packed"
+        )
+        return 130 if isinstance(error, KeyboardInterrupt) else 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    packed = packed_now(state)
     for path in packed:
         say(f"packed {path}")
     failed = [name for name, record in state["steps"].items() if record["status"] == "failed"]

@@ -47,6 +47,9 @@ class OutOfBudget(Exception):
     """A command of a step was stopped at the end of the budget."""
 
 
+TAIL_LINES = 30  # of a failed command's output, printed with its failure
+
+
 @dataclass
 class Context:
     """What a step runs with: the device, where results and models go, and the call's deadline."""
@@ -76,8 +79,8 @@ class Context:
         return json.loads(out) if "--json" in argv else None
 
     def command(self, argv: list[str], ok: tuple[int, ...] = (0,), cwd: Path | None = None) -> str:
-        """Run ``argv`` (in ``cwd``, default here) to its end or to the deadline, its output streamed to the log
-        (and stdout); -> stdout. An exit status outside ``ok`` is a StepFailed."""
+        """Run ``argv`` (in ``cwd``, default here) to its end or to the deadline, its output streamed to the log;
+        -> stdout. An exit status outside ``ok`` is a StepFailed."""
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise OutOfBudget(" ".join(argv[:4]))
@@ -96,15 +99,23 @@ class Context:
         env = os.environ | {"PYTHONUNBUFFERED": "1"}
         with self.log.open("a") as log:
             log.write(f"$ {' '.join(argv)}\n")
+        since = self.log.stat().st_size
         process = processes.start(argv, env, cwd, self.log, forked=not self.gpu)
-        out, killed = processes.output(process, remaining)
-        with self.log.open("a") as log:
-            log.write(out)
+        out, killed = processes.output(process, remaining, self.log)
         if killed:
             raise OutOfBudget(" ".join(argv[:4]))
         if process.returncode not in ok:
-            raise StepFailed(f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})")
+            raise StepFailed(
+                f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})\n{self._tail(since)}"
+            )
         return out
+
+    def _tail(self, since: int, lines: int = TAIL_LINES) -> str:
+        """The last ``lines`` the log received from byte ``since`` on (a command's stdout and stderr): a failure
+        shows its cause where the chain's own output goes, not only in an archive that may never come back."""
+        with self.log.open("rb") as log:
+            log.seek(since)
+            return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
 
 
 @dataclass(frozen=True)

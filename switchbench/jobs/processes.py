@@ -9,6 +9,7 @@ would.
 """
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import runpy
@@ -53,6 +54,7 @@ class _Forked:
 
 def _module_forked(module: str, args: list[str], env: dict, cwd: Path | None, stdout, stderr: Path) -> None:
     os.setsid()  # as start_new_session: a stop kills the command's whole session
+    die_with_parent()  # the server, which ends with the chain
     os.dup2(stdout.fileno(), 1)
     stdout.close()
     err = os.open(stderr, os.O_WRONLY | os.O_APPEND)
@@ -77,28 +79,50 @@ def start(
         return _Forked(argv[2], argv[3:], env, cwd, stderr)
     with stderr.open("a") as log:
         return subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=log, env=env, cwd=cwd, start_new_session=True
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
         )
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the process that started it ends. A step runs in a session of its own
+    (so that a stop reaches its workers), which a kill of the chain does not reach: a chain killed from outside (a
+    node's time limit) left its step running, holding the GPU's memory into the next call on the same machine."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # Seconds the output pipe may stay open after the step's process ended, or after it was killed
 STRAY_GRACE = 5.0
 
 
-def output(process: "subprocess.Popen | _Forked", seconds: float) -> tuple[str, bool]:
-    """What ``process`` printed, and whether it had to be killed at the end of ``seconds``. The pipe is read on a
-    thread of its own: a descendant that outlives the process (or escaped the kill) may hold it open, and the call
-    must end anyway; it is given STRAY_GRACE seconds, then killed if it can be found, then the pipe is let go."""
+def output(process: "subprocess.Popen | _Forked", seconds: float, log: Path) -> tuple[str, bool]:
+    """What ``process`` printed, appended to ``log`` as it comes (a chain killed mid-step keeps it), and whether it
+    had to be killed at the end of ``seconds``. The pipe is read on a thread of its own: a descendant that outlives
+    the process (or escaped the kill) may hold it open, and the call must end anyway; it is given STRAY_GRACE
+    seconds, then killed if it can be found, then the pipe is let go. Stopped itself (a signal's exception), it
+    kills the process before it lets the exception go on."""
     chunks: list[bytes] = []
     fd, stop = process.stdout.fileno(), threading.Event()
 
     def drain():
-        while not stop.is_set():
-            if select.select([fd], [], [], 0.1)[0]:
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    return
-                chunks.append(data)
+        with log.open("ab") as sink:
+            while not stop.is_set():
+                if select.select([fd], [], [], 0.1)[0]:
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        return
+                    chunks.append(data)
+                    sink.write(data)
+                    sink.flush()
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
@@ -108,7 +132,12 @@ def output(process: "subprocess.Popen | _Forked", seconds: float) -> tuple[str, 
     except subprocess.TimeoutExpired:
         killed = True
         kill(process)
-        process.wait()
+        _reap(process)
+    except BaseException:
+        kill(process)
+        _reap(process)
+        stop.set()
+        raise
     reader.join(STRAY_GRACE)
     if reader.is_alive():  # a stray holds the pipe: stop it if it is still in the step's session or tree
         kill(process)
@@ -117,6 +146,13 @@ def output(process: "subprocess.Popen | _Forked", seconds: float) -> tuple[str, 
     reader.join()
     process.stdout.close()
     return b"".join(chunks).decode(errors="replace"), killed
+
+
+def _reap(process: "subprocess.Popen | _Forked") -> None:
+    """Wait for a killed process, for STRAY_GRACE seconds at most: one stuck in the kernel (a GPU driver's teardown)
+    must not hold the chain past its own deadline."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=STRAY_GRACE)
 
 
 def kill(process: "subprocess.Popen | _Forked") -> None:
