@@ -55,6 +55,9 @@ def test_every_tiny_preset_is_checked_timed_and_counted(run):
         assert row["family"] == PRESETS[row["preset"]].family.label
         xl = PRESETS[row["preset"]].pos == "xl"
         assert (row["position_table_bytes"] > 0) == xl
+        if xl:  # on the CPU XL computes its logits itself, every member alike: no mixed ratio
+            assert row["attention_prefill"] == row["attention_decode"] == "explicit softmax"
+            assert "attention_decode_mixed" not in row
     assert Path(run["saved"]).with_suffix(".csv").exists()
 
 
@@ -85,22 +88,38 @@ def test_the_floor_is_bytes_at_the_bandwidth_or_macs_at_the_peak(run):
         assert row["decode_floor_ms"] == pytest.approx(max(memory, compute))
 
 
+def test_a_cells_members_on_different_attention_kernels_are_flagged_per_phase():
+    rows = [
+        {"preset": "dense", "attention_prefill": "flash", "attention_decode": "memory-efficient"},
+        {"preset": "gqa", "attention_prefill": "flash", "attention_decode": "math"},
+    ]
+    flagged = decode._flag_mixed_attention(rows)
+    assert all(r.get("attention_decode_mixed") for r in flagged)
+    assert not any("attention_prefill_mixed" in r for r in flagged)
+    assert "(mixed!)" in decode._printed(flagged[1] | {"ratio_decode_time": 1.5})["rel. decode"]
+
+
 def test_weights_read_by_hand():
-    """Dense: every weight but the embedding, plus the batch's embedding rows. SwitchHead: the V and O experts
-    count only the k of E per head a token uses."""
+    """Dense: every weight but the embedding and XL's position projection (a decoder reads its table of projected
+    distances instead), plus the batch's embedding rows. SwitchHead: the V and O experts count the k of E per head
+    a token uses, and at batch B the experts B tokens are expected to use, E (1 - (1 - k / E)^B) a head."""
     dense = PRESETS["tiny-transformer"]
+    assert dense.pos == "xl"
     with torch.device("meta"):
         model = LanguageModel(dense)
-    assert (
-        sizing.weights_read(dense, 3)
-        == count_parameters(model) - dense.vocab * dense.d_model + 3 * dense.d_model
-    )
+    d, L = dense.d_model, dense.n_layers
+    positions = L * d * dense.n_heads * dense.d_head  # [d_model, H d_head] a layer, without a bias
+    assert sizing.weights_read(dense, 3) == count_parameters(model) - dense.vocab * d + 3 * d - positions
     sh = PRESETS["tiny-switchhead"]
     with torch.device("meta"):
         model = LanguageModel(sh)
     H, E, k, d, D = sh.n_heads, sh.n_experts, sh.k, sh.d_model, sh.d_head
-    unused = sh.n_layers * 2 * H * (E - k) * d * D  # V and O: [H E, d, D] and [H E, D, d]
-    assert sizing.weights_read(sh, 1) == count_parameters(model) - sh.vocab * d + d - unused
+    positions = sh.n_layers * d * H * D
+    others = count_parameters(model) - sh.vocab * d - positions - sh.n_layers * 2 * H * E * d * D
+    for batch in (1, 3, 64):  # V and O: [H E, d, D] and [H E, D, d]
+        experts = H * E * (1 - (1 - k / E) ** batch)
+        assert sizing.weights_read(sh, batch) == others + batch * d + round(sh.n_layers * 2 * experts * d * D)
+    assert sizing.weights_read(sh, 1) == others + d + sh.n_layers * 2 * H * k * d * D  # each token's k of E
 
 
 def test_max_batch_by_hand():

@@ -2,7 +2,7 @@
 
 For each preset: the decoding check first (token by token after a chunked prefill, from an empty cache, against one
 forward pass in float32; a preset over 1e-4 is "wrong" and not timed), then over a grid of batch x context the KV
-cache per token (counted from the family's declaration and measured from the allocated cache), the prefill of a
+cache per token (counted from the family's declaration, beside the allocated cache's bytes), the prefill of a
 prompt of ``context`` tokens and one decode step after it, each beside its floor: MACs / the measured matmul peak
 for prefill, max(bytes read / the measured memory bandwidth, MACs / peak) for decode. The members of a group are
 timed interleaved, one call each per round, and each ratio to the group's first preset (dense, at equal
@@ -31,7 +31,14 @@ from switchbench.bench.command import (
     kernel_metadata,
     slug,
 )
-from switchbench.bench.cost.measure import counted_macs, free_memory, is_oom, some_case_fits, total_memory
+from switchbench.bench.cost.measure import (
+    attention_kernel,
+    counted_macs,
+    free_memory,
+    is_oom,
+    some_case_fits,
+    total_memory,
+)
 from switchbench.bench.inference import sizing
 from switchbench.bench.timing.benches import release_memory, unless_oom
 from switchbench.bench.timing.speed import preset_groups
@@ -129,6 +136,12 @@ def time_cell(
                 counted_macs(member.prefill),
                 counted_macs(member.decode),
             )
+            # as speed does: SDPA picks by mask and grouped heads, so a member may fall back to the unfused kernel
+            # where dense runs a fused one (XL's float mask, GQA's and MoA's grouped heads on CUDA)
+            member.kernels = {
+                "prefill": attention_kernel(member.prefill),
+                "decode": attention_kernel(member.decode),
+            }
             members.append(member)
         except (RuntimeError, MemoryError) as error:
             if not is_oom(error):
@@ -144,7 +157,17 @@ def time_cell(
     measured = [_row(m, times[m.preset], width) for m in members if m.preset in times]
     del members
     release_memory()
-    return _with_ratios(measured, times, baseline) + rows
+    return _with_ratios(_flag_mixed_attention(measured), times, baseline) + rows
+
+
+def _flag_mixed_attention(rows: list[dict]) -> list[dict]:
+    """Mark the cell's rows of a phase whose members ran different attention kernels: their ratio compares
+    kernels, not families (the fairness rule)."""
+    for what in ("prefill", "decode"):
+        if len({r[f"attention_{what}"] for r in rows}) > 1:
+            for r in rows:
+                r[f"attention_{what}_mixed"] = True
+    return rows
 
 
 def _time_interleaved(members: list, timer: Timer, grid: "Grid") -> dict[str, dict[str, list]]:
@@ -179,6 +202,8 @@ def _row(member: Member, times: dict, width: int) -> dict:
         "batch": batch,
         "context": context,
         "status": "ok",
+        "attention_prefill": member.kernels["prefill"],
+        "attention_decode": member.kernels["decode"],
         "kv_cache_bytes_per_token_measured": member.cache.nbytes / (batch * member.cache.capacity),
         "position_table_bytes": sum(
             t.numel() * t.element_size() for k, t in tables.items() if k != "capacity"
@@ -616,12 +641,15 @@ def _printed(r: dict) -> dict:
         "KV B/token": fmt("kv_cache_bytes_per_token", ",") if r.get("kv_cache_bytes_per_token") else "-",
         "prefill ms": fmt("prefill_ms") or r.get("status", ""),
         "prefill/floor": fmt("prefill_time_over_floor", ".2f"),
-        "rel. prefill": fmt("ratio_prefill_time", ".2f"),
+        "rel. prefill": fmt("ratio_prefill_time", ".2f")
+        + (" (mixed!)" if r.get("attention_prefill_mixed") else ""),
         "decode ms": fmt("decode_ms"),
         "tokens/s": fmt("decode_tokens_per_s", ",.0f"),
         "decode/floor": fmt("decode_time_over_floor", ".2f"),
-        "rel. decode": fmt("ratio_decode_time", ".2f"),
+        "rel. decode": fmt("ratio_decode_time", ".2f")
+        + (" (mixed!)" if r.get("attention_decode_mixed") else ""),
         "rel. decode floor": fmt("ratio_decode_floor", ".2f"),
         "rel. KV": fmt("ratio_kv_cache_bytes", ".2f"),
         "max batch": fmt("max_batch_at_context", ","),
+        "attention (decode)": r.get("attention_decode", ""),
     }

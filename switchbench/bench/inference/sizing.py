@@ -3,9 +3,11 @@ token reads (the floor of a decode step, where memory bandwidth bounds it), the 
 lower bound of a prefill's peak (to refuse a case before it runs, never to size one).
 
 Conventions: the model runs in one dtype (weights and cache, as served); a decode step reads every weight once,
-except the embedding (its B rows) and expert weights (only the experts one token uses: a lower bound, since more
-tokens may touch more experts); it reads the whole cache of its batch and, with XL positions, the projected
-distances of its window (one table per layer, shared by the batch).
+except the embedding (its B rows), XL's position projection (a decoder projects the distances once, into a table
+it slices at every step) and expert weights: the experts its B tokens are expected to use where each token's slots
+fall uniformly over the experts, n (1 - (1 - s / n)^B) of n experts with s slots a token (s at batch 1; at batch
+16 a 262M SwitchAll reads two thirds more than its tokens' own experts would). It reads the whole cache of its
+batch and, with XL positions, the projected distances of its window (one table per layer, shared by the batch).
 """
 
 import functools
@@ -52,12 +54,14 @@ def weights_read(cfg: ModelConfig, batch: int) -> int:
     """Numbers of the weights one decode step of ``batch`` tokens reads (see the module's conventions)."""
     model, slots = _meta_model(cfg), _expert_cases(cfg)
     total = count_parameters(model) - model.stack.embedding.weight.numel() + batch * cfg.d_model
+    if cfg.pos == "xl":
+        total -= sum(count_parameters(block.attn.attention.pos_proj) for block in model.stack.blocks)
+    unread = 0.0
     for p in model.parameters():
-        if (
-            p.dim() == 3 and tuple(p.shape) in slots
-        ):  # [experts, d_in, d_out]: a token reads its slots' experts
-            total -= p.numel() - slots[tuple(p.shape)] * p.shape[1] * p.shape[2]
-    return total
+        if p.dim() == 3 and tuple(p.shape) in slots:  # [experts, d_in, d_out]
+            n = p.shape[0]
+            unread += n * (1 - slots[tuple(p.shape)] / n) ** batch * p.shape[1] * p.shape[2]
+    return total - round(unread)
 
 
 def weight_bytes(cfg: ModelConfig, width: int) -> int:
