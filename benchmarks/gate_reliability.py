@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 from switchbench.bench.timing.gate import TIME, load_baseline
-from switchbench.bench.timing.same_machine import HERE, LAUNCH, PAIRS, ROUNDS, NoReference, materialise
+from switchbench.bench.timing.reference import HERE, NoReference, materialise
+from switchbench.bench.timing.same_machine import LAUNCH, PAIRS, ROUNDS
 from switchbench.core.environment import commit, environment
 from switchbench.core.results import write_atomic
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from switchbench.bench.cost.measure import count_op_calls, layer_and_inputs
-from switchbench.bench.timing import gate, same_machine, speed
+from switchbench.bench.timing import gate, reference, same_machine, speed
 from switchbench.cli import main
 from switchbench.models.presets import PRESETS
 
@@ -85,9 +85,30 @@ def test_baseline_round_trip_drops_self_ratios(tmp_path):
             row["preset"] == speed.GATE_LAYERS[0]
         ):  # as the harness records the dense layer: 1.0 against itself
             row |= {"baseline": row["preset"], "ratio_time": 1.0, "ratio_time_rounds": [1.0] * 30}
-    written = json.loads(gate.write_baseline([run], tmp_path / "b.json").read_text())
+    path, _ = gate.write_baseline([run], tmp_path / "b.json")
+    written = json.loads(path.read_text())
     assert written["ratios"] == committed["ratios"]
     assert all(v["verdict"] == "ok" for v in gate.check(run, written))
+
+
+@pytest.mark.parametrize(
+    ("commit", "says"),
+    [
+        (None, "names no commit"),
+        ("abc-dirty", "was measured with uncommitted changes (abc-dirty)"),
+        ("mixed", "measured differently (commit)"),
+    ],
+)
+def test_a_baseline_the_gate_could_not_time_again_is_refused(commit, says, tmp_path):
+    """The gate times the baseline's commit again: runs of no commit, of uncommitted changes (the gate would time
+    the commit without them) or of two commits cannot make one."""
+    runs = [_run_like(_committed()) for _ in range(2)]
+    for i, run in enumerate(runs):
+        run["metadata"]["commit"] = f"commit-{i}" if commit == "mixed" else commit
+        run["rows"][0]["ms"] = i  # two runs, not one given twice
+    with pytest.raises(ValueError, match=re.escape(says)):
+        gate.write_baseline(runs, tmp_path / "b.json")
+    assert not (tmp_path / "b.json").exists()
 
 
 def test_pooled_baseline_takes_the_median_of_the_runs_and_needs_equal_counts(tmp_path, capsys):
@@ -102,10 +123,12 @@ def test_pooled_baseline_takes_the_median_of_the_runs_and_needs_equal_counts(tmp
         runs.append(_write(tmp_path / f"run{scale}.json", run))
     pooled = tmp_path / "pooled.json"
     assert main(["check", *map(str, runs), "--baseline", str(pooled), "--write", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {
+    printed = json.loads(capsys.readouterr().out)
+    assert printed | {"reference": None} == {
         "wrote": str(pooled),
+        "reference": None,
         "runs": list(map(str, runs)),
-    }  # was text
+    }
     written = json.loads(pooled.read_text())
     assert written["ratios"][key]["ratio_time"] == committed["ratios"][key]["ratio_time"]
     assert written["metadata"]["runs"] == 3
@@ -442,6 +465,17 @@ def test_the_reference_is_the_package_as_it_was_at_the_commit(tmp_path):
     )  # as the project's first commit: git archive failed, exit 3
     with pytest.raises(same_machine.NoReference, match=r"has no switchbench package"):
         same_machine.materialise(_git(repo, "rev-parse", "HEAD"), tmp_path / "none", checkout=repo)
+    # the archive beside a baseline: the same package, the same bytes for the same commit, checked by its hash
+    sha = reference.write_archive(first, tmp_path / "a.tar.gz", checkout=repo)
+    assert reference.write_archive(first, tmp_path / "b.tar.gz", checkout=repo) == sha
+    assert (tmp_path / "a.tar.gz").read_bytes() == (tmp_path / "b.tar.gz").read_bytes()
+    folder = reference.unpack_archive(tmp_path / "a.tar.gz", sha, tmp_path / "unpacked")
+    assert (folder / "switchbench" / "__init__.py").read_text() == "VERSION = 1\n"
+    with pytest.raises(reference.NoReference, match="not the one the baseline names"):
+        reference.unpack_archive(tmp_path / "a.tar.gz", "0" * 64, tmp_path / "unpacked-2")
+    # git's own reason where it refuses the checkout, not a guess
+    with pytest.raises(reference.NoReference, match="not a git repository"):
+        reference.materialise(first, tmp_path / "none", checkout=tmp_path / "unpacked")
 
 
 def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch, tmp_path, capsys):
@@ -478,10 +512,25 @@ def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch
     calls.clear()
     monkeypatch.setattr(same_machine, "materialise", no_history)
     monkeypatch.setattr(same_machine, "timed_run", one_run)
+    # no history: the package archived beside the baseline is the reference, still timed side by side
     assert main(["gate", "--baseline", str(BASELINE), "--pairs", "2", "--rounds", "7"]) == 0
-    assert calls == [14]
-    printed = capsys.readouterr().out
-    assert "the committed time ratios (commit abc is not in this checkout's history)" in printed
+    assert calls == [7] * 4
+    printed = " ".join(capsys.readouterr().out.split())
+    archive = BASELINE.with_name(_committed()["reference_archive"]["file"])
+    assert (
+        f"(from {archive}: commit abc is not in this checkout's history), timed here side by side" in printed
+    )
+    # without the archive, or with another one than the baseline names: the committed ratios, said so
+    copied = tmp_path / "baseline.json"
+    shutil.copy(BASELINE, copied)
+    for why in ("cannot read the reference archive", "is not the one the baseline names"):
+        calls.clear()
+        assert main(["gate", "--baseline", str(copied), "--pairs", "2", "--rounds", "7"]) == 0
+        assert calls == [14]
+        printed = " ".join(capsys.readouterr().out.split())
+        assert "the committed time ratios (commit abc is not in this checkout's history; " in printed
+        assert why in printed
+        (tmp_path / archive.name).write_bytes(archive.read_bytes()[:-1])  # truncated
 
 
 @pytest.mark.parametrize(
@@ -526,7 +575,7 @@ def test_launch_runs_the_package_of_the_folder_named_or_nothing(tmp_path):
     assert done.returncode != 0 and "No module named 'switchbench.cli'" in done.stderr, done.stderr
     # and so does a timed run, forked from the gate's server
     with pytest.raises(
-        RuntimeError,
+        ValueError,
         match=r"the speed run of .*nothing failed: (switchbench came from|no switchbench package in)",
     ):
         same_machine.timed_run(tmp_path / "nothing", tmp_path / "out", 6)

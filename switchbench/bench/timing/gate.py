@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from switchbench.bench.timing.reference import NoReference, write_archive
 from switchbench.core.results import newest, writable_file, write_atomic
 from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
@@ -145,6 +146,11 @@ def baseline_problem(baseline) -> str | None:
             return f"{key!r} gives ratios without the preset they are relative to ('baseline')"
         if ratios and key.split(" | ")[0] == entry["baseline"]:
             return f"{key!r} is a ratio of {entry['baseline']} to itself, which cannot fail"
+    shipped = baseline.get("reference_archive", {"file": "", "sha256": ""})
+    if not (isinstance(shipped, dict) and all(isinstance(shipped.get(k), str) for k in ("file", "sha256"))):
+        return "'reference_archive' must give the archive's 'file' and 'sha256'"
+    if Path(shipped["file"]).name != shipped["file"]:  # beside the baseline, nowhere else
+        return f"'reference_archive' names {shipped['file']!r}: a file beside the baseline, by its name alone"
     if not any(_switchhead_vs_dense(key, entry) for key, entry in baseline["ratios"].items()):
         return "holds no SwitchHead/dense time ratio: it would gate no speedup"
     return None
@@ -164,7 +170,9 @@ def baseline_from(runs: list[dict], tolerances: dict[str, float] = TOLERANCES) -
     operator calls. A time ratio is the median of the runs' medians, so no one run's shift sets the limit."""
     # the machine too: the committed ratios' tolerance holds on the machine that timed them, so they have one
     differ = [
-        k for k in (*COMPARABLE, "machine") if len({repr(_setting(run["metadata"], k)) for run in runs}) > 1
+        k
+        for k in (*COMPARABLE, "machine", "commit")  # one commit: the gate times it again as the reference
+        if len({repr(_setting(run["metadata"], k)) for run in runs}) > 1
     ]
     if differ:
         raise ValueError(f"the runs were measured differently ({', '.join(differ)})")
@@ -205,13 +213,36 @@ def _exact_entry(key: str, rows: list[dict]) -> dict:
     return entry
 
 
-def write_baseline(runs: list[dict], path: Path) -> Path:
-    """``runs`` as the new baseline at ``path``; refused when it would be unusable."""
+def write_baseline(runs: list[dict], path: Path) -> tuple[Path, str]:
+    """``runs`` as the new baseline at ``path``, and beside it the archive of the package at the runs' commit
+    (``reference.py``), which it names; refused when it would be unusable. Returns the path and a line on the
+    archive: where git cannot give the commit (a node's copy of the checkout), the baseline is written without
+    one, and the gate needs the commit in its checkout's history."""
+    path = Path(path)
     baseline = baseline_from(runs)
-    problem = baseline_problem(baseline) or _too_few_rounds(runs)
+    problem = baseline_problem(baseline) or _too_few_rounds(runs) or _not_a_commit(baseline["metadata"])
     if problem:
         raise ValueError(f"refusing to write {path}: the runs' baseline {problem}")
-    return write_atomic(Path(path), json.dumps(baseline, indent=2))
+    commit = baseline["metadata"]["commit"]
+    archive = path.with_name(f"{path.stem}.reference.tar.gz")
+    try:
+        baseline["reference_archive"] = {"file": archive.name, "sha256": write_archive(commit, archive)}
+        note = f"its package at {commit[:12]} as {archive}"
+    except NoReference as error:
+        note = f"no archive of its package ({error}): the gate will need the commit in git"
+    return write_atomic(path, json.dumps(baseline, indent=2)), note
+
+
+def _not_a_commit(metadata: dict) -> str | None:
+    """Why the runs' code cannot be timed again as the gate's reference, or None."""
+    commit = metadata.get("commit")
+    if not commit:
+        return "names no commit: the gate times the baseline's commit again, so record it in a git checkout"
+    if commit.endswith("-dirty"):
+        return (
+            f"was measured with uncommitted changes ({commit}): the gate would time the commit without them"
+        )
+    return None
 
 
 def _too_few_rounds(runs: list[dict]) -> str | None:
@@ -362,13 +393,12 @@ def _run(args) -> int:
     loaded = [load_run(path) for path in args.run_files]
     if args.write:
         try:
-            written = write_baseline([run for _, run in loaded], Path(args.baseline))
+            written, archive = write_baseline([run for _, run in loaded], Path(args.baseline))
         except ValueError as error:
             raise ValueError(f"{', '.join(str(path) for path, _ in loaded)}: {error}") from None
         runs = [str(path) for path, _ in loaded]
-        print(
-            json.dumps({"wrote": str(written), "runs": runs}, indent=2) if args.json else f"wrote {written}"
-        )
+        summary = {"wrote": str(written), "reference": archive, "runs": runs}
+        print(json.dumps(summary, indent=2) if args.json else f"wrote {written} and {archive}")
         return 0
     if len(loaded) > 1:
         raise ValueError(f"{args.run_files[1]}: check takes one RUN (several only with --write)")

@@ -8,8 +8,9 @@ from the code under test side by side, a process each at once, so that whatever 
 both. Time ratios are then gated against the reference's, measured at the same moment on the same processor; exact
 counts against the committed ones, which no machine changes.
 
-Where the commit is not in this checkout's history (a shallow clone, a copy without ``.git``), the gate says so and
-falls back to the committed ratios, with the tolerance ``gate.time_tolerance`` gives them on this machine.
+Where the commit is not in this checkout's history (a shallow clone, a copy without ``.git``), the package comes
+from the archive committed beside the baseline (``reference.py``); only without either does the gate fall back to
+the committed ratios, with the tolerance ``gate.time_tolerance`` gives them on this machine, and say so.
 """
 
 import atexit
@@ -19,18 +20,15 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import switchbench
 from switchbench.bench.timing import gate
+from switchbench.bench.timing.reference import HERE, NoReference, materialise, unpack_archive
 from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import writable_folder
 
-# The folder holding the package that is running: the code under test (a checkout, or a worktree run with -m)
-HERE = Path(switchbench.__file__).resolve().parents[1]
 # Runs `switchbench` from the folder given as the first argument, and proves that is where it was imported from:
 # an editable install or a stray folder on the path must not stand in for the version asked for. An editable
 # install's finder would also supply any module the folder lacks (a reference older than one of today's modules
@@ -92,38 +90,6 @@ PAIRS = 2
 ROUNDS = 10  # per run: two pairs pool 20 a side (the committed baseline's runs had 30; 15 s less in tox)
 
 
-class NoReference(Exception):
-    """The reference commit cannot be materialised here; the message says why."""
-
-
-def materialise(commit: str, dest: Path, checkout: Path = HERE) -> Path:
-    """The package as it was at ``commit``, extracted under ``dest``; the folder to run it from."""
-    commit = commit.removesuffix("-dirty")
-    try:
-        found = subprocess.run(
-            ["git", "-C", str(checkout), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
-        )
-    except OSError:
-        raise NoReference("git is not installed") from None
-    if found.returncode:
-        raise NoReference(f"commit {commit[:12]} is not in {checkout}'s history (a shallow clone or a copy?)")
-    package = subprocess.run(
-        ["git", "-C", str(checkout), "cat-file", "-e", f"{commit}:switchbench"], capture_output=True
-    )
-    if package.returncode:
-        raise NoReference(f"commit {commit[:12]} has no switchbench package")
-    with tempfile.TemporaryFile() as archive:
-        subprocess.run(
-            ["git", "-C", str(checkout), "archive", "--format=tar", commit, "switchbench"],
-            stdout=archive,
-            check=True,
-        )
-        archive.seek(0)
-        with tarfile.open(fileobj=archive) as tar:
-            tar.extractall(dest, filter="data")
-    return dest
-
-
 def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -> dict:
     """One ``switchbench speed --quick`` of the package in ``source``, in a process of its own; the run."""
     env = os.environ | ({"SWITCHBENCH_COMMIT": commit} if commit else {})
@@ -131,9 +97,9 @@ def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -
     with tempfile.TemporaryDirectory(prefix="switchbench-run-") as work:
         stdout, stderr = Path(work, "stdout"), Path(work, "stderr")
         code = _server(source).run([str(source), *speed], env, stdout, stderr)
-        if code:
+        if code:  # no run, no verdict: unusable input (exit 2), as a run that measured nothing
             last = stderr.read_text().strip().splitlines()[-1:] or [f"exit {code}"]
-            raise RuntimeError(f"the speed run of {source} failed: {last[0]}")
+            raise ValueError(f"the speed run of {source} failed: {last[0]}")
         saved = json.loads(stdout.read_text())["saved"]
     return gate.load_run(Path(saved))[1]
 
@@ -226,7 +192,7 @@ def _run(args) -> int:
         writable_folder(Path(args.out), "--out")
     with tempfile.TemporaryDirectory(prefix="switchbench-gate-") as work:
         out = Path(args.out) if args.out else Path(work)
-        reference, commit, why = _reference(args.reference, baseline, Path(work) / "reference")
+        reference, commit, why = _reference(args.reference, baseline, args.baseline, Path(work) / "reference")
         if reference is None:
             head = timed_run(HERE, out / "head-1", args.rounds * args.pairs)
             verdicts, against = gate.check(head, baseline), _fallback(why, baseline, head)
@@ -234,8 +200,8 @@ def _run(args) -> int:
             head, measured = side_by_side(HERE, reference, commit, out, args.pairs, args.rounds)
             verdicts = gate.check(head, baseline, reference=measured)
             against = (
-                f"reference: {commit or reference}, timed here side by side with {HERE} ({args.pairs} runs of "
-                f"{args.rounds} rounds each); the committed time ratios, recorded on "
+                f"reference: {commit or reference}{f' ({why})' if why else ''}, timed here side by side with "
+                f"{HERE} ({args.pairs} runs of {args.rounds} rounds each); the committed time ratios, recorded on "
                 f"{_machine(baseline['metadata'])}, are not used"
             )
     applied = gate.tolerances_applied(
@@ -245,8 +211,11 @@ def _run(args) -> int:
     return gate.print_verdicts(verdicts, against, about, args.json)
 
 
-def _reference(named: str | None, baseline: dict, dest: Path) -> tuple[Path | None, str | None, str | None]:
-    """The folder to run the reference from and its commit, or (None, None, why there is none)."""
+def _reference(
+    named: str | None, baseline: dict, baseline_path: str, dest: Path
+) -> tuple[Path | None, str | None, str | None]:
+    """The folder to run the reference from, its commit and where it came from when not from git; or (None, None,
+    why there is none)."""
     if named and Path(named).is_dir():
         lacking = [
             f
@@ -268,7 +237,15 @@ def _reference(named: str | None, baseline: dict, dest: Path) -> tuple[Path | No
     except NoReference as error:
         if named:
             raise ValueError(f"--reference {named}: {error}") from None
-        return None, None, str(error)
+        from_git = str(error)
+    shipped = baseline.get("reference_archive")
+    if not shipped:
+        return None, None, f"{from_git}; the baseline names no archive of its package"
+    archive = Path(baseline_path).parent / shipped["file"]
+    try:
+        return unpack_archive(archive, shipped["sha256"], dest), commit, f"from {archive}: {from_git}"
+    except NoReference as error:
+        return None, None, f"{from_git}; {error}"
 
 
 def _fallback(why: str, baseline: dict, head: dict) -> str:
