@@ -116,6 +116,9 @@ def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_
     assert _runs(tmp_path, "bad") == 1 and any("bad: failed for this code" in line for line in again["said"])
     _chain(tmp_path, budget=60, retry_failed=True)
     assert _runs(tmp_path, "bad") == 2 and _runs(tmp_path, "good") == 1
+    # named in --only, a failed step is asked for: it runs again (a call that ran nothing spent a lease's time)
+    _chain(tmp_path, budget=60, only=["bad"])
+    assert _runs(tmp_path, "bad") == 3 and _runs(tmp_path, "good") == 1
 
 
 def test_a_fault_in_a_steps_own_code_is_a_failed_step_and_the_chain_goes_on(tmp_path, monkeypatch):

@@ -112,7 +112,9 @@ def plan(
             notes.append(f"{step.name}: needs a CUDA GPU")
         elif done.get("status") == "done":
             notes.append(f"{step.name}: done for this code ({done['finished']})")
-        elif done.get("status") == "failed" and not retry_failed:
+        elif done.get("status") == "failed" and not (
+            retry_failed or only
+        ):  # a step named is a step asked for
             notes.append(
                 f"{step.name}: failed for this code ({done['detail']}); --retry-failed runs it again"
             )
