@@ -112,9 +112,8 @@ def plan(
             notes.append(f"{step.name}: needs a CUDA GPU")
         elif done.get("status") == "done":
             notes.append(f"{step.name}: done for this code ({done['finished']})")
-        elif done.get("status") == "failed" and not (
-            retry_failed or only
-        ):  # a step named is a step asked for
+        # a failed step named in --only is asked for by name: it runs again
+        elif done.get("status") == "failed" and not (retry_failed or only):
             notes.append(
                 f"{step.name}: failed for this code ({done['detail']}); --retry-failed runs it again"
             )
@@ -184,8 +183,8 @@ def run_chain(
 ) -> dict:
     """Run what is left within ``budget`` seconds. Steps are stopped at the budget less the report's reserve; the
     report (when anything ran) has that reserve at the end, so the call ends within its budget. ``after_step``
-    gets the state after each step (the archive is rewritten there: a call killed from outside keeps the steps
-    it finished)."""
+    gets the state after each step but the report (the archive is rewritten there: a call killed from outside
+    keeps the steps it finished)."""
     state = load_state(state_path, evidence_steps.fingerprint())
     state["environment"] = environment(ctx.device)  # this call's versions, in the archive whatever else is
     todo, notes = plan(state, ctx.device, only, retry_failed)
@@ -212,8 +211,7 @@ def run_chain(
         after_step(state)
     if report and (ran or report in todo):
         ctx.deadline = end
-        _run_step(report, ctx, state, state_path, say)
-        after_step(state)
+        _run_step(report, ctx, state, state_path, say)  # the caller packs once the call ends
     missing = missing_figures(state, ctx.device)
     say("still missing:" if missing else "every figure of the chain is done for this code")
     for line in missing:
