@@ -299,9 +299,8 @@ def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, con
         row |= _against_dense(runs, dense, "val_bits_per_byte", "", confidence)
     elif family == "dense":
         row["verdict"] = "baseline"
-    if all(
-        "best_val_bits_per_byte" in r for r in runs
-    ):  # runs before 2026-11-29 evaluated once, at their end
+    # runs before 2026-11-29 evaluated once, at their end: no best beside the last
+    if all("best_val_bits_per_byte" in r for r in runs):
         best = mean_interval([r["best_val_bits_per_byte"] for r in runs], confidence)
         row |= {
             "best_bpb_mean": best.estimate,
@@ -485,8 +484,8 @@ def _run(args) -> None:
     print(
         f"bits per byte on held-out text at the end of each run: mean over seeds [{CONFIDENCE:.0%} t-interval]; "
         f"vs dense: difference of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0; best: each "
-        f"run's lowest of its evaluations every {metadata['eval_every']} steps, with how many seeds had passed it by their end"
-        f"\nsaved {path}"
+        f"run's lowest of its evaluations every {metadata['eval_every']} steps, with how many seeds had passed it "
+        f"by their end\nsaved {path}"
     )
 
 
