@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from switchbench.analysis import quality
 from switchbench.analysis.intervals import difference_interval, mean_interval, t_quantile
@@ -13,6 +14,7 @@ from switchbench.bench.cost.params import parameter_counts
 from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.cli import _parser, main
 from switchbench.models.families.dense import DenseAttention
+from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.reports import summary
 from switchbench.reports.report import collect, write_report
@@ -207,6 +209,32 @@ def test_training_macs_count_the_chunks_that_start_the_streams_again(tmp_path):
     fresh, carried = model_macs(cfg.replace(context_blocks=0), 16), model_macs(cfg, 16)
     assert fresh < carried
     assert quality.training_macs(cfg, 16, steps, task) == 3 * (2 * fresh + task.chunks * carried)
+
+
+def test_a_text_too_short_to_hold_out_a_chunk_a_stream_is_refused_and_one_long_enough_is_scored(tmp_path):
+    """A held-out tenth shorter than a chunk of each of its 4 streams scored no chunk: 0 bits per byte, a perfect
+    score, reported as a result (1,200 bytes at T 64). The bound the error names is enough to score."""
+    name, cfg = quality.CPU_MODELS["dense"]
+    source = text.load_text(None, None)
+    for size, scored in ((1200, False), (2610, True)):
+        (tmp_path / "t.txt").write_bytes(source[:size])
+        plan = quality.Plan(
+            {"dense": (name, cfg)},
+            seeds=2,
+            steps=1,
+            batch=16,
+            lr=1e-3,
+            clip=1.0,
+            text=str(tmp_path / "t.txt"),
+        )
+        if not scored:
+            with pytest.raises(ValueError, match=r"the text has 1,200 bytes: too short .* \(needs 2,610\)"):
+                LMTask(plan.train_config("dense", 0), cfg)
+            continue
+        task = LMTask(plan.train_config("dense", 0), cfg)
+        torch.manual_seed(0)
+        model = LanguageModel(cfg)
+        assert task.evaluate(model)["val_bits_per_byte"] > 1  # an untrained model: about 8 bits a byte
 
 
 # Bad input: one line, exit 2, nothing written

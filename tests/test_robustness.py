@@ -632,10 +632,31 @@ def test_non_finite_coefficients_are_rejected(command, flag, value, capsys):
             ["--batch", "10000000"],
             "batch 10000000: a training step of listops-switchhead-h2 needs at least",
         ),
+        (  # it built the model first: 32 GiB of one weight failed to allocate, with a traceback
+            ["--task", "lm", "--preset", "tiny-switchhead:d_model=8192,d_ff=1048576", "--steps", "1"],
+            "a training step of tiny-switchhead:d_model=8192,d_ff=1048576 needs at least",
+        ),
     ],
 )
 def test_training_settings_are_checked_before_training(extra, message, tmp_path, capsys):
     fails_cleanly(capsys, ["train", "--out", str(tmp_path / "run"), "--json", *extra], says=message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_quality_checks_each_models_memory_before_it_builds_one(tmp_path, capsys):
+    preset = "bytes-920k-switchhead-h2:d_model=8192,d_ff=1048576"
+    argv = [
+        "quality",
+        "--presets",
+        preset,
+        "--families",
+        "switchhead",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    fails_cleanly(capsys, argv, says=f"batch 16: a training step of {preset} needs at least")
     assert list(tmp_path.iterdir()) == []
 
 

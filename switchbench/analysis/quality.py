@@ -30,6 +30,7 @@ from switchbench.bench.command import (
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import count_saved_bytes
 from switchbench.bench.cost.params import parameter_counts
+from switchbench.bench.timing.benches import too_large
 from switchbench.bench.timing.timer import intra_op_threads
 from switchbench.core.environment import environment
 from switchbench.core.results import (
@@ -194,6 +195,10 @@ def run(plan: Plan, progress: bool = True) -> list[dict]:
     falls on all of them alike."""
     first = plan.train_config(next(iter(plan.models)), 0)
     task = LMTask(first, first.model_config)  # reads and checks the text before any training
+    for name, cfg in plan.models.values():  # and the memory, before any model is built to count its own
+        too_big = too_large(cfg, plan.batch, "model", plan.device, torch.float32)
+        if too_big:
+            raise ValueError(f"batch {plan.batch}: a training step of {name} {too_big}")
     costs = {family: _costs(plan, cfg, task) for family, (_, cfg) in plan.models.items()}
     return [
         {"family": family, "preset": plan.models[family][0], "seed": seed}

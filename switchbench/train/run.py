@@ -176,13 +176,18 @@ class ListOpsTask:
         }
 
 
+VAL_STREAMS = 4  # the held-out tenth of a text, read as this many streams
+
+
 class LMTask:
     def __init__(self, cfg: TrainConfig, model_cfg, rows: slice = slice(None)):
         data = text.encode(text.load_text(cfg.text, cfg.hf_dataset))
         split = int(0.9 * data.numel())
-        # 90% for training, a chunk of T + 1 bytes per stream at least; the rest is 4 validation streams
-        if split < cfg.batch * (model_cfg.T + 1) or data.numel() - split < 8:
-            needed = max(80, math.ceil(cfg.batch * (model_cfg.T + 1) / 0.9) + 1)
+        # 90% for training, a chunk of T + 1 bytes per stream at least; the rest is 4 validation streams, each of a
+        # chunk at least (shorter, evaluate scored no chunk and reported 0 bits per byte: a perfect score)
+        chunk = model_cfg.T + 1
+        if split < cfg.batch * chunk or data.numel() - split < VAL_STREAMS * chunk:
+            needed = max(math.ceil(cfg.batch * chunk / 0.9) + 1, 10 * VAL_STREAMS * chunk + 10)
             raise ValueError(
                 f"the text has {text.count_bytes(data.numel())}: too short for batch {cfg.batch} and "
                 f"chunks of {model_cfg.T} bytes (needs {needed:,})"
@@ -194,7 +199,7 @@ class LMTask:
             True: 6 * model_macs(model_cfg, streams),
             False: 6 * model_macs(model_cfg.replace(context_blocks=0), streams),
         }
-        self.val = text.streams(data[split:], 4).to(cfg.device)
+        self.val = text.streams(data[split:], VAL_STREAMS).to(cfg.device)
         self.chunks = (self.train.shape[1] - 1) // self.T
 
     def continues(self, step: int) -> bool:
@@ -224,7 +229,7 @@ class LMTask:
             state = out.state
             total += F.cross_entropy(out.logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum").item()
             count += chunk[:, 1:].numel()
-        return {"val_bits_per_byte": total / max(count, 1) / math.log(2)}
+        return {"val_bits_per_byte": total / count / math.log(2)}  # count > 0: __init__ checks the length
 
 
 @functools.cache  # each training step asks for its length's count: one config per length, not one per step
@@ -254,15 +259,16 @@ def train(
         )
     out = Path(out)
     model_cfg = cfg.model_config
-    torch.manual_seed(cfg.seed)
     n_classes = listops.N_CLASSES if cfg.task == "listops" else None
-    model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
-    optimizer = optim.adamw(model.parameters(), cfg.lr, cfg.device)
     rows = distributed.share(cfg.batch, world)
-    # before the data is made (10 million ListOps examples took minutes of Python, then the OOM killer's turn)
+    # before the model and the data are made (10 million ListOps examples took minutes of Python, then the OOM
+    # killer's turn; a model of 8 GiB of weights failed to allocate with a traceback)
     too_big = too_large(model_cfg, len(range(cfg.batch)[rows]), "model", cfg.device, torch.float32)
     if too_big:
         raise ValueError(f"batch {cfg.batch}: a training step of {cfg.preset} {too_big}")
+    torch.manual_seed(cfg.seed)  # after the check, which may build and run a model of its own
+    model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
+    optimizer = optim.adamw(model.parameters(), cfg.lr, cfg.device)
     task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg, rows)
     start, log_rows = 0, []
     if resume and (out / "checkpoint.pt").exists():
