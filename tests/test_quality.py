@@ -140,12 +140,13 @@ def test_summary_of_the_best_scores_on_the_way():
         }
         for family, runs in (
             ("dense", ((2.3, 2.0, 40), (2.4, 2.1, 50), (2.5, 2.2, 100))),
-            ("switchhead", ((2.2, 1.9, 100), (2.3, 2.0, 100), (2.4, 2.1, 100))),
+            ("switchhead", ((1.9, 1.9, 100), (2.0, 2.0, 100), (2.1, 2.1, 100))),  # best at the end
         )
         for seed, (final, best, step) in enumerate(runs)
     ]
     dense, switchhead = quality.summarize(rows)
     assert dense["past_best"] == 2 and switchhead["past_best"] == 0
+    assert dense["past_best_bpb"] == pytest.approx(0.3) and switchhead["past_best_bpb"] == 0
     assert dense["best_bpb_mean"] == pytest.approx(2.1) and switchhead["best_bpb_mean"] == pytest.approx(2.0)
     assert switchhead["vs_dense_best"] == pytest.approx(-0.1)
     half = switchhead["vs_dense_best_high"] - switchhead["vs_dense_best"]

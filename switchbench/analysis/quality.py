@@ -311,8 +311,12 @@ def _family_summary(family: str, runs: list[dict], dense: list[dict] | None, con
             "best_bpb_mean": best.estimate,
             "best_bpb_low": best.low,
             "best_bpb_high": best.high,
-            # seeds whose held-out score was best before their last step: the run went on memorising
+            # seeds whose held-out score was best before their last step, and by how much their last was worse:
+            # what the run's end lost to memorising
             "past_best": sum(r["best_step"] < r["steps"] for r in runs),
+            "past_best_bpb": statistics.fmean(
+                r["val_bits_per_byte"] - r["best_val_bits_per_byte"] for r in runs
+            ),
         }
         if dense is not None and family != "dense":
             row |= _against_dense(runs, dense, "best_val_bits_per_byte", "_best", confidence)
@@ -489,8 +493,8 @@ def _run(args) -> None:
     print(
         f"bits per byte on held-out text at the end of each run: mean over seeds [{CONFIDENCE:.0%} t-interval]; "
         f"vs dense: difference of means [Welch {CONFIDENCE:.0%} interval], 'matches' when it holds 0; best: each "
-        f"run's lowest of its evaluations every {metadata['eval_every']} steps, with how many seeds had passed it "
-        f"by their end\nsaved {path}"
+        f"run's lowest of its evaluations every {metadata['eval_every']} steps, and how much worse its end was "
+        f"(the mean over seeds)\nsaved {path}"
     )
 
 
@@ -515,7 +519,7 @@ def _printed(r: dict) -> dict:
         "seeds": r["runs"],
         "bits/byte": f"{r['bpb_mean']:.3f} [{r['bpb_low']:.3f}, {r['bpb_high']:.3f}]",
         "vs dense": _difference(r) or r.get("verdict", ""),
-        "best bits/byte": f"{r['best_bpb_mean']:.3f} ({r['past_best']} past)",
+        "best bits/byte": f"{r['best_bpb_mean']:.3f} (end +{r['past_best_bpb']:.3f})",
         "best vs dense": _difference(r, "_best"),
         "training MACs": f"{r['train_macs']:.3g}",
         "rel. MACs": f"{r['train_macs_vs_dense']:.2f}" if "train_macs_vs_dense" in r else "",
