@@ -283,6 +283,20 @@ def test_analysing_again_into_a_folder_replaces_the_earlier_analysis(runs, tmp_p
     assert "lm-usage.png" in files and not any("moa" in name or "similarity" in name for name in files)
 
 
+@pytest.mark.parametrize(
+    "metadata", ['{"command": "switchbench tables", "files": ["table1.csv"]}', "{damaged"]
+)
+def test_a_folder_another_command_described_is_refused_before_any_work(metadata, runs, tmp_path, capsys):
+    """`analyze --out results/tables` took the tables' metadata.json for an earlier analysis and deleted the files
+    it listed."""
+    (tmp_path / "metadata.json").write_text(metadata)
+    (tmp_path / "table1.csv").write_text("a table")
+    assert main(["analyze", str(runs["lm"]), "--sample", "2", "--out", str(tmp_path)]) == 2
+    assert "holds a metadata.json that no analysis wrote" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metadata.json", "table1.csv"]
+    assert (tmp_path / "metadata.json").read_text() == metadata
+
+
 @pytest.mark.slow
 def test_the_statistics_read_as_many_chunks_as_asked(runs, tmp_path, capsys):
     """`analyze --sample N`: each SwitchHead head routes every token of N text chunks to k experts a side."""

@@ -137,7 +137,7 @@ def analyze(
     written.append(_explorer(runs, ids, tokens, out))
 
     metadata = started | {
-        "command": "switchbench analyze",
+        "command": COMMAND,
         "checkpoints": [
             {"path": str(p), "step": r["step"], "train": r["train"]} for p, r in zip(paths, runs, strict=True)
         ],
@@ -153,13 +153,24 @@ def analyze(
     return written
 
 
+COMMAND = "switchbench analyze"  # in the metadata.json an analysis writes: what marks a folder as one
+
+
 def _files_of(out: Path) -> set[str]:
-    """The files an earlier analysis in ``out`` wrote, as its metadata.json lists them (none when it lists none:
-    files whose origin is not recorded are left alone). Only plain names count: nothing outside ``out``."""
-    try:
-        files = json.loads((out / "metadata.json").read_text()).get("files", [])
-    except (OSError, ValueError, AttributeError):
+    """The files an earlier analysis in ``out`` wrote, as its metadata.json lists them. A metadata.json another
+    command wrote (the tables', the runs') is refused before any work: an analysis replaces its own metadata.json
+    and removes the files it lists, and `analyze --out results/tables` deleted the fifteen tables. Only plain names
+    count: nothing outside ``out``."""
+    path = out / "metadata.json"
+    if not path.exists():
         return set()
+    try:
+        metadata = json.loads(path.read_text())
+    except (OSError, ValueError):
+        metadata = None
+    if not isinstance(metadata, dict) or metadata.get("command") != COMMAND:
+        raise ValueError(f"--out {out} holds a metadata.json that no analysis wrote: give a folder of its own")
+    files = metadata.get("files", [])
     return {
         name
         for name in files
