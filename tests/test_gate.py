@@ -91,6 +91,19 @@ def test_baseline_round_trip_drops_self_ratios(tmp_path):
     assert all(v["verdict"] == "ok" for v in gate.check(run, written))
 
 
+def test_a_baseline_is_written_over_a_baseline_only(tmp_path, capsys):
+    """`check --write --baseline RUN.json` replaced the run it read with a baseline."""
+    run = _write(tmp_path / "run.json", _run_like(_committed()))
+    before = run.read_bytes()
+    assert main(["check", str(run), "--write", "--baseline", str(run)]) == 2
+    assert "is one of the runs it would be written from" in capsys.readouterr().err
+    other = tmp_path / "notes.json"
+    other.write_text('{"mine": 1}')
+    assert main(["check", str(run), "--write", "--baseline", str(other)]) == 2
+    assert "exists and is not a baseline" in capsys.readouterr().err
+    assert run.read_bytes() == before and other.read_text() == '{"mine": 1}'
+
+
 @pytest.mark.parametrize(
     ("commit", "says"),
     [

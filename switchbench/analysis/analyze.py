@@ -169,7 +169,9 @@ def _files_of(out: Path) -> set[str]:
     except (OSError, ValueError):
         metadata = None
     if not isinstance(metadata, dict) or metadata.get("command") != COMMAND:
-        raise ValueError(f"--out {out} holds a metadata.json that no analysis wrote: give a folder of its own")
+        raise ValueError(
+            f"--out {out} holds a metadata.json that no analysis wrote: give a folder of its own"
+        )
     files = metadata.get("files", [])
     return {
         name

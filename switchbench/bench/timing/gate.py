@@ -392,6 +392,7 @@ def _run(args) -> int:
         writable_file(args.baseline, "--baseline")
     loaded = [load_run(path) for path in args.run_files]
     if args.write:
+        _replaceable(Path(args.baseline), [path for path, _ in loaded])
         try:
             written, archive = write_baseline([run for _, run in loaded], Path(args.baseline))
         except ValueError as error:
@@ -413,6 +414,21 @@ def _run(args) -> int:
     applied = tolerances_applied(baseline, run["metadata"].get("machine"))  # the JSON said 15% where 40% held
     about = {"run": str(path), "baseline": args.baseline, "tolerances": applied}
     return print_verdicts(verdicts, against, about, args.json)
+
+
+def _replaceable(target: Path, runs: list[Path]) -> None:
+    """Refuse to write a baseline over one of its own runs or over any file that is not a baseline: `check --write
+    --baseline RUN.json` replaced the run it read."""
+    if not target.exists():
+        return
+    if target.resolve() in {path.resolve() for path in runs}:
+        raise ValueError(f"--baseline {target} is one of the runs it would be written from")
+    try:
+        problem = baseline_problem(read_json(target, "baseline file"))
+    except ValueError as error:
+        problem = str(error)
+    if problem:
+        raise ValueError(f"--baseline {target} exists and is not a baseline ({problem}): it is left as it is")
 
 
 def print_verdicts(verdicts: list[dict], against: str, about: dict, as_json: bool) -> int:
