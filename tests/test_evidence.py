@@ -721,6 +721,26 @@ def test_a_damaged_state_file_is_named_before_any_step(content, tmp_path, monkey
     assert len(err.splitlines()) == 1 and state.read_text() == content
 
 
+@pytest.mark.parametrize(
+    "content",
+    [
+        '{"fingerprint": "other", "steps": {"report": {"status": "done"}}}',  # earlier, without its commit
+        '{"steps": {"report": {"status": "failed"}}}',
+    ],
+)
+def test_a_state_whose_records_lack_their_details_still_plans(content, tmp_path, monkeypatch, capsys):
+    """An older or edited state without a record's commit, time or reason: --list plans (it was a KeyError)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evidence_steps, "fingerprint", lambda: "this")
+    state = tmp_path / "results" / "evidence" / slug(device_name("cpu")) / "state.json"
+    state.parent.mkdir(parents=True)
+    state.write_text(
+        content.replace('"steps"', '"fingerprint": "this", "steps"', "fingerprint" not in content)
+    )
+    assert main(["evidence", "--device", "cpu", "--list"]) == 0
+    assert "not recorded" in capsys.readouterr().out
+
+
 # A chain killed from outside: its first step writes a figure, its second prints its pid and sleeps
 KILLED_CHAIN = """
 import sys

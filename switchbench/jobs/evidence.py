@@ -53,7 +53,7 @@ def load_state(path: Path, code: str) -> dict:
     figures stand, at their commit, until measured again) and every duration as an estimate."""
     state = _checked_state(path, schema.read_json(path, "chain state")) if path.exists() else {}
     if state.get("fingerprint") == code:
-        return {"earlier": {}} | state
+        return {"earlier": {}, "steps": {}, "durations": {}} | state
     steps = state.get("steps", {})
     done = {name: r for name, r in steps.items() if r.get("status") == "done"}
     earlier = state.get("earlier", {}) | done
@@ -111,11 +111,11 @@ def plan(
         if step.needs_gpu and device != "cuda":
             notes.append(f"{step.name}: needs a CUDA GPU")
         elif done.get("status") == "done":
-            notes.append(f"{step.name}: done for this code ({done['finished']})")
+            notes.append(f"{step.name}: done for this code ({done.get('finished', 'when: not recorded')})")
         # a failed step named in --only is asked for by name: it runs again
         elif done.get("status") == "failed" and not (retry_failed or only):
             notes.append(
-                f"{step.name}: failed for this code ({done['detail']}); --retry-failed runs it again"
+                f"{step.name}: failed for this code ({done.get('detail') or 'why: not recorded'}); --retry-failed runs it again"
             )
         else:
             todo.append(step)
@@ -257,7 +257,7 @@ def _outgrew_a_call(step: Step, state: dict, room: float) -> bool:
     ``room`` now, and cannot go on from where it stopped: trying again would take every call and bring nothing."""
     record = state["steps"].get(step.name, {})
     stopped = record.get("status") == "interrupted" and record.get("whole_call", False)
-    return stopped and not step.resumable and room < ROOM_TO_RETRY * record["seconds"]
+    return stopped and not step.resumable and room < ROOM_TO_RETRY * record.get("seconds", 0.0)
 
 
 def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whole_call: bool = False) -> str:
@@ -337,7 +337,7 @@ def missing_figures(state: dict, device: str) -> list[str]:
         if done.get("status") != "done":
             why = "needs a CUDA GPU" if step.needs_gpu and device != "cuda" else done.get("status", "not run")
             if step.name in state.get("earlier", {}) and not done:
-                why = f"done for earlier code, commit {state['earlier'][step.name]['commit']}"
+                why = f"done for earlier code, commit {state['earlier'][step.name].get('commit') or 'not recorded'}"
             lines.append(f"{step.owes} ({step.name}: {why})")
     return lines
 
