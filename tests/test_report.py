@@ -52,6 +52,9 @@ def _drawn(title: str) -> bytes:
     return png.getvalue()
 
 
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
 @pytest.fixture
 def fixture_results(tmp_path) -> Path:
     """A small results folder with one file of every kind the report reads."""
@@ -354,6 +357,30 @@ def test_an_unreadable_section_is_left_out_with_a_note(fixture_results, tmp_path
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "'Compute and memory' left out" in err[0] and "table2.csv" in err[0], err
     assert 'id="tables"' not in page and 'id="speed"' in page
+
+
+def test_files_of_a_shape_no_run_has_leave_out_themselves_only(tmp_path, capsys):
+    """A quality summary cut short, a link to nothing, a run whose time is a number or whose groups are nested:
+    each stopped the whole report (exit 3) or hid its section."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / "quality" / "x86-64", root / "quality" / "x86-64")
+    shutil.copytree(RESULTS / "speed" / "x86-64", root / "speed" / "x86-64")
+    quick = root / "quality" / "x86-64" / "2seeds-98steps-quick-summary.csv"
+    quick.write_text(quick.read_text()[:250])  # into the first family's row
+    (root / "speed" / "x86-64" / "zz.json").symlink_to(tmp_path / "nothing.json")
+    first, second = sorted((root / "speed" / "x86-64").glob("[!z]*.json"))[:2]
+    for path, change in ((first, {"time": 5}), (second, {"groups": [[1, 2]]})):
+        run = json.loads(path.read_text())
+        run["metadata"] |= change
+        path.write_text(json.dumps(run))
+    page = write_report(root, tmp_path / "report.html", {}).read_text()
+    err = capsys.readouterr().err
+    assert (
+        f"{root / 'quality' / 'x86-64' / '2seeds-98steps-quick.json'} left out" in err
+        and "dense has no" in err
+    )
+    assert f"{second} left out: unhashable type" in err and "section" not in err, err
+    assert 'id="quality"' in page and "5seeds-977steps" in page and 'id="speed"' in page
 
 
 def test_cli_report_on_a_missing_folder(capsys, tmp_path):

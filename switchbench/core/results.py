@@ -269,7 +269,8 @@ def newest(folder: Path, pattern: str = "*.json") -> Path | None:
     """The newest run matching ``pattern`` under ``folder``, or None: by the time its metadata records, else by when
     the file was written (a checkout gives every committed file about one modification time, and rewriting a file's
     metadata makes it no newer a run)."""
-    files = sorted(Path(folder).glob(pattern), key=lambda p: (recorded_time(p), p.stat().st_mtime))
+    runs = (p for p in Path(folder).glob(pattern) if p.is_file())  # not a link to nothing, nor a folder
+    files = sorted(runs, key=lambda p: (recorded_time(p), p.stat().st_mtime))
     return files[-1] if files else None
 
 
@@ -279,7 +280,13 @@ def recorded_time(path: Path) -> str:
         metadata = json.loads(Path(path).read_text()).get("metadata")
     except (OSError, ValueError, AttributeError):
         return ""
-    return metadata.get("time", "") if isinstance(metadata, dict) else ""
+    return recorded(metadata) if isinstance(metadata, dict) else ""
+
+
+def recorded(metadata: dict) -> str:
+    """The ISO time ``metadata`` records, or "" (none, or not a text: runs are ordered by it)."""
+    time = metadata.get("time", "")
+    return time if isinstance(time, str) else ""
 
 
 def save_run(folder: Path, label: str, metadata: dict, rows: list[dict], stem: Path | None = None) -> Path:

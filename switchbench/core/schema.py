@@ -48,6 +48,7 @@ CSV_COLUMNS = {
         "bpb_mean": NUMBER,
         "bpb_low": NUMBER,
         "bpb_high": NUMBER,
+        "train_macs": NUMBER,
     },
 }
 # The keys each row of a run's JSON must have; the optional ones are checked where present (None allowed).

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+import markupsafe
 
 from switchbench.bench.command import device_from_args
 from switchbench.bench.published import WALLCLOCK
 from switchbench.core.environment import describe_machine, environment
-from switchbench.core.results import newest, read_csv, writable_file, write_atomic
+from switchbench.core.results import newest, read_csv, recorded, writable_file, write_atomic
 from switchbench.core.schema import read_json, read_run, read_table
 from switchbench.reports import labels, summary
 
@@ -139,12 +140,21 @@ def _newest_of_each(
 ) -> list[dict]:
     """In each device folder under ``kind``, the newest run (by the time it recorded, where it did: a checkout gives
     every file about one modification time) of each configuration that ``configuration(metadata)`` names."""
+
+    def keyed(path: Path) -> tuple[dict, tuple, str]:
+        run = load(path)
+        key = configuration(run["metadata"])
+        hash(
+            key
+        )  # a setting of an unexpected shape (a list where a name was) leaves this run out, not the section
+        return run, key, recorded(run["metadata"])
+
     runs = []
     for folder in sorted(p for p in kind.glob("*") if p.is_dir()):
         newest_of = {}
-        paths = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
-        for run in sorted(_each(paths, load, quiet), key=lambda run: run["metadata"].get("time", "")):
-            newest_of[configuration(run["metadata"])] = run
+        paths = sorted((p for p in folder.glob("*.json") if p.is_file()), key=lambda p: p.stat().st_mtime)
+        for run, key, _ in sorted(_each(paths, keyed, quiet), key=lambda keyed: keyed[2]):
+            newest_of[key] = run
         runs += newest_of.values()
     return runs
 
@@ -174,7 +184,7 @@ def _training_ratios(speed_runs: list[dict], device: str | None) -> dict[str, tu
     """Each preset's training-step time ratio on ``device`` and the run it comes from: the newest speed run of that
     device to time it (a ratio belongs to its device and its settings, so none is taken from another device)."""
     found = {}
-    for run in sorted(speed_runs, key=lambda run: run["metadata"].get("time", "")):
+    for run in sorted(speed_runs, key=lambda run: recorded(run["metadata"])):
         if run["metadata"].get("device") != device:
             continue
         source = f"{run['file']} ({labels.speed_setting(run['metadata'])})"
@@ -252,8 +262,20 @@ def quality_strength(run: dict) -> int:
 
 def _quality(path: Path, results: Path) -> dict:
     stem = path.with_suffix("")
-    return _run(path, "quality") | {
-        "summary": _rows(stem.with_name(f"{stem.name}-summary.csv"), "quality_summary"),
+    run = _run(path, "quality")
+    summary_csv = stem.with_name(f"{stem.name}-summary.csv")
+    summary = _rows(summary_csv, "quality_summary")
+    if not run["rows"] or not summary:
+        raise ValueError(f"{path}: no runs" if not run["rows"] else f"{summary_csv}: no family")
+    for row in summary:  # a file cut short: a family without its figures, a difference without its interval
+        needed = ["bpb_mean", "bpb_low", "bpb_high", "train_macs"]
+        for key in ("vs_dense", "vs_dense_best"):
+            needed += [f"{key}_low", f"{key}_high"] if row.get(key) is not None else []
+        missing = [key for key in needed if not _numeric(row.get(key))]
+        if missing:
+            raise ValueError(f"{summary_csv}: {row['family']} has no {missing[0]}")
+    return run | {
+        "summary": summary,
         "image": _image(stem.with_suffix(".png")),
         "csv": stem.with_suffix(".csv").relative_to(results).as_posix(),
     }
@@ -399,10 +421,19 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
         trained=labels.trained, speed_setting=labels.speed_setting, reference_min_r=summary.REFERENCE_MIN_R
     )
     env.tests["numeric"] = _numeric
-    sections = [(s, loaded[s.name]) for s in SECTIONS if s.name in loaded]
-    return env.get_template("report.html.j2").render(
-        environment=environment, sections=sections, summary=summary.lines(loaded), link=link
-    )
+    context = {"environment": environment, "summary": summary.lines(loaded), "link": link}
+    sections = []
+    for section in (s for s in SECTIONS if s.name in loaded):
+        template = env.get_template(f"sections/{section.name}.html.j2")
+        try:  # one section's data of a shape its template cannot show leaves that section out, not the page
+            html = template.render(context | {"section": section, "data": loaded[section.name]})
+        except (*UNREADABLE, jinja2.UndefinedError) as error:
+            print(
+                f"switchbench report: section '{section.title}' left out: {_reason(error)}", file=sys.stderr
+            )
+            continue
+        sections.append((section, markupsafe.Markup(html)))
+    return env.get_template("report.html.j2").render(context | {"sections": sections})
 
 
 def write_report(results: Path, out: Path, environment: dict, loaded: dict | None = None) -> Path:
