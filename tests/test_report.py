@@ -763,6 +763,7 @@ def test_the_summary_takes_each_quality_claim_from_the_strongest_run(tmp_path):
         (folder / f"{name}.json").write_text(json.dumps({"metadata": metadata, "rows": rows}))
         summary_rows = [
             {"family": f, "preset": f"{f}-p", "runs": seeds, "bpb_mean": 2.0, "bpb_low": 1.9, "bpb_high": 2.1}
+            | {"train_macs": 1.0}
             | {"vs_dense": d, "vs_dense_low": d - 0.01, "vs_dense_high": d + 0.01, "verdict": v}
             for f, (d, v) in verdicts.items()
         ]
