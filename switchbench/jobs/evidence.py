@@ -29,7 +29,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from switchbench.bench.command import add_json, device_from_args, slug
+from switchbench.bench.command import Distinct, add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
 from switchbench.core import schema
 from switchbench.core.environment import commit, device_name, environment
@@ -398,6 +398,7 @@ def register(commands) -> None:
         nargs="+",
         choices=[s.name for s in STEPS],
         metavar="STEP",
+        action=Distinct,
         help="these steps alone (--list names them)",
     )
     parser.add_argument("--retry-failed", action="store_true", help="run failed steps again")

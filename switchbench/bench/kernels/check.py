@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
-from switchbench.bench.command import DTYPES
+from switchbench.bench.command import DTYPES, Distinct
 from switchbench.bench.kernels import roofline
 from switchbench.bench.kernels.bench import Case, add_sizes, attention_shapes, cases
 from switchbench.models import family as registry
@@ -77,9 +77,16 @@ def register(commands) -> None:
         "no GPU needed",
     )
     parser.add_argument(
-        "--arch", nargs="+", choices=list(ARCHS), default=["sm_90"], help="targets (default sm_90: Hopper)"
+        "--arch",
+        nargs="+",
+        choices=list(ARCHS),
+        default=["sm_90"],
+        action=Distinct,
+        help="targets (default sm_90: Hopper)",
     )
-    parser.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["bf16"], help="default bf16")
+    parser.add_argument(
+        "--dtype", nargs="+", choices=list(DTYPES), default=["bf16"], action=Distinct, help="default bf16"
+    )
     add_sizes(parser)  # both, as kernel-bench and kernel-tune: a bare run skipped the 47M shapes
     parser.add_argument("--batch", type=int, default=64, help="sequences, for the roofline (default 64)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
