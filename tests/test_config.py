@@ -199,6 +199,10 @@ def test_config_round_trips_through_a_dict():
     "argv, message",
     [
         (["params", "--model", "switchhead", "--k", "9"], "k must be in [1, 5]"),
+        (  # the default's 10 heads, which the user never gave, are named as such
+            ["params", "--model", "moa"],
+            "n_heads must be in [1, 5]; got 10 (without --preset, what no flag sets is the default configuration's",
+        ),
         (["params", "no-such-preset"], "unknown preset 'no-such-preset'"),
         (["params", "--d-model", "abc"], "invalid int value"),
         (["params", "--pos", "alibi"], "invalid choice"),

@@ -963,7 +963,10 @@ def test_a_parent_another_probe_removed_meanwhile_is_made_again(tmp_path, monkey
         ),
         (["decode", "--batches", "1", "4", "1"], "--batches: 1 is named twice"),
         (["kernel-bench", "--sizes", "47m", "47m"], "--sizes: 47m is named twice"),
-        (["kernel-check", "--arch", "sm_90", "sm_90"], "--arch: sm_90 is named twice"),  # compiled 4 times over
+        (
+            ["kernel-check", "--arch", "sm_90", "sm_90"],
+            "--arch: sm_90 is named twice",
+        ),  # compiled 4 times over
         (["kernel-check", "--dtype", "bf16", "bf16"], "--dtype: bf16 is named twice"),
         (["evidence", "--only", "report", "report"], "--only: report is named twice"),
     ],

@@ -121,7 +121,16 @@ def config_from_args(args: argparse.Namespace) -> ModelConfig:
     error that names the family."""
     base = from_name(args.preset) if args.preset else ModelConfig()
     given = {f.name: getattr(args, f.name) for f in changeable_fields() if getattr(args, f.name) is not None}
-    cfg = with_changes(base, given)
+    try:
+        cfg = with_changes(base, given)
+    except ValueError as error:
+        if args.preset:
+            raise
+        # `params --model moa` said "n_heads must be in [1, 5]; got 10", a value the user never gave
+        raise ValueError(
+            f"{error} (without --preset, what no flag sets is the default configuration's: name a --preset of "
+            "the family, or set that field)"
+        ) from None
     ignored = unread(cfg, given)
     if ignored:
         flags = ", ".join("--" + name.replace("_", "-") for name in ignored)
