@@ -99,6 +99,20 @@ def test_a_cells_members_on_different_attention_kernels_are_flagged_per_phase():
     assert "(mixed!)" in decode._printed(flagged[1] | {"ratio_decode_time": 1.5})["rel. decode"]
 
 
+def test_resume_continues_only_a_run_whose_bytes_were_counted_alike():
+    """A run stopped by older code counted a decode step's bytes otherwise: its cells and new ones in one file
+    would stand beside each other on two floors."""
+    metadata = {key: 1 for key in decode.SAME_GRID} | {"bytes_read": sizing.BYTES_READ}
+    stopped = {"cells_done": 1, "cells": 4}
+    older = {
+        Path("old.json"): {"metadata": {k: v for k, v in metadata.items() if k != "bytes_read"} | stopped}
+    }
+    assert decode._unfinished(older, metadata) is None
+    assert decode._unfinished({Path("new.json"): {"metadata": metadata | stopped}}, metadata) == Path(
+        "new.json"
+    )
+
+
 def test_weights_read_by_hand():
     """Dense: every weight but the embedding and XL's position projection (a decoder reads its table of projected
     distances instead), plus the batch's embedding rows. SwitchHead: the V and O experts count the k of E per head

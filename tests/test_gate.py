@@ -106,22 +106,43 @@ def test_a_baseline_is_written_over_a_baseline_only(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("commit", "says"),
-    [
-        (None, "names no commit"),
-        ("abc-dirty", "was measured with uncommitted changes (abc-dirty)"),
-        ("mixed", "measured differently (commit)"),
-    ],
+    [(None, "the runs name no commit"), ("abc-dirty", "measured with uncommitted changes (abc-dirty)")],
 )
-def test_a_baseline_the_gate_could_not_time_again_is_refused(commit, says, tmp_path):
-    """The gate times the baseline's commit again: runs of no commit, of uncommitted changes (the gate would time
-    the commit without them) or of two commits cannot make one."""
+def test_a_baseline_of_code_git_cannot_give_is_written_without_an_archive(commit, says, tmp_path):
+    """The gate times the baseline's commit again: runs of no commit or of uncommitted changes (the gate would
+    time the commit without them) make a baseline without an archive, and the line written says why."""
     runs = [_run_like(_committed()) for _ in range(2)]
     for i, run in enumerate(runs):
-        run["metadata"]["commit"] = f"commit-{i}" if commit == "mixed" else commit
+        run["metadata"]["commit"] = commit
         run["rows"][0]["ms"] = i  # two runs, not one given twice
-    with pytest.raises(ValueError, match=re.escape(says)):
+    path, note = gate.write_baseline(runs, tmp_path / "b.json")
+    assert says in note and "reference_archive" not in json.loads(path.read_text())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.json"]
+
+
+def test_runs_of_two_commits_make_no_baseline(tmp_path):
+    runs = [_run_like(_committed()) for _ in range(2)]
+    for i, run in enumerate(runs):
+        run["metadata"]["commit"] = f"commit-{i}"
+    with pytest.raises(ValueError, match=re.escape("measured differently (commit)")):
         gate.write_baseline(runs, tmp_path / "b.json")
     assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+def test_a_baseline_and_its_archive_are_written_together(tmp_path):
+    """The archive of the runs' commit beside the baseline, named in it with its hash; written in one step with
+    the baseline (an archive written first and a baseline write that failed left the old baseline naming a hash
+    its archive no longer had)."""
+    run = _run_like(_committed())
+    try:
+        data, sha = reference.package_archive(run["metadata"]["commit"])
+    except reference.NoReference:
+        pytest.skip("the baseline's commit is not in this checkout's history")
+    path, note = gate.write_baseline([run], tmp_path / "b.json")
+    shipped = json.loads(path.read_text())["reference_archive"]
+    assert shipped == {"file": "b.reference.tar.gz", "sha256": sha} and "as" in note
+    assert (tmp_path / "b.reference.tar.gz").read_bytes() == data
 
 
 def test_pooled_baseline_takes_the_median_of_the_runs_and_needs_equal_counts(tmp_path, capsys):
@@ -479,9 +500,9 @@ def test_the_reference_is_the_package_as_it_was_at_the_commit(tmp_path):
     with pytest.raises(same_machine.NoReference, match=r"has no switchbench package"):
         same_machine.materialise(_git(repo, "rev-parse", "HEAD"), tmp_path / "none", checkout=repo)
     # the archive beside a baseline: the same package, the same bytes for the same commit, checked by its hash
-    sha = reference.write_archive(first, tmp_path / "a.tar.gz", checkout=repo)
-    assert reference.write_archive(first, tmp_path / "b.tar.gz", checkout=repo) == sha
-    assert (tmp_path / "a.tar.gz").read_bytes() == (tmp_path / "b.tar.gz").read_bytes()
+    data, sha = reference.package_archive(first, checkout=repo)
+    assert reference.package_archive(first, checkout=repo) == (data, sha)
+    (tmp_path / "a.tar.gz").write_bytes(data)
     folder = reference.unpack_archive(tmp_path / "a.tar.gz", sha, tmp_path / "unpacked")
     assert (folder / "switchbench" / "__init__.py").read_text() == "VERSION = 1\n"
     with pytest.raises(reference.NoReference, match="not the one the baseline names"):

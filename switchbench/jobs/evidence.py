@@ -275,6 +275,7 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     except OutOfBudget:
         status, detail = "interrupted", "stopped at the end of the budget"
     except (Stopped, KeyboardInterrupt) as error:  # recorded, with what it wrote, before the chain stops
+        ctx.stop()  # the commands of the step's other threads, which the signal did not reach
         stopped, status, detail = error, "interrupted", f"stopped by {_signal_name(error)}"
     except StepFailed as error:
         status, detail = "failed", str(error)
@@ -287,7 +288,8 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     seconds = time.monotonic() - started
     detail, *shown = detail.split("\n")  # a failed command's last lines are printed, not kept in the state
     record |= {
-        "whole_call": whole_call,
+        "whole_call": whole_call
+        and stopped is None,  # a signal, not the budget, ended it: no lesson on its length
         "status": status,
         "detail": detail,
         "seconds": round(seconds, 1),
@@ -327,6 +329,9 @@ def _signal_name(error: BaseException) -> str:
 
 
 def _raise_stopped(signum, frame) -> None:
+    signal.signal(
+        signal.SIGTERM, signal.SIG_IGN
+    )  # once: a second SIGTERM must not break the recording and packing
     raise Stopped()
 
 
@@ -438,11 +443,12 @@ def _run(args: argparse.Namespace) -> int:
     def packed_now(state: dict) -> list[str]:
         return [str(p) for p in pack(state, state_path, Path(args.pack), results, runs)] if args.pack else []
 
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    previous = signal.signal(signal.SIGTERM, _raise_stopped), signal.getsignal(signal.SIGINT)
     try:
         state = run_chain(ctx, state_path, args.budget, args.only, args.retry_failed, say, packed_now)
     except (Stopped, KeyboardInterrupt) as error:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the archive is written once more, whole
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for path in packed_now(load_state(state_path, evidence_steps.fingerprint())):
             say(f"packed {path}")
         say(
@@ -450,7 +456,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 130 if isinstance(error, KeyboardInterrupt) else 143
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
     packed = packed_now(state)
     for path in packed:
         say(f"packed {path}")

@@ -64,6 +64,9 @@ class Context:
     # stand-ins are the same command (the 262M and 47M groups both become the tiny one) run it once; a step that
     # runs a command twice (two runs to pool) runs it twice
     rehearsed: dict = field(default_factory=dict)
+    running: set = field(
+        default_factory=set
+    )  # the commands' processes now running (ListOps runs three at once)
 
     @property
     def gpu(self) -> bool:
@@ -101,7 +104,11 @@ class Context:
             log.write(f"$ {' '.join(argv)}\n")
         since = self.log.stat().st_size
         process = processes.start(argv, env, cwd, self.log, forked=not self.gpu)
-        out, killed = processes.output(process, remaining, self.log)
+        self.running.add(process)
+        try:
+            out, killed = processes.output(process, remaining, self.log)
+        finally:
+            self.running.discard(process)
         if killed:
             raise OutOfBudget(" ".join(argv[:4]))
         if process.returncode not in ok:
@@ -109,6 +116,11 @@ class Context:
                 f"{' '.join(argv[:5])} ... exited {process.returncode} (see {self.log})\n{self._tail(since)}"
             )
         return out
+
+    def stop(self) -> None:
+        """Kill every command running, those of other threads too (a signal reaches the main thread alone)."""
+        for process in list(self.running):
+            processes.kill(process)
 
     def _tail(self, since: int, lines: int = TAIL_LINES) -> str:
         """The last ``lines`` the log received from byte ``since`` on (a command's stdout and stderr): a failure
@@ -508,7 +520,10 @@ def _listops(ctx: Context):
         for (model, seed), folder in zip(LISTOPS_RUNS, _listops_runs(ctx), strict=True)
     ]
     failures = []
-    threads = [threading.Thread(target=_collect, args=(ctx, argv, failures)) for argv in commands]
+    # daemons: a chain stopped by a signal kills their commands (Context.stop) and exits without waiting on them
+    threads = [
+        threading.Thread(target=_collect, args=(ctx, argv, failures), daemon=True) for argv in commands
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -90,14 +90,16 @@ def start(
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# resolved here, once: a child between fork and exec must not load libraries (threads may hold the loader's lock)
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
 
 def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when the process that started it ends. A step runs in a session of its own
     (so that a stop reaches its workers), which a kill of the chain does not reach: a chain killed from outside (a
     node's time limit) left its step running, holding the GPU's memory into the next call on the same machine."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 # Seconds the output pipe may stay open after the step's process ended, or after it was killed

@@ -550,6 +550,7 @@ SAME_GRID = (
     "prefill_rounds",
     "memory_for_max_batch_bytes",
     "threads",
+    "bytes_read",  # how a decode step's bytes are counted: a run counted otherwise is not continued
     *SAME_KERNELS,
 )
 YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
@@ -607,6 +608,7 @@ def _metadata(grid: Grid, device: str, dtype_name: str) -> dict:
         "prefill_chunk": PREFILL_CHUNK,
         "attention_span": "the whole sequence (one chunk of T = the longest context + 1, no window)",
         "groups": {g: list(p) for g, p in grid.groups.items()},
+        "bytes_read": sizing.BYTES_READ,
     }
 
 

@@ -19,6 +19,9 @@ from switchbench.models.config import ModelConfig
 from switchbench.models.layers.kv_cache import elements_per_token
 from switchbench.models.lm import LanguageModel, count_parameters
 
+# The conventions above, as a run's metadata records them (decode --resume continues only a run counted alike)
+BYTES_READ = "every weight once but the embedding's other rows and XL's position projection; experts expected of B tokens"
+
 
 def kv_bytes_per_token(cfg: ModelConfig, width: int) -> int | None:
     """Bytes one token leaves in the cache of the whole stack (``width`` bytes per number); None: no decode path."""

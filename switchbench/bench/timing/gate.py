@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.timing.reference import NoReference, write_archive
-from switchbench.core.results import newest, writable_file, write_atomic
+from switchbench.bench.timing.reference import NoReference, package_archive
+from switchbench.core.results import newest, replace_together, writable_file
 from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
 
@@ -215,34 +215,36 @@ def _exact_entry(key: str, rows: list[dict]) -> dict:
 
 def write_baseline(runs: list[dict], path: Path) -> tuple[Path, str]:
     """``runs`` as the new baseline at ``path``, and beside it the archive of the package at the runs' commit
-    (``reference.py``), which it names; refused when it would be unusable. Returns the path and a line on the
-    archive: where git cannot give the commit (a node's copy of the checkout), the baseline is written without
-    one, and the gate needs the commit in its checkout's history."""
+    (``reference.py``), which it names, the two written together; refused when it would be unusable. Returns the
+    path and a line on the archive: where the runs' code is no commit git can give (uncommitted changes, a node's
+    copy of the checkout), the baseline is written without one, and the gate can only hold a run to its committed
+    ratios."""
     path = Path(path)
     baseline = baseline_from(runs)
-    problem = baseline_problem(baseline) or _too_few_rounds(runs) or _not_a_commit(baseline["metadata"])
+    problem = baseline_problem(baseline) or _too_few_rounds(runs)
     if problem:
         raise ValueError(f"refusing to write {path}: the runs' baseline {problem}")
-    commit = baseline["metadata"]["commit"]
-    archive = path.with_name(f"{path.stem}.reference.tar.gz")
+    archive, writers = path.with_name(f"{path.stem}.reference.tar.gz"), {}
     try:
-        baseline["reference_archive"] = {"file": archive.name, "sha256": write_archive(commit, archive)}
-        note = f"its package at {commit[:12]} as {archive}"
+        data, sha256 = package_archive(_commit_of(baseline["metadata"]))
+        baseline["reference_archive"] = {"file": archive.name, "sha256": sha256}
+        writers[archive] = lambda tmp: tmp.write_bytes(data)
+        note = f"its package at {baseline['metadata']['commit'][:12]} as {archive}"
     except NoReference as error:
-        note = f"no archive of its package ({error}): the gate will need the commit in git"
-    return write_atomic(path, json.dumps(baseline, indent=2)), note
+        note = f"no archive of its package ({error}): the gate will hold runs to its committed ratios"
+    writers[path] = lambda tmp: tmp.write_text(json.dumps(baseline, indent=2))  # last: it names the archive
+    replace_together(writers)
+    return path, note
 
 
-def _not_a_commit(metadata: dict) -> str | None:
-    """Why the runs' code cannot be timed again as the gate's reference, or None."""
+def _commit_of(metadata: dict) -> str:
+    """The commit whose code the runs measured, or NoReference: the gate times it again as its reference."""
     commit = metadata.get("commit")
     if not commit:
-        return "names no commit: the gate times the baseline's commit again, so record it in a git checkout"
-    if commit.endswith("-dirty"):
-        return (
-            f"was measured with uncommitted changes ({commit}): the gate would time the commit without them"
-        )
-    return None
+        raise NoReference("the runs name no commit")
+    if commit.endswith("-dirty"):  # the commit without them would be timed as the reference
+        raise NoReference(f"the runs were measured with uncommitted changes ({commit})")
+    return commit
 
 
 def _too_few_rounds(runs: list[dict]) -> str | None:

@@ -32,12 +32,11 @@ def materialise(commit: str, dest: Path, checkout: Path = HERE) -> Path:
     return dest
 
 
-def write_archive(commit: str, archive: Path, checkout: Path = HERE) -> str:
-    """The package at ``commit`` as a gzipped tar at ``archive``, byte for byte the same for the same commit (no
-    timestamps in the gzip header); its SHA-256."""
+def package_archive(commit: str, checkout: Path = HERE) -> tuple[bytes, str]:
+    """The package at ``commit`` as a gzipped tar, byte for byte the same for the same commit (no timestamps in the
+    gzip header), and its SHA-256."""
     data = gzip.compress(_package_tar(commit, checkout), compresslevel=9, mtime=0)
-    archive.write_bytes(data)
-    return hashlib.sha256(data).hexdigest()
+    return data, hashlib.sha256(data).hexdigest()
 
 
 def unpack_archive(archive: Path, sha256: str, dest: Path) -> Path:
