@@ -77,6 +77,23 @@ def test_time_is_decided_by_the_interval_counts_exactly():
     assert [(v["ratio"], v["quantity"]) for v in failed] == [(key, "op_calls")]
 
 
+def test_a_ratio_far_below_its_reference_passes_and_says_so():
+    """A dense layer made 1.3x slower moved SwitchHead/dense from 0.65 to 0.51 and passed unremarked: the gate holds
+    the speedup, so it passes, with a note that the ratio fell past the tolerance the other way."""
+    baseline = _committed()
+    key = SWITCHHEAD_TIMES[0]
+    expected, tolerance = baseline["ratios"][key]["ratio_time"], baseline["tolerances"]["ratio_time"]
+    run = _run_like(baseline)
+    row = next(r for r in run["rows"] if f"{r['preset']} | {r['scope']} | {r['what']}" == key)
+    for scale, noted in ((1.0, False), (0.95 / (1 + tolerance), True)):
+        row["ratio_time_rounds"] = [expected * scale] * 30
+        (verdict,) = [
+            v for v in gate.check(run, baseline) if (v["ratio"], v["quantity"]) == (key, "ratio_time")
+        ]
+        assert verdict["verdict"] == "ok" and ("note" in verdict) == noted
+    assert gate.report([verdict]).endswith(f"* {gate.BELOW} (the runs' own times say which)")
+
+
 def test_baseline_round_trip_drops_self_ratios(tmp_path):
     committed = _committed()
     run = _run_like(committed)
