@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from test_report import CHROMIUM, browse
 
 from switchbench.bench.cost import tables
@@ -157,6 +158,21 @@ def test_a_full_job_trains_listops_until_the_analysis_accuracy_holds(tmp_path, m
     for task, quick in (("listops", False), ("listops", True), ("lm", False)):
         main_job._trainer(task, "dense", 0)(argparse.Namespace(quick=quick, json=True), tmp_path, tmp_path)
     assert [cfg.stop_at for cfg in seen] == [0.85, None, None]
+
+
+def test_the_jobs_cpu_trainings_run_on_one_thread(tmp_path, monkeypatch):
+    """Beside busy neighbours a pool of one thread per core stalled a quick ListOps training to about 280 s."""
+    threads = []
+    monkeypatch.setattr(main_job, "train", lambda cfg, out, **kwargs: threads.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # as on a 2-core machine (the tests' workers run one thread each)
+    try:
+        main_job._trainer("listops", "dense", 0)(
+            argparse.Namespace(quick=True, json=True), tmp_path, tmp_path
+        )
+        assert threads == [1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_the_tables_metadata_carries_the_jobs_provenance(tmp_path):

@@ -130,10 +130,13 @@ def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         cfg = _train_config(args, task, model, seed)
         # A full run continues the models it finds (the committed ListOps trio takes more CPU hours than any one
-        # sitting has); a quick run trains afresh, so it always analyses models of the code it runs.
-        return train(
-            cfg, runs / run_name(task, cfg.preset, seed), resume=not args.quick, progress=not args.json
-        )
+        # sitting has); a quick run trains afresh, so it always analyses models of the code it runs. One thread on
+        # the CPU, as quality and decode: beside busy neighbours a pool of one thread per core stalled a quick
+        # ListOps training to about 280 s (idle, the whole quick job took 66 s; 77 s on one thread).
+        with intra_op_threads(None if cfg.device == "cuda" else 1):
+            return train(
+                cfg, runs / run_name(task, cfg.preset, seed), resume=not args.quick, progress=not args.json
+            )
 
     return step
 
