@@ -288,8 +288,8 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     seconds = time.monotonic() - started
     detail, *shown = detail.split("\n")  # a failed command's last lines are printed, not kept in the state
     record |= {
-        "whole_call": whole_call
-        and stopped is None,  # a signal, not the budget, ended it: no lesson on its length
+        # stopped by a signal, not by the budget: no lesson on the step's length
+        "whole_call": whole_call and stopped is None,
         "status": status,
         "detail": detail,
         "seconds": round(seconds, 1),
@@ -329,9 +329,8 @@ def _signal_name(error: BaseException) -> str:
 
 
 def _raise_stopped(signum, frame) -> None:
-    signal.signal(
-        signal.SIGTERM, signal.SIG_IGN
-    )  # once: a second SIGTERM must not break the recording and packing
+    # once: a second SIGTERM must not break the recording and packing
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise Stopped()
 
 

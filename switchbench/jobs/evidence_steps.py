@@ -64,9 +64,8 @@ class Context:
     # stand-ins are the same command (the 262M and 47M groups both become the tiny one) run it once; a step that
     # runs a command twice (two runs to pool) runs it twice
     rehearsed: dict = field(default_factory=dict)
-    running: set = field(
-        default_factory=set
-    )  # the commands' processes now running (ListOps runs three at once)
+    # the commands' processes now running (ListOps runs three at once)
+    running: set = field(default_factory=set)
 
     @property
     def gpu(self) -> bool:

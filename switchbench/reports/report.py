@@ -144,9 +144,8 @@ def _newest_of_each(
     def keyed(path: Path) -> tuple[dict, tuple, str]:
         run = load(path)
         key = configuration(run["metadata"])
-        hash(
-            key
-        )  # a setting of an unexpected shape (a list where a name was) leaves this run out, not the section
+        # a setting of an unexpected shape (a list where a name was) leaves this run out, not the section
+        hash(key)
         return run, key, recorded(run["metadata"])
 
     runs = []
@@ -355,13 +354,15 @@ def collect(results: Path) -> dict[str, object]:
         try:
             data = section.load(Path(results))
         except UNREADABLE as error:
-            print(
-                f"switchbench report: section '{section.title}' left out: {_reason(error)}", file=sys.stderr
-            )
+            _left_out(section, error)
             continue
         if data is not None:
             loaded[section.name] = data
     return loaded
+
+
+def _left_out(section: "Section", error: Exception) -> None:
+    print(f"switchbench report: section '{section.title}' left out: {_reason(error)}", file=sys.stderr)
 
 
 def _float(value) -> float | None:
@@ -428,9 +429,7 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
         try:  # one section's data of a shape its template cannot show leaves that section out, not the page
             html = template.render(context | {"section": section, "data": loaded[section.name]})
         except (*UNREADABLE, jinja2.UndefinedError) as error:
-            print(
-                f"switchbench report: section '{section.title}' left out: {_reason(error)}", file=sys.stderr
-            )
+            _left_out(section, error)
             continue
         sections.append((section, markupsafe.Markup(html)))
     return env.get_template("report.html.j2").render(context | {"sections": sections})

@@ -345,9 +345,8 @@ def _verdict(key: str, name: str, expected: float, row: dict, tolerance: float) 
     if name == TIME:
         verdict["low"], verdict["high"] = median_interval(row["ratio_time_rounds"])
         worse = verdict["low"] > limit
-        if verdict["high"] < expected / (
-            1 + tolerance
-        ):  # passes, but says so: the gate holds ratios, not times
+        # passes, but says so: the gate holds ratios, not times
+        if verdict["high"] < expected / (1 + tolerance):
             verdict["note"] = BELOW
     else:
         worse = row[name] > limit + 1e-12 * abs(limit)  # exact, but for float rounding
@@ -371,10 +370,8 @@ def report(verdicts: list[dict]) -> str:
         }
         for v in verdicts
     )
-    below = (
-        "\n* " + BELOW + " (the runs' own times say which)" if any(v.get("note") for v in verdicts) else ""
-    )
-    return table.to_string(index=False) + below
+    noted = any(v.get("note") for v in verdicts)
+    return table.to_string(index=False) + (f"\n* {BELOW} (the runs' own times say which)" if noted else "")
 
 
 def _number(value) -> str:
