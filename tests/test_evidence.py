@@ -314,9 +314,12 @@ def test_the_rehearsal_runs_every_step_on_tiny_presets_across_two_calls(tmp_path
     assert main([*common, "--budget", "40"]) == 0
     first = capsys.readouterr().out
     assert "  later  " in first and "still missing:" in first
-    assert main([*common, "--budget", "1500", "--pack", str(tmp_path / "evidence.tar.gz"), "--json"]) == 0
+    status = main([*common, "--budget", "1500", "--pack", str(tmp_path / "evidence.tar.gz"), "--json"])
     out = json.loads(capsys.readouterr().out)
     steps = out["state"]["steps"]
+    # a failure names the step and its cause: the CI's report cuts the state's JSON short of the failed step
+    failed = {name: record["detail"] for name, record in steps.items() if record["status"] != "done"}
+    assert status == 0, f"failed: {failed}; the log ends: {_log_tail(tmp_path / 'results')}"
     assert {name for name, record in steps.items() if record["status"] == "done"} == {
         s.name for s in evidence.STEPS if not s.needs_gpu
     }
@@ -333,6 +336,11 @@ def test_the_rehearsal_runs_every_step_on_tiny_presets_across_two_calls(tmp_path
     with tarfile.open(tmp_path / "evidence.tar.gz") as tar:
         names = tar.getnames()
     assert "results/report.html" in names and not any(n.startswith(("/", "..")) for n in names)
+
+
+def _log_tail(results: Path, lines: int = 40) -> str:
+    logs = sorted(results.glob("evidence/*/log.txt"))
+    return "\n".join(logs[0].read_text(errors="replace").splitlines()[-lines:]) if logs else "(no log)"
 
 
 class _FakeClock:
