@@ -91,7 +91,7 @@ def test_a_ratio_far_below_its_reference_passes_and_says_so():
             v for v in gate.check(run, baseline) if (v["ratio"], v["quantity"]) == (key, "ratio_time")
         ]
         assert verdict["verdict"] == "ok" and ("note" in verdict) == noted
-    assert gate.report([verdict]).endswith(f"* {gate.BELOW} (the runs' own times say which)")
+    assert gate.report([verdict]).endswith(f"* {gate.BELOW}")
 
 
 def test_baseline_round_trip_drops_self_ratios(tmp_path):
@@ -427,9 +427,10 @@ def _scaled_times(run: dict, factor: float) -> dict:
     return run
 
 
-def test_a_reference_run_sets_the_time_limits_and_the_committed_counts_the_rest():
+def test_a_reference_run_sets_the_time_limits_and_the_counts():
     """Against a run of the baseline's code on the same machine, the time ratios are held to that run's medians
-    x (1 + tolerance), whatever the committed ratios; the exact counts still to the committed ones."""
+    x (1 + tolerance), whatever the committed ratios, and the exact counts to that run's counts: under another
+    PyTorch the baseline's code counts other operators, and the change of code is what is gated."""
     baseline = _committed()
     tolerance = baseline["tolerances"]["ratio_time"]
     here = _scaled_times(_run_like(baseline), 1.25)  # this machine: SwitchHead 25% slower against dense
@@ -449,6 +450,28 @@ def test_a_reference_run_sets_the_time_limits_and_the_committed_counts_the_rest(
     other["metadata"]["clock"] = "wall"
     with pytest.raises(ValueError, match="run and reference run were measured differently"):
         gate.check(here, baseline, reference=other)
+    # another PyTorch: the baseline's code counts 5 more operators in every row, and so does the code under test
+    upgraded = copy.deepcopy(here)
+    for row in upgraded["rows"]:
+        if "op_calls" in row:
+            row["op_calls"] += 5
+    assert any(v["verdict"] != "ok" for v in gate.check(upgraded, baseline))  # the committed counts alone
+    verdicts = gate.check(upgraded, baseline, reference=upgraded)
+    assert all(v["verdict"] == "ok" for v in verdicts)
+    counts = [v for v in verdicts if v["quantity"] == "op_calls"]
+    assert counts and all(v["note"] == gate.ELSEWHERE and v["baseline"] == v["committed"] + 5 for v in counts)
+    assert gate.report(verdicts).count(gate.ELSEWHERE) == 1  # one footnote for the rows it marks
+    key = counts[0]["ratio"]
+    changed = copy.deepcopy(upgraded)
+    next(r for r in changed["rows"] if gate._key(r) == key)["op_calls"] += 1  # and one more from the code
+    failed = [v for v in gate.check(changed, baseline, reference=upgraded) if v["verdict"] != "ok"]
+    assert [(v["ratio"], v["quantity"]) for v in failed] == [(key, "op_calls")]
+    broken = copy.deepcopy(upgraded)
+    next(r for r in broken["rows"] if gate._key(r) == key)["status"] = "OOM"
+    with pytest.raises(
+        ValueError, match=f"the reference run did not measure the .* of {re.escape(repr(key))}"
+    ):
+        gate.check(upgraded, baseline, reference=broken)
 
 
 def test_committed_time_ratios_widen_their_tolerance_off_the_machine_that_recorded_them():
