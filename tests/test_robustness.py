@@ -959,6 +959,39 @@ def test_a_parent_another_probe_removed_meanwhile_is_made_again(tmp_path, monkey
     assert removed and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("gone", ["before its check", "before the folder inside it is made"])
+@pytest.mark.parametrize("writable", [results.writable_folder, results.writable_file])
+def test_the_folder_a_probe_found_is_made_again_when_another_probe_removed_it(
+    tmp_path, monkeypatch, gone, writable
+):
+    """The race a CI run lost (one of the chain's three ListOps trainings exited 2, 'No such file or directory';
+    a review reproduced it 24 to 77 times in 300 with three processes): this probe found runs/, which another
+    probe had made, and that one removed it, its check done, before this one made its folder inside. The folder
+    is made again and removed with the rest; no refusal, nothing left behind."""
+    runs = tmp_path / "runs"
+    target = runs / "mine" / ("" if writable is results.writable_folder else "log.txt")
+    real_nearest, real_mkdir, removed = results._nearest_existing, results.Path.mkdir, []
+
+    def found_by_another(path, flag):
+        real_mkdir(runs)  # the other probe's, found here
+        nearest = real_nearest(path, flag)
+        if gone == "before its check":
+            runs.rmdir()
+            removed.append(runs)
+        return nearest
+
+    def removed_meanwhile(self, *args, **kwargs):
+        if self == runs / "mine" and not removed:
+            runs.rmdir()
+            removed.append(runs)
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(results, "_nearest_existing", found_by_another)
+    monkeypatch.setattr(results.Path, "mkdir", removed_meanwhile)
+    assert writable(target) == target
+    assert removed and not runs.exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

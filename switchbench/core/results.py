@@ -6,6 +6,7 @@ import errno
 import glob
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -93,10 +94,11 @@ def writable_folder(folder: Path, flag: str = "--out") -> Path:
     mount) is found here, and a command that stops later leaves no empty folder behind."""
     folder = Path(folder)
     existing = _nearest_existing(folder, flag)
-    if not existing.is_dir():
+    refused = _refused(existing)
+    if refused == FILE:
         where = "is a file" if existing == folder else f"is inside {existing}, a file"
         raise ValueError(f"{flag} {folder} {where}, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if refused:
         raise ValueError(f"{flag} {folder}: {existing} is not writable")
     _try_writing(folder, existing, ".switchbench-probe.", flag, folder)
     return folder
@@ -112,12 +114,33 @@ def writable_file(path: Path | str, flag: str = "--out") -> Path:
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name")
     existing = _nearest_existing(path.parent, flag)
-    if not existing.is_dir():
+    refused = _refused(existing)
+    if refused == FILE:
         raise ValueError(f"{flag} {path} is inside {existing}, a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if refused:
         raise ValueError(f"{flag} {path}: {existing} is not writable")
     _try_writing(path.parent, existing, f".{path.name}.", flag, path)
     return path
+
+
+FILE, NOT_WRITABLE = "a file", "not writable"
+
+
+def _refused(existing: Path) -> str | None:
+    """Why nothing can be made below ``existing``, the nearest part of a path that exists (FILE, NOT_WRITABLE), or
+    None. A folder that is gone since it was found is no refusal: a parallel check made it and removed it (the
+    evidence chain starts three trainings at once into a new runs folder), and the making goes down from the
+    folder above it."""
+    try:
+        mode = existing.stat().st_mode  # one call: a folder removed meanwhile is not taken for a file
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(mode):
+        return FILE
+    # os.access is false for a folder gone meanwhile too
+    if not os.access(existing, os.W_OK | os.X_OK) and existing.exists():
+        return NOT_WRITABLE
+    return None
 
 
 def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Path) -> None:
@@ -130,7 +153,7 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
     try:
         for step in reversed(missing):
             doing = f"cannot make {step}"
-            made += _make_folder(step, existing)
+            made += _make_folder(step)
         doing = f"cannot create a file in {folder}"
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TEMP_SUFFIX)
         os.close(fd)
@@ -141,6 +164,8 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
         for step in reversed(made):
             try:
                 step.rmdir()
+            except FileNotFoundError:  # a parallel check removed it, empty, as it removes its own
+                continue
             # another process (a parallel run) is writing in it since: it is its folder now
             except OSError as error:
                 if error.errno != errno.ENOTEMPTY:
@@ -148,19 +173,20 @@ def _try_writing(folder: Path, existing: Path, prefix: str, flag: str, given: Pa
                 break
 
 
-def _make_folder(folder: Path, existing: Path) -> list[Path]:
-    """Make ``folder`` below ``existing``; -> the folders made, outermost first (none where it was there). A
-    parallel check (the evidence chain starts three trainings at once into one new runs folder) removes the
-    parent it made as this one goes down: that parent is made again."""
+def _make_folder(folder: Path, tries: int = 8) -> list[Path]:
+    """Make ``folder``; -> the folders made, outermost first (none where it was there). A parallel check (the
+    evidence chain starts three trainings at once into one new runs folder) removes the parent it made as this one
+    goes down, even the one this check found there: that parent is made again (three processes at once needed a
+    second time about once in 300, so a few ``tries``)."""
     try:
         folder.mkdir()
         return [folder]
     except FileExistsError:  # made meanwhile, or a/.. on the way to a/../b
         return []
     except FileNotFoundError:
-        if folder.parent == existing:
+        if tries <= 1 or folder.parent == folder:  # a dangling link on the way, say
             raise
-        return _make_folder(folder.parent, existing) + _make_folder(folder, existing)
+        return _make_folder(folder.parent) + _make_folder(folder, tries - 1)
 
 
 def _remove_stale_temps(path: Path) -> None:
