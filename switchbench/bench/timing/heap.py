@@ -7,7 +7,8 @@ some calls and not on others, depending on the heap's history: the 47M dense XL 
 [4, 10, 256, 512] floats, 20 MiB, padded to 30 MiB for the relative shift) took 0 to 19k page faults per forward,
 up to +45% of its CPU time, while the SwitchHead layer, whose blocks are under 14 MiB, took none. The thread's CPU
 clock counts the kernel zeroing those pages, so the gate's forward ratio wandered from 0.38 to 0.54 between
-processes. With both thresholds raised the heap is kept and reused: 0 faults in every process, loaded or not.
+processes. With both thresholds raised the heap is kept and reused: 0 faults in the median call of every process,
+loaded or not (now and then a call still grows the heap, by a few thousand pages).
 """
 
 import ctypes
