@@ -5,7 +5,10 @@ N times, alternately beside each count of busy processes given (each spins a cor
 
 - the checkout as it is: a failure is a false alarm (the code did not change);
 - a copy of the checkout whose SwitchHead attention forward is made slower in CPU time by each factor of ``--plants``
-  (default 1.5; a spin after the call, no extra tensor operation): a pass is a miss.
+  (default 1.5; a spin after the call, no extra tensor operation): a pass is a miss;
+- a copy whose dense and SwitchHead attention forwards are both made slower by each factor of ``--shared-plants``
+  (default 1.3): their ratio stands still, so only the layers' times against the reference's catch it; a pass is a
+  miss.
 
     python benchmarks/gate_reliability.py --runs 6 --busy 4 6 --out results/gate/reliability.json
 
@@ -23,15 +26,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from switchbench.bench.timing.gate import TIME, load_baseline
+from switchbench.bench.timing.gate import LAYER_TIME, TIME, load_baseline
 from switchbench.bench.timing.reference import HERE, NoReference, materialise
 from switchbench.bench.timing.same_machine import LAUNCH, PAIRS, ROUNDS
 from switchbench.core.environment import commit, environment
 from switchbench.core.results import write_atomic
 
 BUSY = "while True:\n    pass\n"
-# Appended to the copy's SwitchHead module: its attention forward, then a spin of (factor - 1) times the CPU time
-# the forward took, which the gate's clock (the thread's CPU time) counts.
+# Appended to a copy's attention module: the class's forward, then a spin of (factor - 1) times the CPU time the
+# forward took, which the gate's clock (the thread's CPU time) counts.
 PLANT = """
 
 import time as _time
@@ -49,17 +52,18 @@ def _planted(forward, factor={factor}):
     return slower
 
 
-SwitchHeadAttention.forward = _planted(SwitchHeadAttention.forward)
+{cls}.forward = _planted({cls}.forward)
 """
+PLANTED = {"switchhead": "SwitchHeadAttention", "dense": "DenseAttention"}  # module: class
 
 
-def copied(dest: Path, plant: float | None = None) -> Path:
-    """A copy of the checkout's package under ``dest``, its SwitchHead attention forward ``plant`` times slower if
-    given; the folder to run it from."""
+def copied(dest: Path, plant: float | None = None, families: tuple[str, ...] = ("switchhead",)) -> Path:
+    """A copy of the checkout's package under ``dest``, the attention forward of each of ``families`` ``plant``
+    times slower if given; the folder to run it from."""
     shutil.copytree(HERE / "switchbench", dest / "switchbench", ignore=shutil.ignore_patterns("__pycache__"))
-    if plant is not None:
-        module = dest / "switchbench" / "models" / "families" / "switchhead.py"
-        module.write_text(module.read_text() + PLANT.format(factor=plant))
+    for family in families if plant is not None else ():
+        module = dest / "switchbench" / "models" / "families" / f"{family}.py"
+        module.write_text(module.read_text() + PLANT.format(factor=plant, cls=PLANTED[family]))
     return dest
 
 
@@ -80,8 +84,12 @@ def gated(source: Path, reference: Path, busy: int, rounds: int, pairs: int) -> 
             spinner.wait()
     if done.returncode not in (0, 1):
         raise RuntimeError(f"switchbench gate exited {done.returncode}: {done.stderr.strip()}")
-    checks = [c for c in json.loads(done.stdout)["checks"] if c["quantity"] == TIME]
-    return {"exit": done.returncode, "time": checks}
+    checks = json.loads(done.stdout)["checks"]
+    return {
+        "exit": done.returncode,
+        "time": [c for c in checks if c["quantity"] == TIME],
+        "layer_time": [c for c in checks if c["quantity"] == LAYER_TIME],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,7 +101,14 @@ def main(argv: list[str] | None = None) -> int:
         "--busy", type=int, nargs="+", default=[4, 6], help="busy processes, in turn (default 4 6)"
     )
     parser.add_argument(
-        "--plants", type=float, nargs="+", default=[1.5], help="slow-downs planted (default 1.5)"
+        "--plants", type=float, nargs="+", default=[1.5], help="SwitchHead slow-downs planted (default 1.5)"
+    )
+    parser.add_argument(
+        "--shared-plants",
+        type=float,
+        nargs="*",
+        default=[1.3],
+        help="slow-downs of both layers planted (default 1.3)",
     )
     parser.add_argument(
         "--rounds", type=int, default=ROUNDS, help="timed rounds per speed run (the gate's default)"
@@ -123,9 +138,14 @@ def main(argv: list[str] | None = None) -> int:
         except NoReference as error:  # the gate would fall back to the committed ratios; this asks the same
             print(f"{error}: the reference is a copy of this checkout", flush=True)
             reference, metadata["reference"] = copied(work / "reference"), f"a copy of {code}"
-        heads = {"as committed": HERE} | {
-            f"forward x {factor}": copied(work / f"plant-{factor}", factor) for factor in args.plants
-        }
+        heads = (
+            {"as committed": HERE}
+            | {f"forward x {factor}": copied(work / f"plant-{factor}", factor) for factor in args.plants}
+            | {
+                f"both forwards x {factor}": copied(work / f"shared-{factor}", factor, tuple(PLANTED))
+                for factor in args.shared_plants
+            }
+        )
         for i in range(args.runs):
             busy = args.busy[i % len(args.busy)]
             for name, source in heads.items():
@@ -135,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
                 measured = ", ".join(
                     f"{c['measured']:.4f} [{c['low']:.4f}, {c['high']:.4f}] vs {c['baseline']:.4f}"
                     for c in verdict["time"]
+                )
+                measured += "; layers vs reference " + ", ".join(
+                    "/".join(f"{p:.3f}" for p in c["pairs"]) for c in verdict["layer_time"]
                 )
                 print(f"run {i + 1}, {busy} busy, {name}: {measured}; regression: {regressed}", flush=True)
                 summary = _written(

@@ -324,6 +324,43 @@ def _rows(run: dict, baseline: dict, name: str) -> dict[str, dict]:
     return rows
 
 
+def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dict) -> list[dict]:
+    """Each timed row of the baseline's benchmark (the dense and SwitchHead layers) against the same row of the
+    reference code, pair by pair: ``heads[i]`` and ``references[i]`` ran at once on this machine. The gated ratios
+    stand still when both layers slow down alike (a shared kernel, the harness), which this catches. Held to 1 +
+    the time tolerance; a regression only where every pair's time ratio is past it. A row a pair did not time
+    has no verdict here: its other quantities report it."""
+    limit = 1 + baseline["tolerances"][TIME]
+    verdicts = []
+    for key in (k for k in baseline["ratios"] if k.split(" | ")[1] != "count"):
+        times = [(_time(head, key), _time(ref, key)) for head, ref in zip(heads, references, strict=True)]
+        if times and all(h and r for h, r in times):
+            pairs = [h / r for h, r in times]
+            verdicts.append(
+                {
+                    "ratio": key,
+                    "quantity": LAYER_TIME,
+                    "baseline": 1.0,
+                    "measured": statistics.median(pairs),
+                    "pairs": pairs,
+                    "low": None,
+                    "high": None,
+                    "limit": limit,
+                    "verdict": "REGRESSION" if min(pairs) > limit else "ok",
+                }
+            )
+    return verdicts
+
+
+LAYER_TIME = "time_vs_reference"
+
+
+def _time(run: dict, key: str) -> float:
+    """The median milliseconds of ``key``'s row in ``run``; 0 where it has none (not ok, or a run without times)."""
+    row = next((r for r in run["rows"] if _key(r) == key), {})
+    return row.get("ms", 0.0) if row.get("status") == "ok" else 0.0
+
+
 def _measured_by_a_run(key: str, name: str) -> bool:
     """Whether a run measures ``name`` of ``key`` (a time ratio, operator calls, a layer step's saved bytes), which
     belongs to this machine and PyTorch as much as to the code (an upgrade changes operator counts), rather than

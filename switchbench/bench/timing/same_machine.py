@@ -5,8 +5,9 @@ shapes moved by about a quarter between two 2-core Xeon VMs (0.556 and 0.687 for
 gate's tolerance. So, as asv's ``continuous`` does, the gate times both versions here: the commit that recorded
 the baseline is materialised from git into a temporary folder, and ``switchbench speed --quick`` runs from it and
 from the code under test side by side, a process each at once, so that whatever the machine does then falls on
-both. Time ratios are then gated against the reference's, measured at the same moment on the same processor; exact
-counts against the committed ones, which no machine changes.
+both. Time ratios are then gated against the reference's, measured at the same moment on the same processor, and
+so is each layer's time, which a slowdown both layers share moves while their ratio stands still; what a run
+counts (operator calls) against the reference's too, what the cost formulas count against the committed numbers.
 
 Where the commit is not in this checkout's history (a shallow clone, a copy without ``.git``), the package comes
 from the archive committed beside the baseline (``reference.py``); only without either does the gate fall back to
@@ -135,7 +136,7 @@ def _server(source: Path) -> _Server:
 
 def side_by_side(head: Path, reference: Path, commit: str, out: Path, pairs: int, rounds: int):
     """``pairs`` runs of the code under test and of the reference, the two of a pair side by side (a process each,
-    at once: whatever the machine does then falls on both); their runs, each side pooled."""
+    at once: whatever the machine does then falls on both); -> the runs of each side, pair by pair."""
     sides = {"head": (head, None), "reference": (reference, commit)}
     runs = {side: [] for side in sides}
     with ThreadPoolExecutor(len(sides)) as pool:
@@ -146,7 +147,7 @@ def side_by_side(head: Path, reference: Path, commit: str, out: Path, pairs: int
             }
             for side, run in started.items():
                 runs[side].append(run.result())
-    return pooled(runs["head"]), pooled(runs["reference"])
+    return runs["head"], runs["reference"]
 
 
 def pooled(runs: list[dict]) -> dict:
@@ -197,12 +198,15 @@ def _run(args) -> int:
             head = timed_run(HERE, out / "head-1", args.rounds * args.pairs)
             verdicts, against = gate.check(head, baseline), _fallback(why, baseline, head)
         else:
-            head, measured = side_by_side(HERE, reference, commit, out, args.pairs, args.rounds)
-            verdicts = gate.check(head, baseline, reference=measured)
+            heads, references = side_by_side(HERE, reference, commit, out, args.pairs, args.rounds)
+            head = pooled(heads)
+            verdicts = gate.check(head, baseline, reference=pooled(references))
+            verdicts += gate.layer_time_verdicts(heads, references, baseline)
             against = (
                 f"reference: {commit or reference}{f' ({why})' if why else ''}, timed here side by side with "
                 f"{HERE} ({args.pairs} runs of {args.rounds} rounds each); the committed time ratios, recorded on "
-                f"{_machine(baseline['metadata'])}, are not used"
+                f"{_machine(baseline['metadata'])}, are not used; {gate.LAYER_TIME}: a layer's median time over "
+                "the reference's, the median of the pairs shown, a regression where every pair is past the limit"
             )
     applied = gate.tolerances_applied(
         baseline, head["metadata"].get("machine"), side_by_side=reference is not None
