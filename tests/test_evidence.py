@@ -90,7 +90,8 @@ def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it
     # stopped at the budget less the report's reserve (0.5 s), and the report still ran within the budget; the
     # step needs more than the 3.5 s it ran: it asks twice that of the next call
     record = state["steps"]["slow"]
-    assert record["status"] == "interrupted" and 3 <= record["seconds"] < 3.9
+    # (above: what a loaded machine adds to the kill, the reap and the pipe's drain; 3.3 s here)
+    assert record["status"] == "interrupted" and 3 <= record["seconds"] < 4.5
     # both rounded to 0.1 s: twice the rounded time is within 0.1 s (and a float's error) of the rounded double
     assert state["durations"]["slow"] == pytest.approx(2 * record["seconds"], abs=0.15)
     assert _runs(tmp_path, "report") == 1
@@ -631,7 +632,8 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
     parent ended first, the orphan is out of reach; the call ends anyway with what the step printed."""
     script = tmp_path / "step.py"
     script.write_text(GRANDCHILD.replace("{parent_sleeps}", str(parent_sleeps)))
-    ctx = evidence.Context("cpu", tmp_path, tmp_path, time.monotonic() + 2, tmp_path / "log.txt")
+    # 5 s: the grandchild, a second interpreter, prints its pid before the deadline even on a loaded machine
+    ctx = evidence.Context("cpu", tmp_path, tmp_path, time.monotonic() + 5, tmp_path / "log.txt")
     start = time.monotonic()
     if parent_sleeps:
         with pytest.raises(evidence.OutOfBudget):
@@ -639,7 +641,7 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
     else:
         out = ctx.command([sys.executable, str(script)])
         assert out.strip()  # the grandchild's pid, printed before the pipe was given up
-    assert time.monotonic() - start < 2 + 2 * processes.STRAY_GRACE + 1
+    assert time.monotonic() - start < 5 + 2 * processes.STRAY_GRACE + 1
     pid = int((tmp_path / "log.txt").read_text().split()[-1])
     if parent_sleeps:
         time.sleep(0.2)
@@ -668,7 +670,7 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
         "tests-1", "part 1", 1, evidence_steps._tests("not slow", str(tests)), resumable=True
     )
     monkeypatch.setattr(evidence, "STEPS", _steps(replace(step, cpu_seconds=1)))
-    first = _chain(tmp_path, budget=6)
+    first = _chain(tmp_path, budget=8)  # pytest's start, then about 8 of the 12 tests
     assert first["steps"]["tests-1"]["status"] == "interrupted"
     (summary_path,) = (tmp_path / "results" / "tests").rglob("*.json")
     summary = json.loads(summary_path.read_text())

@@ -43,9 +43,12 @@ def test_the_shares_add_up_to_the_step_timed_by_a_separate_clock():
     shares = _shares(rows)
     assert list(shares) == list(profile.SHARES)
     wall = rows[0]["ms_wall"]  # perf_counter around each profiled step, not the profiler's clock
-    # The profiled range lies inside the timed one: what lies between them (entering the range, a preemption on a
-    # loaded machine: 2.7% of a 35 ms step beside a busy CI run) makes the wall clock the longer
-    assert 0.95 * wall <= sum(shares.values()) <= 1.01 * wall
+    # The shares are the profiled step, no kernel counted twice (then they would add up to more), and that step
+    # lies inside the timed one: what lies between them (entering the range, a preemption on a loaded machine: 2.7%
+    # of a 35 ms step beside a busy CI run, and one time slice of 3 to 10 ms is a third of a 12 ms step) makes the
+    # wall clock the longer, and only a range that misses most of the step would be under half of it
+    assert sum(shares.values()) == pytest.approx(rows[0]["ms_profiled"])
+    assert 0.5 * wall <= rows[0]["ms_profiled"] <= 1.01 * wall
     assert sum(r["fraction"] for r in rows if r["kind"] == "share") == pytest.approx(1.0)
 
 

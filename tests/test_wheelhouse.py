@@ -3,6 +3,7 @@
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,7 +259,14 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
         pytest.skip("the package registry is unreachable: the wheelhouse is built from it")
     # the emulated node runs this machine's Python: the test tools' binary wheels are fetched for it
     this_python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    house = wheelhouse.build(tmp_path / "wheelhouse", ROOT, node_python=this_python)
+    # built from a copy: pip builds in the tree's build/ and egg-info, which other workers' tests read
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT / "switchbench", source / "switchbench", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    house = wheelhouse.build(tmp_path / "wheelhouse", source, node_python=this_python)
     files = {wheelhouse.canonical(w.split("-")[0]): w for w in house.wheels}  # name-version-tags.whl
     assert {"switchbench", "fvcore", "iopath", "yacs", "termcolor", "tabulate", "setuptools"} <= set(files)
     tools = wheelhouse.read_requirements(ROOT).tools
