@@ -510,9 +510,11 @@ def test_a_slowdown_both_layers_share_fails_the_layer_times_not_the_ratio():
     verdicts = gate.layer_time_verdicts([both_slower] * 2, [reference] * 2, baseline)
     assert {v["ratio"] for v in verdicts} == layers and all(v["limit"] == 1 + tolerance for v in verdicts)
     assert all(v["verdict"] == "REGRESSION" and v["measured"] == pytest.approx(1.3) for v in verdicts)
-    # one pair of two past the limit: noise as likely as a slowdown
+    # one pair of two past the limit: noise as likely as a slowdown; the least of them shown
     mixed = gate.layer_time_verdicts([both_slower, reference], [reference] * 2, baseline)
     assert all(v["verdict"] == "ok" and v["pairs"] == pytest.approx([1.3, 1.0]) for v in mixed)
+    assert all(v["measured"] == pytest.approx(1.0) for v in mixed)
+    assert gate.layer_time_verdicts([both_slower], [reference], baseline) == []  # one pair tells nothing
     # within the tolerance, and a row one side did not time: no verdict of its own
     within = _timed(reference, {dense: 10.0 * (1 + tolerance) * 0.99, switchhead: 5.0})
     assert all(
@@ -524,6 +526,24 @@ def test_a_slowdown_both_layers_share_fails_the_layer_times_not_the_ratio():
             row["status"] = "OOM"
     left = gate.layer_time_verdicts([failed] * 2, [reference] * 2, baseline)
     assert {v["ratio"].split(" | ")[0] for v in left} == {switchhead}
+
+
+def test_gate_fails_a_slowdown_both_layers_share(monkeypatch, capsys):
+    """The command end to end on stand-in runs: this code's layers 1.3x slower than the reference's in both pairs,
+    their ratio unmoved, is a regression (exit 1) on the four layer rows alone."""
+    layers = {r["preset"] for r in _run_like(_committed())["rows"] if r["scope"] != "count"}
+
+    def fake_run(source, out, rounds, commit=None):
+        ms = 4.0 if commit else 5.2
+        return _timed(_run_like(_committed(), rounds=rounds), dict.fromkeys(layers, ms))
+
+    monkeypatch.setattr(same_machine, "timed_run", fake_run)
+    monkeypatch.setattr(same_machine, "materialise", lambda commit, dest: dest)
+    assert main(["gate", "--baseline", str(BASELINE), "--rounds", "7", "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    failed = [c for c in out["checks"] if c["verdict"] != "ok"]
+    assert out["regressions"] == 4 and {c["quantity"] for c in failed} == {gate.LAYER_TIME}
+    assert all(c["pairs"] == pytest.approx([1.3, 1.3]) for c in failed)
 
 
 def test_committed_time_ratios_widen_their_tolerance_off_the_machine_that_recorded_them():
@@ -555,6 +575,17 @@ def test_runs_of_one_side_pool_their_rounds():
                 sorted(row["ratio_time_rounds"]) == expected and row["ratio_time"] == first["ratio_time"] * 2
             )
     assert pooled["metadata"]["runs"] == 2
+    # a row one run did not measure is not measured pooled (it was the first run's row, and a KeyError)
+    oom = copy.deepcopy(two)
+    row = next(r for r in oom["rows"] if gate._key(r) == SWITCHHEAD_TIMES[0])
+    row.clear()
+    row |= dict(zip(("preset", "scope", "what"), SWITCHHEAD_TIMES[0].split(" | "), strict=True)) | {
+        "status": "OOM"
+    }
+    (pooled_row,) = [
+        r for r in same_machine.pooled([one, oom])["rows"] if gate._key(r) == SWITCHHEAD_TIMES[0]
+    ]
+    assert pooled_row["status"] == "OOM" and "ratio_time" not in pooled_row
 
 
 def _git(folder: Path, *args: str) -> str:

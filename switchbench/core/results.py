@@ -184,7 +184,8 @@ def _make_folder(folder: Path, tries: int = 8) -> list[Path]:
     except FileExistsError:  # made meanwhile, or a/.. on the way to a/../b
         return []
     except FileNotFoundError:
-        if tries <= 1 or folder.parent == folder:  # a dangling link on the way, say
+        # tries spent: a missing part no parallel check explains (a dangling link on the way, say); or the root
+        if tries <= 1 or folder.parent == folder:
             raise
         return _make_folder(folder.parent) + _make_folder(folder, tries - 1)
 

@@ -4,7 +4,9 @@ A time ratio regresses when the distribution-free 95% interval of its median, fr
 ratios, lies wholly above its reference x (1 + tolerance). The reference is best a run of the baseline's code timed
 on the same machine (``same_machine.py``), else the committed ratio, whose tolerance widens on a machine other than
 the one that recorded it (``time_tolerance``). Memory and MAC ratios and operator calls are deterministic and gated
-exactly against the committed ones. Exit codes: 0 pass, 1 regression, 2 unusable input.
+exactly: what a run measures (operator calls, a layer step's saved bytes) against the reference run where there is
+one, the cost formulas' counts against the committed ones. With a reference run, each layer's time is held to the
+reference's too (``layer_time_verdicts``). Exit codes: 0 pass, 1 regression, 2 unusable input.
 """
 
 import collections
@@ -21,9 +23,8 @@ from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
 
 TIME = "ratio_time"
-LAYER_TIME = (
-    "time_vs_reference"  # a layer's time over the reference code's, timed at once (the gate's runs only)
-)
+# A layer's time over the reference code's, timed at once (the gate's side-by-side runs only)
+LAYER_TIME = "time_vs_reference"
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
 # Relative slack above the reference before a time ratio counts as a regression. Beside 4 and 6 busy processes on
 # the 2-core machine, six gates of unchanged code stayed within 0.975 to 1.054 of the reference timed beside them,
@@ -277,7 +278,7 @@ def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict
     verdicts = []
     for key, entry in baseline["ratios"].items():
         for name in (n for n in entry if n != "baseline"):
-            here = reference is not None and _measured_by_a_run(key, name)
+            here = bool(reference) and _measured_by_a_run(key, name)
             expected = _reference_value(key, name, references[key]) if here else entry[name]
             verdict = _verdict(key, name, expected, rows[key], tolerances[name])
             if name != TIME and expected != entry[name]:
@@ -331,8 +332,11 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
     """Each timed row of the baseline's benchmark (the dense and SwitchHead layers) against the same row of the
     reference code, pair by pair: ``heads[i]`` and ``references[i]`` ran at once on this machine. The gated ratios
     stand still when both layers slow down alike (a shared kernel, the harness), which this catches. Held to 1 +
-    the time tolerance; a regression only where every pair's time ratio is past it. A row a pair did not time
-    has no verdict here: its other quantities report it."""
+    the time tolerance; a regression only where every pair's time ratio is past it, the least of them shown as
+    measured. One pair cannot tell noise from a slowdown: none with fewer than MIN_PAIRS. A row a pair did not
+    time has no verdict here: its other quantities report it."""
+    if len(heads) < MIN_PAIRS:
+        return []
     limit = 1 + baseline["tolerances"][TIME]
     verdicts = []
     for key in (k for k in baseline["ratios"] if k.split(" | ")[1] != "count"):
@@ -344,7 +348,7 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
                     "ratio": key,
                     "quantity": LAYER_TIME,
                     "baseline": 1.0,
-                    "measured": statistics.median(pairs),
+                    "measured": min(pairs),
                     "pairs": pairs,
                     "low": None,
                     "high": None,
@@ -353,6 +357,9 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
                 }
             )
     return verdicts
+
+
+MIN_PAIRS = 2
 
 
 def _time(run: dict, key: str) -> float:
@@ -404,7 +411,10 @@ BELOW = (
     "below its reference by more than the tolerance: a faster SwitchHead, or a slower dense layer (the runs' own "
     "times say which)"
 )
-ELSEWHERE = "the baseline's code measures otherwise here than in the baseline (another PyTorch?): held to what it measures here"
+ELSEWHERE = (
+    "the baseline's code measures otherwise here than in the baseline (another PyTorch?): held to what it "
+    "measures here"
+)
 
 
 def report(verdicts: list[dict]) -> str:

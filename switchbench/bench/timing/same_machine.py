@@ -154,6 +154,10 @@ def pooled(runs: list[dict]) -> dict:
     """Several runs of one benchmark as one: each time ratio's rounds together, its median over all of them."""
     rows = []
     for same in zip(*(run["rows"] for run in runs), strict=True):
+        failed = [r for r in same if r["status"] != "ok"]
+        if failed:  # a row one run did not measure is not measured: its verdicts say so
+            rows.append(dict(failed[0]))
+            continue
         row = dict(same[0])
         if gate.TIME in row:
             row["ratio_time_rounds"] = [r for each in same for r in each["ratio_time_rounds"]]
@@ -206,7 +210,7 @@ def _run(args) -> int:
                 f"reference: {commit or reference}{f' ({why})' if why else ''}, timed here side by side with "
                 f"{HERE} ({args.pairs} runs of {args.rounds} rounds each); the committed time ratios, recorded on "
                 f"{_machine(baseline['metadata'])}, are not used; {gate.LAYER_TIME}: a layer's median time over "
-                "the reference's, the median of the pairs shown, a regression where every pair is past the limit"
+                "the reference's, the least of the pairs shown, a regression where every pair is past the limit"
             )
     applied = gate.tolerances_applied(
         baseline, head["metadata"].get("machine"), side_by_side=reference is not None
