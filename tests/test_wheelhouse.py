@@ -247,6 +247,18 @@ def _registry_reachable(tmp_path: Path) -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
+# What pip says when the registry, not the recipe, failed (after its retries): a package it found a moment ago is
+# then listed with no versions at all
+REGISTRY_FAILURES = (
+    "from versions: none",
+    "Max retries exceeded",
+    "ConnectionError",
+    "Read timed out",
+    "Temporary failure in name resolution",
+    "HTTP error 5",
+)
+
+
 @pytest.mark.slow
 def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes_own_torch(tmp_path):
     """The node's own python is emulated by a fresh virtual environment (an H100 node's python3 was one) that sees,
@@ -266,7 +278,12 @@ def test_the_readme_recipe_installs_offline_from_the_wheelhouse_beside_the_nodes
     )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, source / name)
-    house = wheelhouse.build(tmp_path / "wheelhouse", source, node_python=this_python)
+    try:
+        house = wheelhouse.build(tmp_path / "wheelhouse", source, node_python=this_python)
+    except RuntimeError as error:  # the registry answered the probe; a failure of its own now is no finding
+        if not any(sign in str(error) for sign in REGISTRY_FAILURES):
+            raise
+        pytest.skip(f"the package registry failed mid-build: {error}")
     files = {wheelhouse.canonical(w.split("-")[0]): w for w in house.wheels}  # name-version-tags.whl
     assert {"switchbench", "fvcore", "iopath", "yacs", "termcolor", "tabulate", "setuptools"} <= set(files)
     tools = wheelhouse.read_requirements(ROOT).tools

@@ -408,8 +408,8 @@ def _verdict(key: str, name: str, expected: float, row: dict, tolerance: float) 
 
 
 BELOW = (
-    "below its reference by more than the tolerance: a faster SwitchHead, or a slower dense layer (the runs' own "
-    "times say which)"
+    "below its reference by more than the tolerance: a faster SwitchHead, or a slower dense layer (where the "
+    "reference was timed here, the layers' time_vs_reference rows say which)"
 )
 ELSEWHERE = (
     "the baseline's code measures otherwise here than in the baseline (another PyTorch?): held to what it "
