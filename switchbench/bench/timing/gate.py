@@ -23,8 +23,9 @@ from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
 
 TIME = "ratio_time"
-# A layer's time over the reference code's, timed at once (the gate's side-by-side runs only)
-LAYER_TIME = "time_vs_reference"
+# A layer's time over the reference code's, timed at once (the gate's side-by-side runs only), judged from
+# MIN_PAIRS pairs of runs at least: one pair cannot tell noise from a slowdown
+LAYER_TIME, MIN_PAIRS = "time_vs_reference", 2
 EXACT = ("ratio_memory", "ratio_macs", "op_calls")
 # Relative slack above the reference before a time ratio counts as a regression. Beside 4 and 6 busy processes on
 # the 2-core machine, six gates of unchanged code stayed within 0.975 to 1.054 of the reference timed beside them,
@@ -333,8 +334,8 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
     reference code, pair by pair: ``heads[i]`` and ``references[i]`` ran at once on this machine. The gated ratios
     stand still when both layers slow down alike (a shared kernel, the harness), which this catches. Held to 1 +
     the time tolerance; a regression only where every pair's time ratio is past it, the least of them shown as
-    measured. One pair cannot tell noise from a slowdown: none with fewer than MIN_PAIRS. A row a pair did not
-    time has no verdict here: its other quantities report it."""
+    measured; none from fewer than MIN_PAIRS pairs. A row a pair did not time has no verdict here: its other
+    quantities report it."""
     if len(heads) < MIN_PAIRS:
         return []
     limit = 1 + baseline["tolerances"][TIME]
@@ -357,9 +358,6 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
                 }
             )
     return verdicts
-
-
-MIN_PAIRS = 2
 
 
 def _time(run: dict, key: str) -> float:
