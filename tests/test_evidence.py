@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -685,6 +686,30 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     assert len(again) == 12 - ran_first and not set(again) & set(evidence_steps.test_outcomes(logs[:1]))
     summary = json.loads(summary_path.read_text())
     assert summary["counts"] == {"passed": 11, "failed": 1, "skipped": 0, "tests": 12}
+
+
+@pytest.mark.slow  # 600 forked commands: about 8 s
+def test_forked_commands_started_and_ended_from_several_threads_keep_their_exit_status(tmp_path):
+    """ListOps starts its trainings on three threads. multiprocessing reads a forked child's status once, and each
+    start polls every other child: a poll that lost that read to another thread's took the status for 255, in 12
+    of 1,000 quick commands from four threads (none in 4,000 since starts and polls take turns)."""
+    (tmp_path / "exits3.py").write_text("import sys\nsys.exit(3)\n")
+    log = tmp_path / "log.txt"
+    log.touch()
+    codes = []
+
+    def commands(n: int):
+        for _ in range(n):  # `python -m exits3`, forked as the rehearsal forks its commands
+            process = processes._Forked("exits3", [], dict(os.environ), tmp_path, log)
+            codes.append(process.wait(60))
+            process.stdout.close()
+
+    threads = [threading.Thread(target=commands, args=(150,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [3] * 600
 
 
 @pytest.mark.slow  # a forked command and a stopped one: seconds

@@ -11,6 +11,7 @@ would.
 import contextlib
 import ctypes
 import multiprocessing
+import multiprocessing.connection
 import os
 import runpy
 import select
@@ -24,6 +25,11 @@ from pathlib import Path
 FORKED = ("switchbench", "pytest")
 PRELOAD = ["torch", "torch._dynamo", "switchbench.cli", "pytest"]  # one that is not installed is passed over
 _FORKS = multiprocessing.get_context("forkserver")
+# A forked child's exit status is read once, from the server's pipe, by whichever poll comes first: each start
+# polls every other child (Process.start's clean-up), and a poll that lost the read to another thread's took the
+# status for 255 (12 in 1,000 quick commands from four threads; ListOps starts three at once). Starts and polls
+# take turns.
+_POLLING = threading.Lock()
 
 
 class _Forked:
@@ -37,16 +43,20 @@ class _Forked:
         self.stdout, writer = _FORKS.Pipe(duplex=False)
         target, options = _module_forked, (module, args, env, cwd, writer, stderr)
         self._process = _FORKS.Process(target=target, args=options, name=f"python -m {module}")
-        self._process.start()
+        with _POLLING:
+            self._process.start()
         writer.close()
         self.pid = self._process.pid
 
     @property
     def returncode(self) -> int | None:
-        return self._process.exitcode
+        with _POLLING:
+            return self._process.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._process.join(timeout)
+        multiprocessing.connection.wait([self._process.sentinel], timeout)  # the waiting, without a poll
+        with _POLLING:
+            self._process.join(0)  # the reading of its status, and its removal from the children polled
         if self.returncode is None:
             raise subprocess.TimeoutExpired(self._process.name, timeout)
         return self.returncode
