@@ -31,7 +31,7 @@ from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import count_saved_bytes
 from switchbench.bench.cost.params import parameter_counts
 from switchbench.bench.timing.benches import too_large
-from switchbench.bench.timing.timer import intra_op_threads
+from switchbench.bench.timing.timer import cpu_threads, intra_op_threads
 from switchbench.core.environment import environment
 from switchbench.core.results import (
     frame,
@@ -455,9 +455,7 @@ def _run(args) -> None:
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1; got {args.threads}")
     plan = plan_from_args(args, device)
-    # One thread on the CPU unless asked, as the speed gate: on a shared machine busy neighbours stall a pool of one
-    # thread per core (a tiny run took several times longer with two threads on two busy cores).
-    threads = 1 if args.threads is None and device == "cpu" else args.threads
+    threads = cpu_threads(device, args.threads)
     started = time.perf_counter()
     with intra_op_threads(threads):
         rows = run(plan, progress=not args.json)

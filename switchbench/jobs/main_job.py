@@ -28,7 +28,7 @@ from switchbench.bench.cost import scaling, tables
 from switchbench.bench.cost.measure import total_memory
 from switchbench.bench.inference import decode
 from switchbench.bench.timing import speed
-from switchbench.bench.timing.timer import intra_op_threads
+from switchbench.bench.timing.timer import cpu_threads, intra_op_threads
 from switchbench.core.environment import commit
 from switchbench.core.results import save_run, writable_folder
 from switchbench.reports.report import replaceable, report_environment, write_report
@@ -104,7 +104,7 @@ def _decode(args, results: Path, runs: Path) -> str:
     batches, contexts = decode.GRIDS[device]
     rounds = (3 if gpu else 5) if args.quick else (5 if gpu else 20)
     grid = decode.Grid(speed.preset_groups(None, groups), batches, contexts, rounds, 2, total_memory(device))
-    with intra_op_threads(None if gpu else 1):
+    with intra_op_threads(cpu_threads(device)):
         dtype = "bf16" if gpu else "fp32"
         return str(
             decode.measure(grid, device, dtype, results / "decode", args.expert_matmul, args.provenance)[2]
@@ -130,10 +130,8 @@ def _trainer(task: str, model: str, seed: int) -> Callable:
     def step(args, results: Path, runs: Path) -> dict:
         cfg = _train_config(args, task, model, seed)
         # A full run continues the models it finds (the committed ListOps trio takes more CPU hours than any one
-        # sitting has); a quick run trains afresh, so it always analyses models of the code it runs. One thread on
-        # the CPU, as quality and decode: beside busy neighbours a pool of one thread per core stalled a quick
-        # ListOps training to about 280 s (idle, the whole quick job took 66 s; 77 s on one thread).
-        with intra_op_threads(None if cfg.device == "cuda" else 1):
+        # sitting has); a quick run trains afresh, so it always analyses models of the code it runs.
+        with intra_op_threads(cpu_threads(cfg.device)):
             return train(
                 cfg, runs / run_name(task, cfg.preset, seed), resume=not args.quick, progress=not args.json
             )

@@ -76,6 +76,11 @@ def _key(row: dict) -> str:
     return f"{row['preset']} | {row['scope']} | {row['what']}"
 
 
+def _counted(key: str) -> bool:
+    """Whether ``key`` names a row the cost formulas give (speed's count rows), not one a run timed."""
+    return key.split(" | ")[1] == "count"
+
+
 def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -340,7 +345,7 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
         return []
     limit = 1 + baseline["tolerances"][TIME]
     verdicts = []
-    for key in (k for k in baseline["ratios"] if k.split(" | ")[1] != "count"):
+    for key in (k for k in baseline["ratios"] if not _counted(k)):
         times = [(_time(head, key), _time(ref, key)) for head, ref in zip(heads, references, strict=True)]
         if times and all(h and r for h, r in times):
             pairs = [h / r for h, r in times]
@@ -371,7 +376,7 @@ def _measured_by_a_run(key: str, name: str) -> bool:
     belongs to this machine and PyTorch as much as to the code (an upgrade changes operator counts), rather than
     counting it from the cost formulas (MAC ratios, a count row's ratios), which belong to the code alone: a
     baseline may carry a recount that its commit's code does not give (cpu.json's MAC ratios do)."""
-    return name != "ratio_macs" and key.split(" | ")[1] != "count"
+    return name != "ratio_macs" and not _counted(key)
 
 
 def _reference_value(key: str, name: str, reference: dict) -> float:

@@ -39,6 +39,14 @@ class Timer:
         return start.elapsed_time(end)
 
 
+def cpu_threads(device: str, asked: int | None = None) -> int | None:
+    """The intra-op threads a training or a timing runs with: ``asked``, else one on the CPU, else as they are
+    (None). On a shared machine busy neighbours stall a pool of one thread per core: a tiny quality run took
+    several times longer with two threads on two busy cores, and a quick ListOps training about 280 s (idle, the
+    whole quick main job took 66 s; 77 s on one thread)."""
+    return 1 if asked is None and device == "cpu" else asked
+
+
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None):
     """Run the block with ``threads`` intra-op threads (None: as they are); the setting is restored after."""
