@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import matplotlib
@@ -22,7 +23,7 @@ from switchbench.cli import main
 from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import newest
 from switchbench.reports import summary
-from switchbench.reports.report import collect, report_environment, write_report
+from switchbench.reports.report import collect, render, report_environment, write_report
 
 HOSTILE = "<script>alert(1)</script>"
 
@@ -777,3 +778,30 @@ def test_the_summary_takes_each_quality_claim_from_the_strongest_run(tmp_path):
     assert switchhead.verdict.startswith("better")
     moa = next(line for claim, line in found.items() if "moa" in claim)
     assert "quick.json" in moa.claim and moa.verdict.startswith("matches")
+
+
+def _results_as_committed() -> bool:
+    """Whether results/ is a git checkout's, unchanged: a GPU node's chain writes new figures into its copy, which
+    the committed report cannot show yet."""
+    if shutil.which("git") is None or not (RESULTS.parent / ".git").exists():
+        return False
+    changed = subprocess.run(
+        ["git", "-C", str(RESULTS.parent), "status", "--porcelain", "--", "results"],
+        capture_output=True,
+        text=True,
+    )
+    return changed.returncode == 0 and not changed.stdout.strip()
+
+
+@pytest.mark.skipif(not _results_as_committed(), reason="results/ differs from its commit, or is no checkout")
+def test_the_committed_report_shows_the_committed_results():
+    """results/report.html is what `switchbench report` makes of results/ now, but for the line that says where it
+    was made: a rerun committed without the report left the previous quality run's figures in it (SwitchHead
+    -0.088 against dense where its file says -0.091)."""
+
+    def shown(html: str) -> list[str]:
+        return [line for line in html.splitlines() if "<th>time</th>" not in line]
+
+    rendered = render(collect(RESULTS), report_environment(), link=".")
+    committed = (RESULTS / "report.html").read_text()
+    assert shown(rendered) == shown(committed), "run `switchbench report` and commit results/report.html"
