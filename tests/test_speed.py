@@ -789,3 +789,34 @@ def test_a_model_on_all_experts_stands_beside_the_floor_it_executes(tmp_path, ca
                 assert "ratio_macs_executed" not in r
             else:
                 assert r["ratio_macs_executed"] == pytest.approx(r["ratio_macs"] + extra, rel=1e-12)
+
+
+def test_gpu_busy_counts_each_kernel_once_under_a_label(monkeypatch):
+    """A record_function range (torch.optim's step, the expert matmul's labels) comes back from the profiler as a
+    device event spanning its kernels, beside the kernels: one 2 ms kernel under AdamW's label is 2 ms of kernel
+    time, not 4 (events as the profiler builds them on CUDA; the CPU has no device events to profile)."""
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from switchbench.bench.timing import timer
+
+    def device_event(name: str, annotation: bool) -> FunctionEvent:
+        return FunctionEvent(
+            id=1, name=name, thread=0, start_us=0, end_us=2000, device_type=DeviceType.CUDA,
+            is_user_annotation=annotation,
+        )  # fmt: skip
+
+    events = [
+        device_event("multi_tensor_apply_kernel", False),
+        device_event("Optimizer.step#AdamW.step", True),
+    ]
+
+    @contextmanager
+    def profiled(activities):
+        yield SimpleNamespace(events=lambda: events)
+
+    monkeypatch.setattr(timer, "profiled", profiled)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    assert timer.kernel_ms(lambda: None) == 2.0

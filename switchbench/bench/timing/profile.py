@@ -207,7 +207,12 @@ def units(events: list[FunctionEvent], device: str) -> tuple[list[Unit], float]:
     of its launch (the runtime call that started it, found by correlation id), which sits inside the labels that
     were open then: the weight-gradient label around a Triton launch, say, which is no operator and so never
     the kernel's innermost one."""
-    spans = [e.time_range for e in events if e.name == STEP_LABEL]
+    # the host's range only: on CUDA the label comes back a second time, as a gpu_user_annotation over its kernels
+    spans = [
+        e.time_range
+        for e in events
+        if e.name == STEP_LABEL and e.device_type == torch.autograd.DeviceType.CPU
+    ]
     forward = _forward_contexts(events)
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU and not e.is_async]
     inside = [e for e in host if any(s.start <= e.time_range.start <= s.end for s in spans)]
@@ -281,11 +286,18 @@ def share(unit: Unit) -> str:
         return "copies and casts"
     if op in GEMMS:
         return "dense GEMMs"
-    if role == "moe" and op:
+    if role == "moe" and op and not _accumulation(context):  # not autograd summing two readers' gradients
         return "routing"  # selection bookkeeping of an MoE layer: sigmoid, offsets, the regulariser
     if role == "norms" or op.startswith("aten::"):
         return "norms and elementwise"
     return "other"
+
+
+def _accumulation(context: tuple[str, ...]) -> bool:
+    """Whether the unit is the autograd engine adding a gradient into a tensor that several ops read: an operator
+    directly inside a node's evaluate_function range, outside the node's own call (which the profiler names)."""
+    nodes = [i for i, name in enumerate(context) if name.startswith(BACKWARD_NODE)]
+    return bool(nodes) and nodes[-1] + 1 < len(context) and context[nodes[-1] + 1].startswith(OPERATORS)
 
 
 def summarise(found: list[Unit], step_us: float, steps: int, top: int) -> tuple[list[dict], list[dict]]:
