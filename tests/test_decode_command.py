@@ -136,6 +136,25 @@ def test_weights_read_by_hand():
     assert sizing.weights_read(sh, 1) == others + d + sh.n_layers * 2 * H * k * d * D  # each token's k of E
 
 
+def test_weights_read_keeps_attention_and_mlp_experts_apart():
+    """SwitchAll: SwitchHead's V and O (k of E a head, H k slots of H E) and the sigma-MoE's up and down (mlp_k of
+    mlp_experts), each at its own rate even where their shapes agree (tiny: both 8 x 64 x 16 and 8 x 16 x 64)."""
+    cfg = PRESETS["tiny-switchall"]
+    H, E, k, d, D = cfg.n_heads, cfg.n_experts, cfg.k, cfg.d_model, cfg.d_head
+    NE, G, K = cfg.mlp_experts, cfg.mlp_expert_size, cfg.mlp_k
+    assert (H * E, d, D) == (NE, d, G)  # the case that collided
+    with torch.device("meta"):
+        model = LanguageModel(cfg)
+    positions = cfg.n_layers * d * H * D
+    experts = cfg.n_layers * 2 * (H * E * d * D + NE * d * G)
+    others = count_parameters(model) - cfg.vocab * d - positions - experts
+    for batch in (1, 4):
+        attention = H * E * (1 - (1 - k / E) ** batch) * 2 * d * D
+        mlp = NE * (1 - (1 - K / NE) ** batch) * 2 * d * G
+        expected = others + batch * d + round(cfg.n_layers * (attention + mlp))
+        assert sizing.weights_read(cfg, batch) == expected
+
+
 def test_max_batch_by_hand():
     cfg = PRESETS["c4-47m-switchhead-h2"]
     with torch.device("meta"):

@@ -43,14 +43,19 @@ def position_table_bytes(cfg: ModelConfig, distances: int, width: int) -> int:
     return sum(block.attn.attention.pos_proj.out_features for block in layers) * distances * width
 
 
-def _expert_cases(cfg: ModelConfig) -> dict[tuple[int, int, int], int]:
-    """The expert weights of one layer by shape (experts, d_in, d_out) -> the slots one token fills."""
-    declared = [cfg.family.expert_matmuls]
-    attention = cfg.family.attention_name
-    if attention in registry.names() and attention != cfg.model:  # SwitchAll's attention is SwitchHead's
-        declared.append(registry.get(attention).expert_matmuls)
-    cases = [case for declare in declared if declare for case in declare(cfg, 1)]
-    return {(c.n_experts, c.d_in, c.d_out): c.slots for c in cases}
+def _expert_cases(cfg: ModelConfig) -> dict[str, dict[tuple[int, int, int], int]]:
+    """The expert weights of one layer by sub-layer ("attn", "mlp") and shape (experts, d_in, d_out) -> the slots
+    one token fills. Kept apart by sub-layer: an attention's and an MLP's experts may share a shape (tiny SwitchAll:
+    SwitchHead's V and the sigma-MoE's up are both 8 x 64 x 16, with 4 and 2 slots)."""
+    family = cfg.family
+    attention = registry.get(family.attention_kind) if family.attention_kind in registry.names() else family
+    owners = {"attn": attention, "mlp": family if cfg.mlp == "sigma_moe" else None}
+    return {
+        part: {(c.n_experts, c.d_in, c.d_out): c.slots for c in owner.expert_matmuls(cfg, 1)}
+        if owner is not None and owner.expert_matmuls
+        else {}
+        for part, owner in owners.items()
+    }
 
 
 def weights_read(cfg: ModelConfig, batch: int) -> int:
@@ -60,10 +65,12 @@ def weights_read(cfg: ModelConfig, batch: int) -> int:
     if cfg.pos == "xl":
         total -= sum(count_parameters(block.attn.attention.pos_proj) for block in model.stack.blocks)
     unread = 0.0
-    for p in model.parameters():
-        if p.dim() == 3 and tuple(p.shape) in slots:  # [experts, d_in, d_out]
-            n = p.shape[0]
-            unread += n * (1 - slots[tuple(p.shape)] / n) ** batch * p.shape[1] * p.shape[2]
+    for block in model.stack.blocks:
+        for part, cases in slots.items():
+            for p in getattr(block, part).parameters():
+                if p.dim() == 3 and tuple(p.shape) in cases:  # [experts, d_in, d_out]
+                    n = p.shape[0]
+                    unread += n * (1 - cases[tuple(p.shape)] / n) ** batch * p.shape[1] * p.shape[2]
     return total - round(unread)
 
 
