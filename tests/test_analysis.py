@@ -455,3 +455,30 @@ def test_byte_labels_are_ascii_or_hex():
     """A byte above 0x7f is part of a UTF-8 sequence: 'é' (c3 a9) was labelled 'Ã' '©', letters the text never held."""
     labels = [text.decode_token(b) for b in "aé \n\t~".encode() + bytes([0x7F, 0x97])]
     assert labels == ["a", "\\xc3", "\\xa9", "␣", "\\n", "\\t", "~", "\\x7f", "\\x97"]
+
+
+@pytest.mark.parametrize("task", ["listops", "lm"])
+def test_a_moh_model_whose_heads_are_all_shared_is_analysed(task, tmp_path):
+    """MoH with every head shared (routed_k 0, which the configuration allows) chooses no head: its maps are
+    analysed and no routing is counted (it recorded experts=None, which analyze read as a tensor)."""
+    base = PRESETS["tiny-moh"] if task == "lm" else PRESETS["listops-transformer-h8"]
+    cfg = base.replace(model="moh", n_layers=1, n_heads=2, options=(("shared_heads", 2), ("routed_k", 0)))
+    n_classes = listops.N_CLASSES if task == "listops" else None
+    model = checkpoint.build_model(task, cfg, n_classes)
+    path = tmp_path / "moh" / "checkpoint.pt"
+    path.parent.mkdir()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    train_meta = {"seed": 0, "preset": "moh-shared", "task": task}
+    checkpoint.save(
+        path,
+        task=task,
+        cfg=cfg,
+        model=model,
+        optimizer=optimizer,
+        step=0,
+        train=train_meta,
+        n_classes=n_classes,
+    )
+    source = "To be" if task == "lm" else None
+    written = {p.name for p in analyze([path], tmp_path / "out", source=source, sample=4)}
+    assert {"attention_maxima.png", "explorer.html"} <= written and "usage.csv" not in written

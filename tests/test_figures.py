@@ -200,3 +200,15 @@ def test_a_heat_map_is_one_image_in_its_svg(figure, tmp_path):
     text = svg.read_text()
     assert "QuadMesh" not in text and text.count("<image") >= maps
     assert svg.stat().st_size <= bound
+
+
+@pytest.mark.parametrize("side", ["destination", "source"])
+def test_a_selection_map_keeps_its_first_token_on_top_when_a_side_has_no_experts(side):
+    """SwitchHead with experts on V alone has no destination gates (and on O alone no source gates): the empty
+    strip, which shares the map's axis, turned the map upside down (its first query drawn at the bottom)."""
+    att, dst, src, dst_labels, src_labels = selection(tokens=12)
+    empty = np.zeros((12, 0))
+    gates = (empty, src) if side == "destination" else (dst, empty)
+    fig = plots.expert_selection(att, *gates, dst_labels, src_labels, title="one side routed")
+    ax_att = fig.axes[0]
+    assert ax_att.get_ylim() == (11.5, -0.5) and ax_att.get_xlim() == (-0.5, 11.5)

@@ -83,8 +83,11 @@ def expert_selection(
     ax_att.set_xticks([])
     ax_att.set_yticks([])
     ax_att.set_title(title, fontsize=9)
+    # a side without experts (SwitchHead routing V alone) has an empty strip, left blank: drawn, it would reset the
+    # limits its axis shares with the map, and turn the map upside down
+    strip = dict(cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax_dst = fig.add_subplot(grid[0, 0], sharey=ax_att)
-    gates = ax_dst.imshow(dst_gates, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    drawn = [ax_dst.imshow(dst_gates, **strip)] if dst_gates.size else []
     ax_dst.xaxis.tick_top()  # above the strip: below it, its labels would meet the source strip's
     ax_dst.xaxis.set_label_position("top")
     ax_dst.set_xticks(range(n_e), [str(e) for e in range(n_e)], fontsize=6)
@@ -93,13 +96,13 @@ def expert_selection(
         ax_dst.set_yticks(range(len(dst_labels)), dst_labels, fontsize=6)
     ax_dst.set_ylabel("destination", fontsize=7)
     ax_src = fig.add_subplot(grid[1, 1], sharex=ax_att)
-    ax_src.imshow(src_gates.T, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    drawn += [ax_src.imshow(src_gates.T, **strip)] if src_gates.size else []
     ax_src.set_yticks(range(n_e), [str(e) for e in range(n_e)], fontsize=6)
     ax_src.set_ylabel("V expert", fontsize=7)
     if len(src_labels) <= TICK_LIMIT:
         ax_src.set_xticks(range(len(src_labels)), src_labels, rotation=90, fontsize=6)
     ax_src.set_xlabel("source", fontsize=7)
-    fig.colorbar(gates, cax=fig.add_subplot(grid[0, 2]), label="gate")
+    fig.colorbar(drawn[0], cax=fig.add_subplot(grid[0, 2]), label="gate")
     # The strips' token ticks are shared with the map: on the map itself they would run into the source strip.
     ax_att.tick_params(bottom=False, left=False, labelbottom=False, labelleft=False)
     return fig

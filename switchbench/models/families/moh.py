@@ -131,11 +131,14 @@ class MoHAttention(Observable, nn.Module):
         out = out * weights.transpose(1, 2)[..., None].to(out.dtype)  # each head's output times its weight
         y = self.o(out.transpose(1, 2).contiguous().view(B, t, -1))
         if self.observing:
-            gates = weights.detach().gather(-1, chosen) if chosen is not None else None
             # the analysis counts what the router chooses among: the routed heads, numbered from 0 (the shared
-            # heads, always on, would read as experts never chosen)
-            routed = chosen - self.shared if chosen is not None else None
-            self.record(maps=maps, experts=routed, gates=gates, head_weights=weights.detach())
+            # heads, always on, would read as experts never chosen); with every head shared there is no choice
+            routing = (
+                {}
+                if chosen is None
+                else {"experts": chosen - self.shared, "gates": weights.detach().gather(-1, chosen)}
+            )
+            self.record(maps=maps, head_weights=weights.detach(), **routing)
         return y, chosen, probs
 
     def softmax_weights(
