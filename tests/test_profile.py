@@ -14,6 +14,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import EventList, FunctionEvent
 
+from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.timing import benches, profile
 from switchbench.bench.timing.benches import model_benches
 from switchbench.cli import main
@@ -237,6 +238,15 @@ def test_the_command_writes_a_run_and_the_report_shows_it_side_by_side(tmp_path:
     assert {(r["preset"], r["what"]) for r in printed["rows"]} == {
         (p, w) for p in ("tiny-transformer:d_ff=96", "tiny-switchhead") for w in ("train step", "forward")
     }
+    for row in printed["rows"]:  # each row's MFU checkable from its file: the step's model FLOPs by hand
+        cfg = (
+            PRESETS["tiny-switchhead"] if row["preset"] == "tiny-switchhead" else PRESETS["tiny-transformer"]
+        )
+        passes = 3 if row["what"] == "train step" else 1
+        flops = 2 * passes * model_macs(cfg.replace(d_ff=96) if cfg.model == "transformer" else cfg, 2)
+        assert row["mfu"] == pytest.approx(
+            flops / (row["ms_unprofiled"] / 1e3) / (row["matmul_peak_tflops"] * 1e12)
+        )
     overhead = {r["what"]: r for r in printed["rows"] if r["kind"] == "moe overhead"}
     assert {r["preset"] for r in overhead.values()} == {"tiny-switchhead"} and set(overhead) == {
         "train step",
