@@ -123,7 +123,12 @@ def test_a_baseline_is_written_over_a_baseline_only(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     ("commit", "says"),
-    [(None, "the runs name no commit"), ("abc-dirty", "measured with uncommitted changes (abc-dirty)")],
+    [
+        (None, "the runs name no commit"),
+        ("abc-dirty", "measured with uncommitted changes (abc-dirty)"),
+        # SWITCHBENCH_COMMIT=HEAD: the gate would resolve it to the code under test, which never regresses
+        ("HEAD", "the runs name 'HEAD', not a commit's hash"),
+    ],
 )
 def test_a_baseline_of_code_git_cannot_give_is_written_without_an_archive(commit, says, tmp_path):
     """The gate times the baseline's commit again: runs of no commit or of uncommitted changes (the gate would
@@ -259,11 +264,12 @@ def test_a_run_that_measured_nothing_is_refused_and_one_that_lost_rows_fails(tmp
     errored: the gate fails, counting them apart from regressions."""
     broken = _run_like(_committed())
     for row in broken["rows"]:
-        row["status"] = "error"
+        if row["scope"] != "count":  # a real run's count rows are the formulas', always ok
+            row["status"] = "error"
     path = _write(tmp_path / "broken.json", broken)
     assert main(["check", str(path), "--baseline", str(BASELINE)]) == 2
     err = capsys.readouterr().err.strip()
-    n = sum(len(entry) - ("baseline" in entry) for entry in _committed()["ratios"].values())
+    n = sum(len(e) - ("baseline" in e) for k, e in _committed()["ratios"].items() if "| count |" not in k)
     assert err.endswith(f"the run measured none of the {n} quantities the baseline gates ({n} error)"), err
     partial = _run_like(_committed())
     lost = next(r for r in partial["rows"] if "ratio_time" in r)
@@ -464,7 +470,7 @@ def test_a_reference_run_sets_the_time_limits_and_the_counts():
     assert gate.report(verdicts).count(gate.ELSEWHERE) == 1  # one footnote for the rows it marks
     key = counts[0]["ratio"]
     changed = copy.deepcopy(upgraded)
-    next(r for r in changed["rows"] if gate._key(r) == key)["op_calls"] += 1  # and one more from the code
+    next(r for r in changed["rows"] if gate.row_key(r) == key)["op_calls"] += 1  # and one more from the code
     failed = [v for v in gate.check(changed, baseline, reference=upgraded) if v["verdict"] != "ok"]
     assert [(v["ratio"], v["quantity"]) for v in failed] == [(key, "op_calls")]
     # the baseline's code counts MACs as it did before the committed recount: the recount holds
@@ -477,7 +483,7 @@ def test_a_reference_run_sets_the_time_limits_and_the_counts():
     assert macs and all(v["verdict"] == "ok" and "note" not in v for v in macs)
     assert all(v["baseline"] == baseline["ratios"][v["ratio"]]["ratio_macs"] for v in macs)
     broken = copy.deepcopy(upgraded)
-    next(r for r in broken["rows"] if gate._key(r) == key)["status"] = "OOM"
+    next(r for r in broken["rows"] if gate.row_key(r) == key)["status"] = "OOM"
     with pytest.raises(
         ValueError, match=f"the reference run did not measure the .* of {re.escape(repr(key))}"
     ):
@@ -499,7 +505,7 @@ def test_a_slowdown_both_layers_share_fails_the_layer_times_not_the_ratio():
     where every pair says so."""
     baseline = _committed()
     tolerance = baseline["tolerances"]["ratio_time"]
-    layers = {gate._key(r) for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
+    layers = {gate.row_key(r) for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
     dense, switchhead = sorted({key.split(" | ")[0] for key in layers}, key=lambda p: "switchhead" in p)
     reference = _timed(_run_like(baseline), {dense: 10.0, switchhead: 5.0})
     assert all(
@@ -577,13 +583,13 @@ def test_runs_of_one_side_pool_their_rounds():
     assert pooled["metadata"]["runs"] == 2
     # a row one run did not measure is not measured pooled (it was the first run's row, and a KeyError)
     oom = copy.deepcopy(two)
-    row = next(r for r in oom["rows"] if gate._key(r) == SWITCHHEAD_TIMES[0])
+    row = next(r for r in oom["rows"] if gate.row_key(r) == SWITCHHEAD_TIMES[0])
     row.clear()
     row |= dict(zip(("preset", "scope", "what"), SWITCHHEAD_TIMES[0].split(" | "), strict=True)) | {
         "status": "OOM"
     }
     (pooled_row,) = [
-        r for r in same_machine.pooled([one, oom])["rows"] if gate._key(r) == SWITCHHEAD_TIMES[0]
+        r for r in same_machine.pooled([one, oom])["rows"] if gate.row_key(r) == SWITCHHEAD_TIMES[0]
     ]
     assert pooled_row["status"] == "OOM" and "ratio_time" not in pooled_row
 
@@ -609,7 +615,7 @@ def test_the_reference_is_the_package_as_it_was_at_the_commit(tmp_path):
     first = _git(repo, "rev-parse", "HEAD")
     module.write_text("VERSION = 2\n")
     _git(repo, "commit", "-q", "-am", "two")
-    folder = same_machine.materialise(first + "-dirty", tmp_path / "ref", checkout=repo)
+    folder = same_machine.materialise(first, tmp_path / "ref", checkout=repo)
     assert (folder / "switchbench" / "__init__.py").read_text() == "VERSION = 1\n"
     assert not (folder / "elsewhere.txt").exists()
     with pytest.raises(same_machine.NoReference, match=r"not in .* history"):
@@ -765,3 +771,57 @@ def test_gate_passes_unchanged_code_beside_busy_processes_and_fails_a_planted_re
         "false_alarms": 0,
         "missed": {"forward x 2.0": 0, "both forwards x 1.5": 0},
     }
+
+
+@pytest.mark.parametrize("commit", ["d489382-dirty", "HEAD", "main"])
+def test_a_baseline_of_no_commit_s_hash_has_no_reference(commit, tmp_path):
+    """A baseline that names uncommitted changes or a moving name has no code to time beside the run: '-dirty' would
+    time the commit without the changes, HEAD the code under test itself. The gate holds the committed ratios,
+    saying why."""
+    baseline = _committed()
+    baseline["metadata"]["commit"] = commit
+    found = same_machine._reference(None, baseline, str(BASELINE), tmp_path)
+    assert found == (
+        None,
+        None,
+        f"the baseline names {commit!r}, not a commit's hash that holds the code it measured",
+    )
+
+
+def test_a_baseline_is_not_written_from_runs_that_lost_a_row(tmp_path, capsys):
+    """A row no run measured (out of memory, an error) would leave the baseline silently: the gate would never
+    hold it again. The runs are refused, the row named."""
+    runs = [_run_like(_committed()) for _ in range(2)]
+    for i, run in enumerate(runs):
+        run["rows"][0]["ms"] = i  # two runs, not one given twice
+        lost = next(r for r in run["rows"] if r["scope"] != "count" and r["what"] == "forward+backward")
+        lost["status"] = "OOM"
+    paths = [_write(tmp_path / f"run{i}.json", run) for i, run in enumerate(runs)]
+    assert main(["check", *map(str, paths), "--write", "--baseline", str(tmp_path / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "forward+backward" in err and "a baseline would not gate it" in err
+    assert not (tmp_path / "b.json").exists()
+
+
+def test_on_another_architecture_the_run_is_held_to_the_reference_timed_beside_it():
+    """The committed baseline was timed on x86_64 with glibc's heap kept; on an ARM or musl machine the reference
+    runs beside the code under test, and only what the formulas count is taken from the baseline: the machine's
+    own settings are the reference run's to agree on, not the baseline's."""
+    baseline = _committed()
+    here = _run_like(baseline)
+    here["metadata"] |= {"device": "aarch64", "allocator": "as is"}
+    assert all(v["verdict"] == "ok" for v in gate.check(here, baseline, reference=copy.deepcopy(here)))
+    with pytest.raises(ValueError, match="device 'aarch64' vs 'x86_64'"):
+        gate.check(here, baseline)  # the committed ratios alone belong to their machine
+
+
+def test_the_gate_says_when_it_held_no_layer_time_and_pools_only_runs_of_one_benchmark():
+    """One pair gives no layer-time verdicts, and the printout says so rather than describing them; runs whose
+    rows differ are not pooled row by row."""
+    assert same_machine._layer_times(1).startswith(f"no {gate.LAYER_TIME}")
+    assert "every pair is past the limit" in same_machine._layer_times(gate.MIN_PAIRS)
+    one = _run_like(_committed(), rounds=7)
+    other = copy.deepcopy(one)
+    other["rows"].reverse()
+    with pytest.raises(ValueError, match="the runs' rows differ"):
+        same_machine.pooled([one, other])

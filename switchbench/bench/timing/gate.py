@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from switchbench.bench.timing.reference import NoReference, package_archive
+from switchbench.bench.timing.reference import NoReference, is_commit_id, package_archive
 from switchbench.core.results import newest, replace_together, writable_file
 from switchbench.core.schema import read_json, read_run
 from switchbench.models.presets import PRESETS
@@ -50,6 +50,8 @@ COMPARABLE = (
     "routing",
     "expert_matmul",  # another implementation makes other ops: grouped_mm's op counts read as a regression
 )
+# Settings of the machine rather than of the benchmark: a reference run timed here is held to them, the baseline not
+MACHINE_SETTINGS = ("device", "allocator")
 # What a run recorded before a setting existed ran with
 SETTING_DEFAULTS = {"attention": "auto", "cuda_graphs": False, "routing": "auto", "expert_matmul": "auto"}
 ROW_FIELDS = ("preset", "scope", "what", "status")
@@ -72,7 +74,7 @@ def median_interval(values: list[float], confidence: float = CONFIDENCE) -> tupl
     return x[k - 1], x[n - k]
 
 
-def _key(row: dict) -> str:
+def row_key(row: dict) -> str:
     return f"{row['preset']} | {row['scope']} | {row['what']}"
 
 
@@ -119,11 +121,11 @@ def run_problem(run) -> str | None:
             return f"row {i} has no {', '.join(missing)}: not a speed run (a kernel-bench run?)"
         bad = [name for name in (TIME, *EXACT) if name in row and not _is_number(row[name])]
         if TIME in row and "ratio_time_rounds" not in row:  # a run from before the gate read each round
-            return f"row {i} ({_key(row)}) has no per-round ratios (ratio_time_rounds): a run of an older switchbench"
+            return f"row {i} ({row_key(row)}) has no per-round ratios (ratio_time_rounds): a run of an older switchbench"
         if TIME in row and not _positive_numbers(row["ratio_time_rounds"]):
             bad.append("ratio_time_rounds")
         if bad:
-            return f"row {i} ({_key(row)}) has a malformed {', '.join(bad)}"
+            return f"row {i} ({row_key(row)}) has a malformed {', '.join(bad)}"
     return None
 
 
@@ -192,7 +194,12 @@ def baseline_from(runs: list[dict], tolerances: dict[str, float] = TOLERANCES) -
     for run in runs:
         for row in run["rows"]:
             if row["status"] == "ok":
-                rows.setdefault(_key(row), []).append(row)
+                rows.setdefault(row_key(row), []).append(row)
+    lost = [f"{row_key(r)} ({r['status']})" for run in runs for r in run["rows"] if r["status"] != "ok"]
+    if lost:  # dropped, the baseline would gate nothing of it again
+        raise ValueError(
+            f"{lost[0]!r} was not measured (and {len(lost) - 1} more): a baseline would not gate it"
+        )
     ratios = {}
     for key, same in rows.items():
         if len(same) != len(runs):
@@ -254,6 +261,8 @@ def _commit_of(metadata: dict) -> str:
         raise NoReference("the runs name no commit")
     if commit.endswith("-dirty"):  # the commit without them would be timed as the reference
         raise NoReference(f"the runs were measured with uncommitted changes ({commit})")
+    if not is_commit_id(commit):
+        raise NoReference(f"the runs name {commit!r}, not a commit's hash")
     return commit
 
 
@@ -266,7 +275,7 @@ def _too_few_rounds(runs: list[dict]) -> str | None:
                 try:
                     median_interval(row["ratio_time_rounds"])
                 except ValueError as error:
-                    return f"times {_key(row)!r} in too few rounds ({error}); run speed with more --rounds"
+                    return f"times {row_key(row)!r} in too few rounds ({error}); run speed with more --rounds"
     return None
 
 
@@ -275,7 +284,7 @@ def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict
     run measures is held to ``reference``'s (a run of the baseline's code on this machine) when given, else to the
     committed value; what the cost formulas count, to the committed value. A run that measured none of them is
     refused: it is a broken run, not a regression."""
-    _comparable(run, baseline, "baseline")
+    _comparable(run, baseline, "baseline", skip=MACHINE_SETTINGS if reference else ())
     if reference:
         _comparable(run, reference, "reference run")
     rows = _rows(run, baseline, "run")
@@ -296,12 +305,12 @@ def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict
     return verdicts
 
 
-def _comparable(run: dict, other: dict, name: str) -> None:
+def _comparable(run: dict, other: dict, name: str, skip: tuple[str, ...] = ()) -> None:
     ran, expected = run["metadata"], other["metadata"]
     differ = [
         f"{k} {_setting(ran, k)!r} vs {_setting(expected, k)!r}"
         for k in COMPARABLE
-        if _setting(ran, k) != _setting(expected, k)
+        if k not in skip and _setting(ran, k) != _setting(expected, k)
     ]
     if differ:
         raise ValueError(f"run and {name} were measured differently ({'; '.join(differ)}): not comparable")
@@ -325,7 +334,7 @@ def tolerances_applied(baseline: dict, machine: dict | None, side_by_side: bool 
 
 
 def _rows(run: dict, baseline: dict, name: str) -> dict[str, dict]:
-    rows = {_key(r): r for r in run["rows"]}
+    rows = {row_key(r): r for r in run["rows"]}
     missing = [key for key in baseline["ratios"] if key not in rows]
     if missing:
         raise ValueError(
@@ -367,7 +376,7 @@ def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dic
 
 def _time(run: dict, key: str) -> float:
     """The median milliseconds of ``key``'s row in ``run``; 0 where it has none (not ok, or a run without times)."""
-    row = next((r for r in run["rows"] if _key(r) == key), {})
+    row = next((r for r in run["rows"] if row_key(r) == key), {})
     return row.get("ms", 0.0) if row.get("status") == "ok" else 0.0
 
 
@@ -529,10 +538,11 @@ def print_verdicts(verdicts: list[dict], against: str, about: dict, as_json: boo
 def _measured_nothing(verdicts: list[dict]) -> str | None:
     """Why the verdicts judge nothing (no row of the run measured a gated quantity: every one errored, ran out of
     memory or is missing), or None: such a run is no evidence of a regression, but of a broken run."""
-    if not verdicts or any(v["verdict"] in ("ok", "REGRESSION") for v in verdicts):
+    measured = [v for v in verdicts if not _counted(v["ratio"])]  # count rows are the formulas', always there
+    if not measured or any(v["verdict"] in ("ok", "REGRESSION") for v in measured):
         return None
-    statuses = collections.Counter(v["verdict"] for v in verdicts)
-    return f"the run measured none of the {len(verdicts)} quantities the baseline gates ({_counts(statuses)})"
+    statuses = collections.Counter(v["verdict"] for v in measured)
+    return f"the run measured none of the {len(measured)} quantities the baseline gates ({_counts(statuses)})"
 
 
 def _counts(counter) -> str:

@@ -12,6 +12,7 @@ any checkout, so the verdict is the side-by-side one everywhere.
 import gzip
 import hashlib
 import io
+import re
 import subprocess
 import tarfile
 from pathlib import Path
@@ -24,6 +25,13 @@ HERE = Path(switchbench.__file__).resolve().parents[1]
 
 class NoReference(Exception):
     """The reference commit cannot be materialised here; the message says why."""
+
+
+def is_commit_id(commit: str) -> bool:
+    """Whether ``commit`` names one commit for good: a hash, not HEAD, a branch or a tag (the gate would time what
+    it names then, the code under test itself), nor a hash with uncommitted changes (``-dirty``: the gate would
+    time the commit without them)."""
+    return re.fullmatch(r"[0-9a-f]{7,40}", commit) is not None
 
 
 def materialise(commit: str, dest: Path, checkout: Path = HERE) -> Path:
@@ -55,8 +63,7 @@ def unpack_archive(archive: Path, sha256: str, dest: Path) -> Path:
 
 
 def _package_tar(commit: str, checkout: Path) -> bytes:
-    """``git archive`` of the switchbench package at ``commit`` (a '-dirty' suffix is the commit's own code)."""
-    commit = commit.removesuffix("-dirty")
+    """``git archive`` of the switchbench package at ``commit``."""
     found = _git(checkout, "cat-file", "-e", f"{commit}^{{commit}}")
     if found.returncode:
         why = _first_line(found.stderr)

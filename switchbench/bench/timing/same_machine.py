@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from switchbench.bench.timing import gate
-from switchbench.bench.timing.reference import HERE, NoReference, materialise, unpack_archive
+from switchbench.bench.timing.reference import HERE, NoReference, is_commit_id, materialise, unpack_archive
 from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import writable_folder
 
@@ -154,6 +154,8 @@ def pooled(runs: list[dict]) -> dict:
     """Several runs of one benchmark as one: each time ratio's rounds together, its median over all of them."""
     rows = []
     for same in zip(*(run["rows"] for run in runs), strict=True):
+        if len({gate.row_key(r) for r in same}) > 1:  # one benchmark writes its rows in one order
+            raise ValueError(f"the runs' rows differ: {sorted({gate.row_key(r) for r in same})}")
         failed = [r for r in same if r["status"] != "ok"]
         if failed:  # a row one run did not measure is not measured: its verdicts say so
             rows.append(dict(failed[0]))
@@ -209,14 +211,22 @@ def _run(args) -> int:
             against = (
                 f"reference: {commit or reference}{f' ({why})' if why else ''}, timed here side by side with "
                 f"{HERE} ({args.pairs} runs of {args.rounds} rounds each); the committed time ratios, recorded on "
-                f"{_machine(baseline['metadata'])}, are not used; {gate.LAYER_TIME}: a layer's median time over "
-                "the reference's, the least of the pairs shown, a regression where every pair is past the limit"
+                f"{_machine(baseline['metadata'])}, are not used; " + _layer_times(args.pairs)
             )
     applied = gate.tolerances_applied(
         baseline, head["metadata"].get("machine"), side_by_side=reference is not None
     )
     about = {"baseline": args.baseline, "machine": cpu_fingerprint(), "tolerances": applied}
     return gate.print_verdicts(verdicts, against, about, args.json)
+
+
+def _layer_times(pairs: int) -> str:
+    if pairs < gate.MIN_PAIRS:
+        return f"no {gate.LAYER_TIME} (one pair cannot tell noise from a slowdown: --pairs {gate.MIN_PAIRS} or more)"
+    return (
+        f"{gate.LAYER_TIME}: a layer's median time over the reference's, the least of the pairs shown, a "
+        "regression where every pair is past the limit"
+    )
 
 
 def _reference(
@@ -240,6 +250,12 @@ def _reference(
     commit = named or baseline["metadata"].get("commit")
     if not commit:
         return None, None, "the baseline names no commit"
+    if not named and not is_commit_id(commit):
+        return (
+            None,
+            None,
+            f"the baseline names {commit!r}, not a commit's hash that holds the code it measured",
+        )
     try:
         return materialise(commit, dest), commit, None
     except NoReference as error:
