@@ -482,3 +482,55 @@ def test_a_moh_model_whose_heads_are_all_shared_is_analysed(task, tmp_path):
     source = "To be" if task == "lm" else None
     written = {p.name for p in analyze([path], tmp_path / "out", source=source, sample=4)}
     assert {"attention_maxima.png", "explorer.html"} <= written and "usage.csv" not in written
+
+
+@pytest.mark.parametrize(
+    ("task", "preset"),
+    [
+        ("lm", "tiny-transformer:dropout=0.1"),
+        ("lm", "tiny-switchhead:dropout=0.1"),
+        ("listops", "listops-transformer-h8:dropout=0.1"),
+    ],
+)
+def test_a_run_stopped_and_resumed_is_the_run_straight_through(task, preset, tmp_path, monkeypatch):
+    """Stopped after its checkpoint at step 4 and resumed, a run of 8 steps ends with the weights and figures of one
+    that ran straight through: the XL memory its next chunk attends to and dropout's generator come back with
+    the weights (a resumed LM run attended to no memory at its first step, and dropout drew step 0's masks again)."""
+    kwargs = {"steps": 8, "batch": 4, "warmup": 2, "eval_every": 4, "val_size": 16}
+    if task == "lm":  # a short text: a short held-out score (42 chunks a stream, so step 5 follows step 4)
+        text = tmp_path / "text.txt"
+        text.write_text("".join(f"line {i}: to be, or not to be.\n" for i in range(200)))
+        kwargs["text"] = str(text)
+    cfg = TrainConfig(task, preset, **kwargs)
+    straight = train(cfg, tmp_path / "straight", progress=False)
+    save = checkpoint.save
+
+    class Stopped(Exception):
+        pass
+
+    def save_then_stop(path, **saved):
+        save(path, **saved)
+        if saved["step"] == 4:
+            raise Stopped
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    with pytest.raises(Stopped):
+        train(cfg, tmp_path / "resumed", progress=False)
+    monkeypatch.setattr(checkpoint, "save", save)
+    resumed = train(cfg, tmp_path / "resumed", resume=True, progress=False)
+    assert resumed["loss"] == straight["loss"]
+    a, b = (checkpoint.load(tmp_path / r / "checkpoint.pt")["model"] for r in ("straight", "resumed"))
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_a_checkpoint_at_a_negative_step_is_refused(tmp_path):
+    """A step below 0 would train steps -3 to 0 at a negative learning rate (the warm-up's), climbing the loss."""
+    cfg = TrainConfig(
+        "listops", "listops-transformer-h8", steps=2, batch=4, eval_every=2, warmup=1, val_size=8
+    )
+    train(cfg, tmp_path, progress=False)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    saved["step"] = -3
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="step -3 is negative"):
+        train(cfg, tmp_path, resume=True, progress=False)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from switchbench.core import distributed
+from switchbench.core.results import read_csv
 
 TORCHRUN = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
 needs_torchrun = pytest.mark.skipif(not Path(TORCHRUN).exists(), reason="torchrun not installed")
@@ -75,6 +76,9 @@ def test_train_under_torchrun_writes_once_the_one_process_model(tmp_path):
     assert max((two[k] - one[k]).abs().max().item() for k in one) <= 1e-5
     log = (tmp_path / "two" / "log.csv").read_text().splitlines()
     assert len(log) == 2 and "mfu" in log[0]
+    # the logged loss is the whole batch's, as one process logs it, not rank 0's half
+    two, one = (read_csv(tmp_path / n / "log.csv")["loss"].item() for n in ("two", "one"))
+    assert two == pytest.approx(one, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -99,3 +99,12 @@ def gathered(value, world: World) -> list:
 def anywhere(flag: bool, world: World) -> bool:
     """Whether ``flag`` holds on any rank."""
     return any(gathered(flag, world))
+
+
+def mean(value: torch.Tensor, world: World) -> torch.Tensor:
+    """The mean of ``value`` over the ranks (itself in one process): a figure of the whole batch from equal shares."""
+    if not world.distributed:
+        return value
+    value = value.clone()
+    dist.all_reduce(value)
+    return value / world.size

@@ -21,7 +21,17 @@ def build_model(task: str, cfg: ModelConfig, n_classes: int | None = None) -> to
 
 
 def save(
-    path: Path, *, task: str, cfg: ModelConfig, model, optimizer, step: int, train: dict, n_classes=None
+    path: Path,
+    *,
+    task: str,
+    cfg: ModelConfig,
+    model,
+    optimizer,
+    step: int,
+    train: dict,
+    n_classes=None,
+    memory: dict | None = None,
+    rng=None,
 ):
     """Write to a temporary file beside ``path``, then rename: an interrupted save leaves the old file."""
     payload = {
@@ -33,7 +43,8 @@ def save(
         "train": train,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-    }
+        "memory": memory,  # LM: the XL memory the next step attends to (None at a restart of the streams)
+    } | ({} if rng is None else {"rng": rng})
     return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 
 

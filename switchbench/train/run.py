@@ -30,6 +30,7 @@ from switchbench.core.results import writable_folder, write_csv
 from switchbench.core.schema import read_table
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
+from switchbench.models.lm import State
 from switchbench.models.presets import OVERRIDES, from_name
 from switchbench.ops.expert_matmul import choice as expert_matmul_choice
 from switchbench.train import checkpoint, listops, text
@@ -266,11 +267,14 @@ def train(
     too_big = too_large(model_cfg, len(range(cfg.batch)[rows]), "model", cfg.device, torch.float32)
     if too_big:
         raise ValueError(f"batch {cfg.batch}: a training step of {cfg.preset} {too_big}")
+    # before the seed: the yardstick's random matrices, as many as its sizes tried (the machine's load), would
+    # shift every dropout draw
+    peak = matmul_peak_tflops(cfg.device, torch.float32) * 1e12
     torch.manual_seed(cfg.seed)  # after the check, which may build and run a model of its own
     model = checkpoint.build_model(cfg.task, model_cfg, n_classes).to(cfg.device)
     optimizer = optim.adamw(model.parameters(), cfg.lr, cfg.device)
     task = (ListOpsTask if cfg.task == "listops" else LMTask)(cfg, model_cfg, rows)
-    start, log_rows = 0, []
+    start, log_rows, state = 0, [], None
     if resume and (out / "checkpoint.pt").exists():
         saved = checkpoint.load(out / "checkpoint.pt")
         if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
@@ -291,6 +295,12 @@ def train(
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{out / 'checkpoint.pt'}: the optimizer state does not fit ({error})") from None
         start = saved["step"]
+        if start < 0:
+            raise ValueError(f"{out / 'checkpoint.pt'}: step {start} is negative")
+        state = _restored_memory(saved.get("memory"), rows, cfg.device)
+        # dropout's draws continue where they were (nothing below draws before the first step)
+        if "rng" in saved:
+            _set_rng_state(saved["rng"], cfg.device)
         if start > cfg.steps:  # else it would report the checkpoint's figures as this run's, training nothing
             raise ValueError(
                 f"{out / 'checkpoint.pt'} is at step {start}, past --steps {cfg.steps}: ask for more steps to "
@@ -300,10 +310,10 @@ def train(
         log_rows = [r for r in read_log(out / "log.csv") if r["step"] <= start]
     if _reached(log_rows, cfg.stop_at):
         return log_rows[-1]  # a resumed run that had met its target
-    state, kept = None, start
+    kept = start
     seconds = log_rows[-1].get("train_seconds", 0.0) if log_rows else 0.0
     # MFU of each logged interval: this process's model FLOPs over its time, at this device's measured peak
-    peak, flops, since = matmul_peak_tflops(cfg.device, torch.float32) * 1e12, 0.0, seconds
+    flops, since = 0.0, seconds
     trained = distributed.wrap(model, world)
     model.train()
     # disable=None: tqdm stays quiet when stderr is no terminal (a log file, a pipe, a CI job)
@@ -324,14 +334,19 @@ def train(
         optimizer.step()
         row = {
             "step": step + 1,
-            "loss": loss.item(),
-            "train_accuracy": accuracy,
+            # the whole batch's, not this rank's share
+            "loss": distributed.mean(loss.detach(), world).item(),
+            "train_accuracy": None
+            if accuracy is None
+            else distributed.mean(torch.tensor(accuracy, device=loss.device), world).item(),
             "lr": lr,  # the schedule as run, a resumed run's warm restarts included
         }  # item() waits for the step (GPU)
         seconds += time.perf_counter() - started
         flops += task.step_flops(step)
         row["train_seconds"] = seconds
-        if ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps) and world.main:
+        evaluating = (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps
+        memory = _saved_memory(state, world) if evaluating else None  # every rank takes part in the gather
+        if evaluating and world.main:
             row["mfu"] = flops / max(seconds - since, 1e-9) / peak
             row["matmul_peak_tflops"] = peak / 1e12  # the yardstick, so the MFU can be checked from the log
             flops, since = 0.0, seconds
@@ -353,11 +368,39 @@ def train(
                 step=step + 1,
                 train=asdict(cfg) | _expert_matmul(cfg),
                 n_classes=n_classes,
+                memory=memory,
+                rng=_rng_state(cfg.device),
             )
             kept = step + 1
             if _reached(log_rows, cfg.stop_at):
                 break
     return log_rows[-1] if log_rows else {}
+
+
+def _saved_memory(state, world) -> dict | None:
+    """The XL memory the next step attends to, every rank's rows gathered into the whole batch's (on the CPU)."""
+    if state is None:
+        return None
+    mems = [distributed.gathered(None if m is None else m.detach().cpu(), world) for m in state.mems]
+    return {"offset": state.offset, "mems": [None if m[0] is None else torch.cat(m) for m in mems]}
+
+
+def _rng_state(device: str) -> dict:
+    """The generators dropout draws from: the CPU's, and the GPU's where the model runs there. Every rank draws
+    alike (one seed, equal shares), so rank 0's state is every rank's."""
+    return {"cpu": torch.get_rng_state()} | ({"cuda": torch.cuda.get_rng_state()} if device == "cuda" else {})
+
+
+def _set_rng_state(saved: dict, device: str) -> None:
+    torch.set_rng_state(saved["cpu"])
+    if device == "cuda" and "cuda" in saved:
+        torch.cuda.set_rng_state(saved["cuda"])
+
+
+def _restored_memory(memory: dict | None, rows: slice, device: str):
+    if memory is None:
+        return None
+    return State(tuple(None if m is None else m[rows].to(device) for m in memory["mems"]), memory["offset"])
 
 
 # One evaluation is of 1,000 examples (a standard error of about 1.1 points at 85%): a target counts as met when
