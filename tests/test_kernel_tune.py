@@ -112,8 +112,8 @@ def test_the_rows_kernel_tune_times_make_a_table(monkeypatch):
     """Its timings as they are made (here on the CPU, which has no Triton): each implementation's op and the case's
     two routings, and a table whose sums are each op's time plus the routing it reads, split by ``shared_by``."""
     case = Case("v", 16, 1, 4, 2, 3, 2, 8, 8, True, shared_by=2)
-    monkeypatch.setattr(kernel_tune, "cases", lambda size, batch: [case])
-    monkeypatch.setattr(kernel_tune, "IMPLS", ("torch", "all_experts"))
+    monkeypatch.setattr(kernel_tune, "tuned_cases", lambda size, batch: [case])
+    monkeypatch.setattr(kernel_tune, "TIMED_IMPLS", ("torch", "all_experts"))
     # on a GPU each call is replayed from a CUDA graph; the CPU times it eagerly
     on_cpu = lambda case, device, dtype, impls, graphs: case_rows(case, "cpu", dtype, impls)  # noqa: E731
     monkeypatch.setattr(kernel_tune, "case_rows", on_cpu)
@@ -250,7 +250,7 @@ def test_json_is_what_the_two_tables_now_hold_for_this_gpu(tmp_path, monkeypatch
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
     monkeypatch.setattr(kernel_tune, "tune", lambda sizes, batches, dtype: configs)
     monkeypatch.setattr(kernel_tune, "time_implementations", lambda sizes, batches, dtype: [])
-    monkeypatch.setattr(kernel_tune, "fastest", lambda rows: auto)
+    monkeypatch.setattr(kernel_tune, "fastest", lambda rows, earlier: auto)
     out, auto_out = tmp_path / "tuned.json", tmp_path / "auto.json"
     assert main(["kernel-tune", "--json", "--out", str(out), "--auto-out", str(auto_out)]) == 0
     printed = json.loads(capsys.readouterr().out)
@@ -261,3 +261,58 @@ def test_json_is_what_the_two_tables_now_hold_for_this_gpu(tmp_path, monkeypatch
     assert printed["device"] == H100 and printed["configs"] == this_gpu(out)["configs"] == configs
     assert printed["auto"].items() <= this_gpu(auto_out).items() and printed["auto"]["routing"] == "triton"
     assert (printed["out"], printed["auto_out"]) == (str(out), str(auto_out))
+
+
+def test_a_run_per_size_ranks_the_routings_of_every_size():
+    """The chain tunes 47M, then 262M, in two runs: the second ranks the routings over both sizes' cases, the first
+    run's kept in the table, not over its own alone (count wins at 47M by 4 ms, sort at 262M by 0.1: count)."""
+    small = [_routing("47m v", "routing", m, ms, "forward") for m, ms in (("count", 1.0), ("sort", 5.0))]
+    first = kernel_tune.fastest(small)
+    assert first["routing"] == "count"
+    large = [_routing("262m v", "routing", m, ms, "forward") for m, ms in (("count", 9.1), ("sort", 9.0))]
+    assert kernel_tune.fastest(large)["routing"] == "sort"  # alone
+    both = kernel_tune.fastest(large, first["routing_case_ms"])
+    assert both["routing"] == "count" and both["routing_ms"] == pytest.approx({"count": 10.1, "sort": 14.0})
+
+
+def test_every_expert_matmul_a_speed_group_trains_has_a_tuned_bucket():
+    """kernel-tune times the cases of each size's speed group, its RoPE presets' too (other head widths: 64 at
+    45M, 100 at 244M), so auto has a measured choice for every training step the chain times, not a fallback."""
+    from switchbench.bench.cost import scaling
+    from switchbench.models import family as registry
+    from switchbench.models.presets import PRESETS
+
+    for size, roles in scaling.SIZES.items():
+        tuned = {choice.case_bucket(c, torch.bfloat16) for c in kernel_tune.tuned_cases(size, 8)}
+        trained = {
+            choice.case_bucket(c, torch.bfloat16)
+            for family in registry.families()
+            if family.expert_matmuls
+            for role in roles
+            if role in family.roles
+            for c in family.expert_matmuls(PRESETS[family.roles[role]], 8)
+        }
+        assert trained <= tuned, sorted(trained - tuned)
+
+
+def test_kernel_tune_says_which_implementation_was_wrong_and_exits_1(tmp_path, monkeypatch, capsys):
+    """An implementation that fails its float64 check is left out of its bucket, and the run says so: exit 1 and a
+    line naming it, the tables written (timing stood in for: it needs a GPU)."""
+    wrong = {
+        "status": "wrong",
+        "impl": "grouped_mm",
+        "case": "262m switchhead-v",
+        "error": "relative error 3e-01",
+    }
+    monkeypatch.setattr(kernel_tune, "device_from_args", lambda choice: "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100)
+    monkeypatch.setattr(kernel_tune, "tune", lambda sizes, batches, dtype: {})
+    monkeypatch.setattr(kernel_tune, "time_implementations", lambda sizes, batches, dtype: [wrong])
+    monkeypatch.setattr(kernel_tune, "fastest", lambda rows, earlier: {"choices": {}})
+    out, auto_out = tmp_path / "tuned.json", tmp_path / "auto.json"
+    assert main(["kernel-tune", "--out", str(out), "--auto-out", str(auto_out)]) == 1
+    assert (
+        "kernel-tune: grouped_mm on 262m switchhead-v is wrong: relative error 3e-01"
+        in capsys.readouterr().err
+    )
+    assert out.exists() and auto_out.exists()

@@ -66,15 +66,18 @@ from switchbench.ops.expert_matmul.slot_rows import aligned
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
 
 
-def cases(size: str, batch: int) -> list[Case]:
+def cases(size: str, batch: int, role: str | None = None) -> list[Case]:
     """Every family's expert-matmul uses at one size (its preset of that role), at ``batch`` sequences, and last one
-    expert's share of the first of them as a single matmul (SwitchHead's V: the matmul the paper measured)."""
+    expert's share of the first of them as a single matmul (SwitchHead's V: the matmul the paper measured). With
+    ``role`` (a speed group's sibling of ``size``, as its RoPE presets), that role's uses alone."""
     found = [
-        replace(case, name=f"{size} {case.name}")
+        replace(case, name=f"{role or size} {case.name}")
         for family in registry.families()
-        if family.expert_matmuls and size in family.roles
-        for case in family.expert_matmuls(PRESETS[family.roles[size]], batch)
+        if family.expert_matmuls and (role or size) in family.roles
+        for case in family.expert_matmuls(PRESETS[family.roles[role or size]], batch)
     ]
+    if role is not None:
+        return found
     first = found[0]
     share = first.tokens * (first.slots // first.groups) // first.experts_per_group
     return [*found, Case(f"{size} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]

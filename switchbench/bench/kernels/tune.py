@@ -6,11 +6,13 @@ fastest there, ``--routing auto`` every router on the method measured fastest ov
 
 import datetime
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from switchbench.bench.command import DTYPES, add_json, device_from_args
+from switchbench.bench.cost import scaling
 from switchbench.bench.kernels.bench import (
     AttentionShape,
     add_sizes,
@@ -32,6 +34,9 @@ from switchbench.ops.expert_matmul.choice import IMPLS
 # The package's tables, beside the modules that read them as package data.
 TABLE = Path(tuning.__file__).with_name("data") / tuning.FILE
 AUTO_TABLE = Path(choice.__file__).with_name("data") / "expert_matmul_auto.json"
+# What is timed: the PyTorch path waits on the host for its capacity, so a CUDA graph cannot capture it and auto
+# never chooses it; its inputs and float64 check alone held about 2 GB of host tensors a case at 262M, batch 64
+TIMED_IMPLS = tuple(impl for impl in IMPLS if impl != "torch")
 # Batches whose shape buckets a training step meets: the paper's 64 on one GPU, 8 on each of eight, and between.
 BATCHES = (8, 16, 32, 64)
 
@@ -41,6 +46,12 @@ BATCHES = (8, 16, 32, 64)
 TUNED_ATTENTION = ("transformer", "switchhead")
 
 
+def tuned_cases(size: str, batch: int) -> list:
+    """kernel-bench's cases at ``size`` and those of the other roles of its speed group (its RoPE sibling, whose
+    SwitchHead has other head widths): every expert-matmul shape the group's training steps run."""
+    return [*cases(size, batch), *(c for role in scaling.SIZES[size][1:] for c in cases(size, batch, role))]
+
+
 def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, dict[str, str]]:
     """The configuration measured fastest per kernel and shape key: the expert matmul's after a forward and backward
     of every case at every batch, flash attention's after one of each TUNED_ATTENTION window at the largest batch
@@ -48,7 +59,7 @@ def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, 
     with tuning.retuning():
         for size in sizes:
             for batch in batches:
-                for case in cases(size, batch):
+                for case in tuned_cases(size, batch):
                     outputs(case, make_inputs(case, "cuda", dtype), "triton")
             for shape in attention_shapes(size):
                 if shape.term and shape.model in TUNED_ATTENTION:
@@ -78,42 +89,43 @@ def time_implementations(sizes: list[str], batches: list[int], dtype: torch.dtyp
     the float64 loop before it was timed, and for the case's routings by every method, each with the shape bucket
     it falls in. Each call is timed replayed from a CUDA graph (``TIMED``): the table is keyed by the GPU's name, so
     it ranks the GPU's time, not the host's launches (which a practitioner's captured step does not pay, and which
-    depend on the host); an implementation that waits on the host (the PyTorch path) is not timed."""
+    depend on the host); an implementation that waits on the host (the PyTorch path) is not timed (TIMED_IMPLS)."""
     return [
         r | {"bucket": choice.case_bucket(case, dtype)}
         for size in sizes
         for batch in batches
-        for case in cases(size, batch)
-        for r in case_rows(case, "cuda", dtype, list(IMPLS), graphs=True)
+        for case in tuned_cases(size, batch)
+        for r in case_rows(case, "cuda", dtype, list(TIMED_IMPLS), graphs=True)
     ]
 
 
 TIMED = "replayed from CUDA graphs"  # how the table's times were taken
 
 
-def fastest(rows: list[dict]) -> dict:
-    """The routing method whose routings summed over every case are least (:func:`fastest_routing`), and per shape
+def fastest(rows: list[dict], earlier_routings: dict | None = None) -> dict:
+    """The routing method whose routings summed over every case are least (:func:`fastest_routing`: this run's
+    cases and ``earlier_routings``, the table's of other sizes), and per shape
     bucket the implementation whose forward+backward time summed over the bucket's cases is least, among those
     timed on every one of them (a wrong, skipped or OOM case rules an implementation out of its bucket); and those
     sums in ms. Each time counts the share of that routing the implementation reads (:func:`routing_share`):
     every expert computed needs no grouping of the slots, which a routed implementation pays for. A bucket no
     implementation covers gets no entry: auto falls back there."""
-    routing = fastest_routing(rows)
+    routing = fastest_routing(rows, earlier_routings)
     return routing | fastest_implementations(rows, routing.get("routing"))
 
 
-def fastest_routing(rows: list[dict]) -> dict:
+def fastest_routing(rows: list[dict], earlier: dict | None = None) -> dict:
     """``routing``: the method whose timed routings (top-k and grouping, and top-k alone: each case's, once) sum to
-    least, among the methods timed on all of them; ``routing_ms``: those sums. Empty where nothing was routed."""
-    once = [r for r in rows if r["view"] == "routing" and r["pass"] == "forward" and "ms" in r]  # no backward
-    wanted = {(r["case"], r["shape_tokens"], r["routing"]) for r in once}
-    totals: dict[str, float] = {}
-    timed: dict[str, set] = {}
-    for r in once:
-        totals[r["method"]] = totals.get(r["method"], 0.0) + r["ms"]
-        timed.setdefault(r["method"], set()).add((r["case"], r["shape_tokens"], r["routing"]))
-    ms = {method: t for method, t in sorted(totals.items()) if timed[method] == wanted}
-    return {"routing": min(ms, key=ms.get), "routing_ms": ms} if ms else {}
+    least, among the methods timed on all of them; ``routing_ms``: those sums; ``routing_case_ms``: each case's
+    times, over which they are summed, this run's beside ``earlier``'s (a table's, of other sizes: a run per size
+    ranks the routings of every size). Empty where nothing was routed."""
+    cases = dict(earlier or {})
+    for r in rows:
+        if r["view"] == "routing" and r["pass"] == "forward" and "ms" in r:  # no backward
+            cases.setdefault(f"{r['case']} | {r['shape_tokens']} | {r['routing']}", {})[r["method"]] = r["ms"]
+    everywhere = set.intersection(*(set(times) for times in cases.values())) if cases else set()
+    ms = {method: sum(times[method] for times in cases.values()) for method in sorted(everywhere)}
+    return {"routing": min(ms, key=ms.get), "routing_ms": ms, "routing_case_ms": cases} if ms else {}
 
 
 def fastest_implementations(rows: list[dict], routing: str | None) -> dict[str, dict]:
@@ -205,7 +217,11 @@ def _run(args) -> int:
     configs = tune(args.sizes, args.batches, dtype)
     _update(out, tables[out], gpu, {"configs": configs})
     say(f"{sum(map(len, configs.values()))} tuned configurations for {gpu} written to {out}")
-    auto = fastest(time_implementations(args.sizes, args.batches, dtype))
+    rows = time_implementations(args.sizes, args.batches, dtype)
+    earlier = next((t for t in tables[auto_out].get("tables", []) if t["device"] == gpu), {})
+    auto = fastest(rows, earlier.get("routing_case_ms"))
+    if "routing_ms" in auto:  # summed over every size's cases: it replaces the earlier sums whole
+        earlier.pop("routing_ms", None)
     _update(auto_out, tables[auto_out], gpu, auto | {"timed": TIMED})
     say(
         f"the fastest expert matmul of {len(auto['choices'])} shape buckets for {gpu}, and the fastest routing "
@@ -214,7 +230,12 @@ def _run(args) -> int:
     if args.json:  # what was written to the two tables for this GPU, and where
         payload = {"device": gpu, "dtype": args.dtype, "configs": configs, "auto": auto | {"timed": TIMED}}
         print(json.dumps(payload | {"out": str(out), "auto_out": str(auto_out)}, indent=2))
-    return 0
+    wrong = [
+        r for r in rows if r["status"] == "wrong"
+    ]  # left out of their buckets: said, and the exit status
+    for r in wrong:
+        print(f"switchbench kernel-tune: {r['impl']} on {r['case']} is wrong: {r['error']}", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 def read_tables(path: Path) -> dict:
