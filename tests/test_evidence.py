@@ -683,7 +683,10 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     logs = sorted((tmp_path / "results" / "tests").rglob("*.jsonl"))
     assert len(logs) == 2
     again = evidence_steps.test_outcomes(logs[1:])
-    assert len(again) == 12 - ran_first and not set(again) & set(evidence_steps.test_outcomes(logs[:1]))
+    # the rest, and the test that failed again (a retry must test it, not read its old failure)
+    assert len(again) == 12 - ran_first + 1 and set(again) & set(evidence_steps.test_outcomes(logs[:1])) == {
+        failed[0]
+    }
     summary = json.loads(summary_path.read_text())
     assert summary["counts"] == {"passed": 11, "failed": 1, "skipped": 0, "tests": 12}
 
@@ -841,3 +844,47 @@ def test_a_chain_killed_mid_step_leaves_the_finished_steps_packed_and_no_step_ru
         )
         assert "stopped by SIGTERM; what the finished steps wrote is packed" in printed
         assert "b" not in state["durations"]  # a stop says nothing of how long the step runs
+
+
+def test_a_short_call_runs_the_steps_that_fit_before_one_that_cannot_end_in_it(tmp_path, monkeypatch):
+    """The first step's unconditional chance is for a step nothing else can use the call beside: a short call
+    that started a step estimated past its room was stopped with nothing, while the next step would have fitted."""
+    monkeypatch.setattr(
+        evidence,
+        "STEPS",
+        _steps(
+            evidence.Step("long", "figure L", 1, _writer("long"), cpu_seconds=60),
+            evidence.Step("short", "figure S", 1, _writer("short"), cpu_seconds=0.5),
+        ),
+    )
+    first = _chain(tmp_path, budget=20)
+    assert [_runs(tmp_path, n) for n in ("long", "short")] == [0, 1]
+    assert any(line.startswith("  later  long: needs about 60 s") for line in first["said"])
+    _chain(tmp_path, budget=20)  # alone now: it gets its chance
+    assert _runs(tmp_path, "long") == 1
+
+
+def test_a_step_that_reads_another_s_output_waits_until_that_one_is_done(tmp_path, monkeypatch):
+    """The ListOps analysis, run while the training was unfinished (stopped, failed, or left for a later call),
+    analysed half-trained models (or failed, then skipped as failed) and counted as done."""
+    monkeypatch.setattr(
+        evidence,
+        "STEPS",
+        _steps(
+            evidence.Step("train", "models", 1, _writer("train", code=3), cpu_seconds=0.5, resumable=True),
+            evidence.Step("analyse", "analysis", 1, _writer("analyse"), cpu_seconds=0.5, after=("train",)),
+        ),
+    )
+    first = _chain(tmp_path, budget=20)
+    assert first["steps"]["train"]["status"] == "failed" and "analyse" not in first["steps"]
+    assert "  waits  analyse: for train" in first["said"]
+    monkeypatch.setattr(
+        evidence,
+        "STEPS",
+        _steps(
+            evidence.Step("train", "models", 1, _writer("train"), cpu_seconds=0.5, resumable=True),
+            evidence.Step("analyse", "analysis", 1, _writer("analyse"), cpu_seconds=0.5, after=("train",)),
+        ),
+    )
+    second = _chain(tmp_path, budget=20, retry_failed=True)
+    assert second["steps"]["analyse"]["status"] == "done" and _runs(tmp_path, "analyse") == 1

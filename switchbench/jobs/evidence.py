@@ -5,7 +5,8 @@ GPU time comes in short slices on nodes without internet. The chain runs its ste
 ``switchbench`` (or pytest) subprocesses, and keeps a state
 file beside the results: a second call skips the steps already done for the same code and resumes after the
 last one. ``--budget`` is the call's time (see ``run_chain`` and ``fits``): a step whose expected duration does not
-fit waits for a later call while the steps after it run, the first step of a call always runs, and a step that
+fit waits for a later call while the steps after it run, the first step of a call runs whatever its estimate
+where no step after it fits, a step that reads another's output waits until that one is done, and a step that
 runs past the budget less the report's reserve is stopped (a resumable one continues in the next call, any other
 starts again). What each step wrote is listed in the state, so ``--pack`` can put this device's evidence into one
 archive to bring back.
@@ -142,9 +143,10 @@ def exit_reserve(budget: float) -> float:
 
 
 def fits(step: Step, need: float, left: float, first: bool) -> bool:
-    """Whether to start ``step`` (expected to need ``need`` s) with ``left`` s before the steps' deadline. The
-    first step of a call always gets its chance, so a step estimated longer than any call still runs (and its
-    true duration is learnt); a resumable step starts whenever it can make some progress."""
+    """Whether to start ``step`` (expected to need ``need`` s) with ``left`` s before the steps' deadline.
+    ``first``: the call's first step, with no step after it that fits, gets its chance, so a step estimated longer
+    than any call still runs (and its true duration is learnt); a resumable step starts whenever it can make some
+    progress."""
     return first or need <= left or (step.resumable and left >= MIN_PROGRESS)
 
 
@@ -161,7 +163,9 @@ def schedule(
     while pending and room > 0:
         call, left = [], room
         for step in list(pending):
-            if left <= 0 or not fits(step, left_over[step.name], left, not call):
+            rest = pending[pending.index(step) + 1 :]
+            alone = not call and not any(fits(s, left_over[s.name], left, False) for s in rest)
+            if left <= 0 or not fits(step, left_over[step.name], left, alone):
                 continue
             call.append(step)
             spent = min(left_over[step.name], left)
@@ -198,13 +202,24 @@ def run_chain(
     report, reserve = _report_step(only), _report_reserve(only, state, ctx.device)
     ctx.deadline = end - reserve
     ran = []
+    steps = [s for s in todo if s.name != REPORT and not _outgrew_a_call(s, state, end - reserve - started)]
     for step in [s for s in todo if s.name != REPORT]:
         left = ctx.deadline - time.monotonic()
         need = expected_seconds(step, state, ctx.device)
-        if _outgrew_a_call(step, state, end - reserve - started):
+        if step not in steps:
             say(f"  never  {step.name}: stopped with a whole call to itself; raise --budget or split it")
             continue
-        if left <= 0 or not fits(step, need, left, not ran):
+        waiting = _waiting_for(step, state)
+        if waiting:  # it would run on what they left half made, and count as done
+            say(f"  waits  {step.name}: for {', '.join(waiting)}")
+            continue
+        # the call's first step runs whatever its estimate only where no step after it fits: a short call spent
+        # on a step that cannot end in it brings nothing back
+        rest = [s for s in steps[steps.index(step) + 1 :] if not _waiting_for(s, state)]
+        alone = not ran and not any(
+            fits(s, expected_seconds(s, state, ctx.device), left, False) for s in rest
+        )
+        if left <= 0 or not fits(step, need, left, alone):
             say(f"  later  {step.name}: needs about {need:.0f} s, {max(left, 0):.0f} s of this call left")
             continue
         ran.append(_run_step(step, ctx, state, state_path, say, whole_call=not ran))
@@ -217,6 +232,12 @@ def run_chain(
     for line in missing:
         say(f"  {line}")
     return state
+
+
+def _waiting_for(step: Step, state: dict) -> list[str]:
+    """The steps whose output ``step`` reads that are done neither for this code nor for earlier code."""
+    done = {n for n, r in state["steps"].items() if r.get("status") == "done"} | set(state.get("earlier", {}))
+    return [name for name in step.after if name not in done]
 
 
 def _report_step(only: list[str] | None) -> Step | None:
@@ -296,6 +317,10 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "files": _written(before, _snapshot(roots)),
     }
+    earlier_run = state["steps"].get(step.name, {})
+    # a resumable step's earlier calls kept what they wrote (a test part's logs): it is still what the step owes
+    if step.resumable and earlier_run.get("status") in ("interrupted", "failed"):
+        record["files"] = sorted(set(earlier_run.get("files", [])) | set(record["files"]))
     state["steps"][step.name] = record
     if status == "done":
         state.get("earlier", {}).pop(step.name, None)

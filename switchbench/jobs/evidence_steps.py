@@ -140,6 +140,7 @@ class Step:
     needs_gpu: bool = False
     cpu_seconds: float = 20.0  # the rehearsal's
     resumable: bool = False  # a call stopped by the budget keeps what it did; the next continues from there
+    after: tuple[str, ...] = ()  # steps whose output it reads: it waits until they are done
 
 
 # The steps
@@ -161,7 +162,8 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
         folder = ctx.results / "tests" / ctx.tag
         folder.mkdir(parents=True, exist_ok=True)
         earlier = sorted(folder.glob(f"{part}-*.jsonl"))
-        finished = test_outcomes(earlier)
+        # a test that failed runs again (a retry, or the part going on): its outcome is the latest log's
+        finished = [node for node, outcome in test_outcomes(earlier).items() if outcome != "failed"]
         log = folder / f"{part}-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
         argv = [*pytest_command(workers=8 if ctx.gpu else 0), f"--report-log={log}"]  # one GPU, 8 workers
         argv += [f"--deselect={node}" for node in finished]
@@ -203,8 +205,9 @@ NO_TESTS_LEFT = 5  # pytest's exit status when nothing was collected: every test
 def test_outcomes(logs: list[Path]) -> dict[str, str]:
     """{test id: passed | failed | skipped} of every test whose teardown a report log holds: a test fails if any
     of its phases failed, is skipped if its setup or call was, and passed otherwise."""
-    phases: dict[str, dict[str, str]] = {}
-    for log in logs:
+    outcomes = {}
+    for log in logs:  # oldest first: a test run again has its latest log's outcome
+        phases: dict[str, dict[str, str]] = {}
         for line in log.read_text().splitlines() if log.exists() else []:
             try:
                 report = json.loads(line)
@@ -212,13 +215,16 @@ def test_outcomes(logs: list[Path]) -> dict[str, str]:
                 continue
             if report.get("$report_type") == "TestReport":
                 phases.setdefault(report["nodeid"], {})[report["when"]] = report["outcome"]
-    outcomes = {}
-    for node, seen in phases.items():
-        if "teardown" not in seen:
-            continue  # stopped midway: runs again
-        outcomes[node] = (
-            "failed" if "failed" in seen.values() else "skipped" if "skipped" in seen.values() else "passed"
-        )
+        for node, seen in phases.items():
+            if "teardown" not in seen:
+                continue  # stopped midway: runs again
+            outcomes[node] = (
+                "failed"
+                if "failed" in seen.values()
+                else "skipped"
+                if "skipped" in seen.values()
+                else "passed"
+            )
     return outcomes
 
 
@@ -686,7 +692,7 @@ STEPS = (
     Step(
         "listops", "the ListOps analysis pair and a second dense seed, trained", 600, _listops, resumable=True
     ),
-    Step("analysis", "routing analysis of the ListOps models", 120, _analysis),
+    Step("analysis", "routing analysis of the ListOps models", 120, _analysis, after=("listops",)),
     # 5 s over every committed result on 2 CPU cores
     Step(REPORT, "the report over all results", 20, _report),
 )
