@@ -459,3 +459,32 @@ def test_resume_names_a_file_in_the_folder_that_is_no_run(tmp_path, capsys, cont
     assert err.startswith(f"switchbench decode: error: --resume: {monkey}: ") and len(err.splitlines()) == 1
     assert err.rstrip().endswith("move it away, or run without --resume")
     assert monkey.read_text() == content
+
+
+@pytest.mark.parametrize(
+    ("damage", "says"),
+    [
+        (lambda run: run["rows"][0].pop("prefill_macs"), "'prefill_macs' must be a number"),
+        (lambda run: run["rows"][0].update(decode_ms=0), "must be finite and > 0"),
+        (lambda run: run["rows"][0].update(context=10**30), "batch and context must be in"),
+        (lambda run: run["metadata"].update(matmul_peak_tflops=0), "must be finite and > 0"),
+    ],
+)
+def test_a_stopped_run_whose_rows_the_floors_cannot_read_is_refused_before_any_work(damage, says, tmp_path):
+    """What --resume keeps, its floors are computed from again: a row without its counts, with a zero time, a
+    context past any model, or a zero yardstick failed after a cell was timed (KeyError, ZeroDivisionError,
+    OverflowError: exit 3)."""
+    row = {"group": "tiny", "preset": "tiny-transformer", "family": "dense", "batch": 1, "context": 8}
+    row |= {"status": "ok"}
+    row |= dict.fromkeys(decode.FLOORED, 1.0)
+    metadata = {"matmul_peak_tflops": 1.0, "memory_bandwidth_gbs": 1.0, "cells_done": 1, "cells": 2}
+    run = {"metadata": metadata, "rows": [row]}
+    decode._read_run(_saved(tmp_path / "ok.json", run))  # as a stopped run writes it
+    damage(run)
+    with pytest.raises(ValueError, match=says):
+        decode._read_run(_saved(tmp_path / "run.json", run))
+
+
+def _saved(path: Path, run: dict) -> Path:
+    path.write_text(json.dumps(run))
+    return path

@@ -741,6 +741,10 @@ DAMAGED_STATES = {
     "a step's record as text": '{"steps": {"listops": "done"}}',
     "a step without its status": '{"steps": {"listops": {"seconds": 3}}}',
     "a duration as text": '{"durations": {"listops": "x"}}',
+    # the planner counted a resumable step's time down from it forever (--list took 1.6 GB in 15 s)
+    "a duration past any call": '{"durations": {"listops": 1e308}}',
+    "a duration of NaN": '{"durations": {"listops": NaN}}',
+    "a step's seconds as text": '{"steps": {"listops": {"status": "done", "seconds": "3"}}}',
     "nested past the stack": "[" * 100_000 + "]" * 100_000,
 }
 

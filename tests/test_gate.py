@@ -346,6 +346,10 @@ def _broken_baselines() -> dict:
     del no_reference["ratios"][SWITCHHEAD_TIMES[0]]["baseline"]
     no_tolerance = copy.deepcopy(committed)
     del no_tolerance["tolerances"]["op_calls"]
+    zero_ratio = copy.deepcopy(committed)
+    zero_ratio["ratios"][SWITCHHEAD_TIMES[0]]["ratio_time"] = 0
+    half_a_call = copy.deepcopy(committed)
+    next(e for e in half_a_call["ratios"].values() if "op_calls" in e)["op_calls"] = 1.5
     return {
         "empty file": ("", "not a readable baseline"),
         "empty object": ({}, "not a switchbench baseline"),
@@ -353,6 +357,9 @@ def _broken_baselines() -> dict:
         "no time ratio": (no_time, "no SwitchHead/dense time ratio"),
         "self-ratio": (self_ratio, "to itself"),
         "malformed ratio": (wrong_type, "malformed ratio_time"),
+        # either could only ever read as a regression (exit 1), where the baseline is what is wrong
+        "a ratio of 0": (zero_ratio, "malformed ratio_time"),
+        "a fraction of a call": (half_a_call, "malformed op_calls"),
         "missing tolerance": (no_tolerance, "'tolerances' must give"),
         "ratio without its reference": (no_reference, "without the preset they are relative to"),
         "a speed run": (_run_like(committed), "not a switchbench baseline"),
@@ -825,3 +832,27 @@ def test_the_gate_says_when_it_held_no_layer_time_and_pools_only_runs_of_one_ben
     other["rows"].reverse()
     with pytest.raises(ValueError, match="the runs' rows differ"):
         same_machine.pooled([one, other])
+
+
+def test_a_ratio_against_another_preset_than_the_baseline_s_is_refused():
+    """A run whose SwitchHead row is relative to MoA cannot be held to a SwitchHead/dense ratio (it passed)."""
+    baseline = _committed()
+    run = _run_like(baseline)
+    row = next(r for r in run["rows"] if gate.row_key(r) == SWITCHHEAD_TIMES[0])
+    row["baseline"] = "wikitext103-47m-moa-h4"
+    with pytest.raises(ValueError, match="is relative to wikitext103-47m-moa-h4, the baseline's to"):
+        gate.check(run, baseline)
+
+
+def test_a_reference_that_prints_no_run_is_named(monkeypatch, tmp_path):
+    """A reference package whose speed run printed something else than its run's JSON: one line naming it (it was
+    a bare JSON error, or a KeyError and exit 3)."""
+
+    class Printing:
+        def run(self, argv, env, stdout, stderr):
+            Path(stdout).write_text("hello\n")
+            return 0
+
+    monkeypatch.setattr(same_machine, "_server", lambda source: Printing())
+    with pytest.raises(ValueError, match=r"the speed run of .*ref printed no run JSON \(with 'saved'\)"):
+        same_machine.timed_run(tmp_path / "ref", tmp_path / "out", 6)

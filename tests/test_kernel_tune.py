@@ -316,3 +316,12 @@ def test_kernel_tune_says_which_implementation_was_wrong_and_exits_1(tmp_path, m
         in capsys.readouterr().err
     )
     assert out.exists() and auto_out.exists()
+
+
+def test_one_file_for_both_tables_is_refused_before_the_tuning(tmp_path, monkeypatch, capsys):
+    """--out and --auto-out naming one file: the second table's write would drop the first's configurations."""
+    monkeypatch.setattr(kernel_tune, "device_from_args", lambda choice: "cuda")
+    monkeypatch.setattr(kernel_tune, "tune", lambda *args: pytest.fail("tuned before the check"))
+    both = str(tmp_path / "tables.json")
+    assert main(["kernel-tune", "--out", both, "--auto-out", both]) == 2
+    assert "--out and --auto-out both name" in capsys.readouterr().err

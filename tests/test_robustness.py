@@ -4,6 +4,7 @@ traceback, every earlier file byte-for-byte intact; out of memory is a result ro
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -343,6 +344,12 @@ CHECKPOINT_DAMAGE = {
     "no step": (lambda p: p.pop("step"), "no 'step'"),
     "train as a list": (lambda p: p.update(train=[1, 2]), "'train' must be an object"),
     "step as text": (lambda p: p.update(step="4"), "'step' must be an integer"),
+    # torch's first line alone named no weight
+    "a weight of another shape": (
+        lambda p: p["model"].update({next(iter(p["model"])): torch.zeros(3)}),
+        "weights do not match the configuration: Error(s) in loading state_dict for SequenceClassifier: size "
+        "mismatch for",
+    ),
 }
 
 
@@ -1016,3 +1023,23 @@ def test_a_list_value_named_twice_is_refused_before_any_work(argv, says, tmp_pat
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_is_no_regular_file_is_refused(tmp_path, capsys):
+    """A FIFO (or /dev/null) as --out: the report was written beside it and renamed over it, replacing the node."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    results = Path(__file__).resolve().parents[1] / "results"
+    fails_cleanly(
+        capsys, ["report", "--results", str(results), "--out", str(fifo)], says="is not a regular file"
+    )
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+@pytest.mark.parametrize("variable", ["WORLD_SIZE", "RANK", "LOCAL_RANK"])
+def test_a_torchrun_variable_that_is_no_integer_is_named(variable, monkeypatch):
+    from switchbench.core import distributed
+
+    monkeypatch.setenv(variable, "abc")
+    with pytest.raises(ValueError, match=f"{variable} must be an integer"):
+        distributed.from_environment()

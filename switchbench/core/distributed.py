@@ -37,10 +37,20 @@ ONE = World()  # one process, no process group
 
 def from_environment() -> World:
     """The world torchrun describes in the environment (one process without it)."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
+    size, rank, local_rank = (
+        _int_variable(n, d) for n, d in (("WORLD_SIZE", "1"), ("RANK", "0"), ("LOCAL_RANK", "0"))
+    )
     if size < 1:
         raise ValueError(f"WORLD_SIZE must be >= 1; got {size}")
-    return World(size, int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0")))
+    return World(size, rank, local_rank)
+
+
+def _int_variable(name: str, default: str) -> int:
+    value = os.environ.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer (torchrun sets it); got {value!r}") from None
 
 
 @contextlib.contextmanager

@@ -113,6 +113,8 @@ def writable_file(path: Path | str, flag: str = "--out") -> Path:
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{flag} {path} is a folder; give a file name")
+    if path.exists() and not path.is_file():  # /dev/null, a FIFO: a rename would replace the node itself
+        raise ValueError(f"{flag} {path} is not a regular file; give a file name")
     existing = _nearest_existing(path.parent, flag)
     refused = _refused(existing)
     if refused == FILE:

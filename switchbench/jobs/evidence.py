@@ -75,7 +75,16 @@ def _checked_state(path: Path, state) -> dict:
         schema.check_fields(path, entries, dict.fromkeys(entries, kind), part)
     for name, record in state.get("steps", {}).items():
         schema.check_fields(path, record, {"status": schema.TEXT}, f"steps: {name}")
+        schema.check_fields(path, record, {"seconds": schema.NUMBER}, f"steps: {name}", optional=("seconds",))
+    for name, seconds in state.get("durations", {}).items():
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION):  # NaN or 1e308: --list never ends
+            raise ValueError(
+                f"{path}: durations: {name!r} must be seconds in [0, {MAX_DURATION:g}]; got {seconds}"
+            )
     return state
+
+
+MAX_DURATION = 7 * 24 * 3600.0  # a week: no step of the chain is near it
 
 
 def _save_state(path: Path, state: dict) -> None:

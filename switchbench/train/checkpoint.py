@@ -77,6 +77,7 @@ def load(path: Path) -> dict:
         raise ValueError(f"{path}: bad configuration: {error}") from None
     except RuntimeError as error:
         raise ValueError(
-            f"{path}: weights do not match the configuration: {str(error).splitlines()[0]}"
+            f"{path}: weights do not match the configuration: "
+            + " ".join(line.strip() for line in str(error).splitlines()[:2])[:300]
         ) from None
     return payload | {"cfg": cfg, "module": module.eval()}

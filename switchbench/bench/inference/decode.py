@@ -14,6 +14,7 @@ T = the longest context + 1, no window), built once per group; weights and cache
 """
 
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -554,6 +555,10 @@ SAME_GRID = (
     *SAME_KERNELS,
 )
 YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
+# What with_floors reads of each timed row a resumed run keeps
+FLOORED = dict.fromkeys(
+    ("prefill_ms", "decode_ms", "prefill_macs", "decode_macs", "decode_bytes_read"), schema.NUMBER
+)
 # What --resume reads of a run's metadata
 RESUMED = {k: schema.NUMBER for k in YARDSTICKS} | {"cells_done": schema.INTEGER, "cells": schema.INTEGER}
 
@@ -569,6 +574,15 @@ def _read_run(path: Path) -> dict:
         for i, row in enumerate(run["rows"]):
             cell = {"batch": schema.INTEGER, "context": schema.INTEGER} if "batch" in row else {}
             schema.check_fields(path, row, {"group": schema.TEXT} | cell, f"row {i}")
+            if cell and not all(1 <= row[k] < LARGEST_INT for k in cell):
+                raise ValueError(f"{path}: row {i}: batch and context must be in [1, {LARGEST_INT})")
+            if row.get("status") == "ok":
+                schema.check_fields(path, row, FLOORED, f"row {i}")
+                if not all(math.isfinite(row[k]) and row[k] > 0 for k in FLOORED):
+                    raise ValueError(f"{path}: row {i}: {', '.join(FLOORED)} must be finite and > 0")
+                from_name(row["preset"])
+        if not all(math.isfinite(run["metadata"][k]) and run["metadata"][k] > 0 for k in YARDSTICKS):
+            raise ValueError(f"{path}: metadata: {', '.join(YARDSTICKS)} must be finite and > 0")
     except ValueError as error:
         raise ValueError(f"--resume: {error}; move it away, or run without --resume") from None
     return run

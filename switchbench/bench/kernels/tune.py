@@ -211,6 +211,8 @@ def _run(args) -> int:
     if any(b < 1 for b in args.batches):
         raise ValueError(f"batches must be >= 1; got {args.batches}")
     out, auto_out = writable_file(args.out), writable_file(args.auto_out, "--auto-out")
+    if out.resolve() == auto_out.resolve():  # the second write would drop the first's configurations
+        raise ValueError(f"--out and --auto-out both name {out}: give each table its own file")
     tables = {path: read_tables(path) for path in (out, auto_out)}  # a damaged one, named before the tuning
     gpu, dtype = torch.cuda.get_device_name(), DTYPES[args.dtype]
     say = (lambda line: None) if args.json else print

@@ -150,6 +150,12 @@ def baseline_problem(baseline) -> str | None:
             return f"{key!r} holds no ratio or count"
         unknown = entry.keys() - {"baseline", *TOLERANCES}
         bad = [name for name in entry.keys() & TOLERANCES.keys() if not _is_number(entry[name])]
+        # a ratio is > 0; operator calls a count: a ratio of 0 or 1.5 calls could only ever read as a regression
+        bad += [n for n in entry.keys() & TOLERANCES.keys() - {"op_calls"} if n not in bad and entry[n] <= 0]
+        calls = entry.get("op_calls", 0)
+        bad += (
+            ["op_calls"] if "op_calls" not in bad and not (float(calls).is_integer() and calls >= 0) else []
+        )
         bad += ["baseline"] if not isinstance(entry.get("baseline", ""), str) else []
         if unknown or bad:
             return f"{key!r} has unknown or malformed {', '.join(sorted(unknown | set(bad)))}"
@@ -292,6 +298,15 @@ def check(run: dict, baseline: dict, reference: dict | None = None) -> list[dict
     tolerances = tolerances_applied(baseline, run["metadata"].get("machine"), side_by_side=bool(reference))
     verdicts = []
     for key, entry in baseline["ratios"].items():
+        ran_against = rows[key].get("baseline")
+        if (
+            "baseline" in entry
+            and rows[key]["status"] == "ok"
+            and ran_against not in (None, entry["baseline"])
+        ):
+            raise ValueError(
+                f"the run's {key!r} is relative to {ran_against}, the baseline's to {entry['baseline']}"
+            )
         for name in (n for n in entry if n != "baseline"):
             here = bool(reference) and _measured_by_a_run(key, name)
             expected = _reference_value(key, name, references[key]) if here else entry[name]

@@ -101,7 +101,12 @@ def timed_run(source: Path, out: Path, rounds: int, commit: str | None = None) -
         if code:  # no run, no verdict: unusable input (exit 2), as a run that measured nothing
             last = stderr.read_text().strip().splitlines()[-1:] or [f"exit {code}"]
             raise ValueError(f"the speed run of {source} failed: {last[0]}")
-        saved = json.loads(stdout.read_text())["saved"]
+        try:
+            saved = json.loads(stdout.read_text())["saved"]
+        except (ValueError, KeyError, TypeError):
+            raise ValueError(
+                f"the speed run of {source} printed no run JSON (with 'saved') on stdout"
+            ) from None
     return gate.load_run(Path(saved))[1]
 
 
