@@ -892,3 +892,19 @@ def test_a_step_that_reads_another_s_output_waits_until_that_one_is_done(tmp_pat
     )
     second = _chain(tmp_path, budget=20, retry_failed=True)
     assert second["steps"]["analyse"]["status"] == "done" and _runs(tmp_path, "analyse") == 1
+
+
+def test_the_plan_keeps_a_step_after_what_it_reads():
+    """--list plays out run_chain's decisions: a step that reads another's output is planned once that one ends,
+    not beside it (the plan had the analysis in the training's first call, where the chain says it waits)."""
+    budget, reserve = 200, 10.0
+    room = budget - reserve - evidence.exit_reserve(budget)
+    # the first step leaves 30 s: too little for the training to progress, enough for the analysis
+    first = evidence.Step("first", "figure", room - 30, _writer("first"))
+    train = evidence.Step("train", "models", 300, _writer("train"), resumable=True)
+    analyse = evidence.Step("analyse", "analysis", 10, _writer("analyse"), after=("train",))
+    calls = evidence.schedule([first, train, analyse], lambda s: s.gpu_seconds, budget, reserve)
+    names = [[s.name for s in call] for call in calls]
+    last_training = max(i for i, call in enumerate(names) if "train" in call)
+    assert names[0] == ["first"] and all("analyse" not in call for call in names[:last_training])
+    assert any("analyse" in call for call in names[last_training:])

@@ -172,7 +172,9 @@ def schedule(
     while pending and room > 0:
         call, left = [], room
         for step in list(pending):
-            rest = pending[pending.index(step) + 1 :]
+            if _after_pending(step, pending):  # as run_chain: it waits until what it reads is done
+                continue
+            rest = [s for s in pending[pending.index(step) + 1 :] if not _after_pending(s, pending)]
             alone = not call and not any(fits(s, left_over[s.name], left, False) for s in rest)
             if left <= 0 or not fits(step, left_over[step.name], left, alone):
                 continue
@@ -183,6 +185,10 @@ def schedule(
                 pending.remove(step)
         calls.append(call)
     return calls
+
+
+def _after_pending(step: Step, pending: list[Step]) -> bool:
+    return any(s.name in step.after for s in pending)
 
 
 def run_chain(

@@ -151,12 +151,18 @@ def get(name: str) -> Family:
     return _REGISTRY[name]
 
 
-def layer_expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
-    """One layer's expert matmuls of ``cfg`` at ``batch`` sequences: its attention's (SwitchAll's are SwitchHead's)
-    and its MLP's; none for a family without experts."""
+def expert_owners(cfg: ModelConfig) -> dict[str, Family]:
+    """The families whose expert matmuls a layer of ``cfg`` runs, by sub-layer ("attn", "mlp"): its attention's
+    (SwitchAll's are SwitchHead's) and, where the attention is another family's, the family's own (its MLP's)."""
     family = get(cfg.model)
     attention = next((f for f in families() if f.name == family.attention_kind), family)
-    owners = [attention] if attention is family else [attention, family]
+    return {"attn": attention} | ({} if attention is family else {"mlp": family})
+
+
+def layer_expert_matmuls(cfg: ModelConfig, batch: int) -> tuple[Case, ...]:
+    """One layer's expert matmuls of ``cfg`` at ``batch`` sequences: its attention's and its MLP's
+    (:func:`expert_owners`); none for a family without experts."""
+    owners = expert_owners(cfg).values()
     return tuple(c for f in owners if f.expert_matmuls for c in f.expert_matmuls(cfg, batch))
 
 

@@ -43,7 +43,7 @@ def save(
         "train": train,
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
-        "memory": memory,  # LM: the XL memory the next step attends to (None at a restart of the streams)
+        "memory": memory,  # LM: the XL memory the next step attends to (ListOps: None)
     } | ({} if rng is None else {"rng": rng})
     return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 

@@ -557,7 +557,15 @@ SAME_GRID = (
 YARDSTICKS = ("matmul_peak_tflops", "memory_bandwidth_gbs")  # what every row's floors are computed against
 # What with_floors reads of each timed row a resumed run keeps
 FLOORED = dict.fromkeys(
-    ("prefill_ms", "decode_ms", "prefill_macs", "decode_macs", "decode_bytes_read"), schema.NUMBER
+    (
+        "prefill_ms",
+        "decode_ms",
+        "prefill_macs",
+        "decode_macs",
+        "decode_bytes_read",
+        "kv_cache_bytes_per_token",
+    ),
+    schema.NUMBER,
 )
 # What --resume reads of a run's metadata
 RESUMED = {k: schema.NUMBER for k in YARDSTICKS} | {"cells_done": schema.INTEGER, "cells": schema.INTEGER}
@@ -577,7 +585,7 @@ def _read_run(path: Path) -> dict:
             if cell and not all(1 <= row[k] < LARGEST_INT for k in cell):
                 raise ValueError(f"{path}: row {i}: batch and context must be in [1, {LARGEST_INT})")
             if row.get("status") == "ok":
-                schema.check_fields(path, row, FLOORED, f"row {i}")
+                schema.check_fields(path, row, {"preset": schema.TEXT} | FLOORED, f"row {i}")
                 if not all(math.isfinite(row[k]) and row[k] > 0 for k in FLOORED):
                     raise ValueError(f"{path}: row {i}: {', '.join(FLOORED)} must be finite and > 0")
                 from_name(row["preset"])

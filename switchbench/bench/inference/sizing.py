@@ -47,14 +47,10 @@ def _expert_cases(cfg: ModelConfig) -> dict[str, dict[tuple[int, int, int], int]
     """The expert weights of one layer by sub-layer ("attn", "mlp") and shape (experts, d_in, d_out) -> the slots
     one token fills. Kept apart by sub-layer: an attention's and an MLP's experts may share a shape (tiny SwitchAll:
     SwitchHead's V and the sigma-MoE's up are both 8 x 64 x 16, with 4 and 2 slots)."""
-    family = cfg.family
-    attention = registry.get(family.attention_kind) if family.attention_kind in registry.names() else family
-    owners = {"attn": attention, "mlp": family if cfg.mlp == "sigma_moe" else None}
     return {
         part: {(c.n_experts, c.d_in, c.d_out): c.slots for c in owner.expert_matmuls(cfg, 1)}
-        if owner is not None and owner.expert_matmuls
-        else {}
-        for part, owner in owners.items()
+        for part, owner in registry.expert_owners(cfg).items()
+        if owner.expert_matmuls
     }
 
 

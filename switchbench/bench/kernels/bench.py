@@ -66,21 +66,21 @@ from switchbench.ops.expert_matmul.slot_rows import aligned
 SIZES = ("47m", "262m")  # the roles whose presets give the shapes
 
 
-def cases(size: str, batch: int, role: str | None = None) -> list[Case]:
-    """Every family's expert-matmul uses at one size (its preset of that role), at ``batch`` sequences, and last one
-    expert's share of the first of them as a single matmul (SwitchHead's V: the matmul the paper measured). With
-    ``role`` (a speed group's sibling of ``size``, as its RoPE presets), that role's uses alone."""
+def cases(role: str, batch: int) -> list[Case]:
+    """Every family's expert-matmul uses at one role (its preset of that role: a size, or a speed group's RoPE
+    sibling), at ``batch`` sequences; at a size of SIZES also, last, one expert's share of the first of them as a
+    single matmul (SwitchHead's V: the matmul the paper measured)."""
     found = [
-        replace(case, name=f"{role or size} {case.name}")
+        replace(case, name=f"{role} {case.name}")
         for family in registry.families()
-        if family.expert_matmuls and (role or size) in family.roles
-        for case in family.expert_matmuls(PRESETS[family.roles[role or size]], batch)
+        if family.expert_matmuls and role in family.roles
+        for case in family.expert_matmuls(PRESETS[family.roles[role]], batch)
     ]
-    if role is not None:
+    if role not in SIZES:
         return found
     first = found[0]
     share = first.tokens * (first.slots // first.groups) // first.experts_per_group
-    return [*found, Case(f"{size} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]
+    return [*found, Case(f"{role} expert-sized", share, 1, 1, 1, 1, 1, first.d_in, first.d_out, False)]
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ TUNED_ATTENTION = ("transformer", "switchhead")
 def tuned_cases(size: str, batch: int) -> list:
     """kernel-bench's cases at ``size`` and those of the other roles of its speed group (its RoPE sibling, whose
     SwitchHead has other head widths): every expert-matmul shape the group's training steps run."""
-    return [*cases(size, batch), *(c for role in scaling.SIZES[size][1:] for c in cases(size, batch, role))]
+    return [c for role in scaling.SIZES[size] for c in cases(role, batch)]
 
 
 def tune(sizes: list[str], batches: list[int], dtype: torch.dtype) -> dict[str, dict[str, str]]:
@@ -232,11 +232,10 @@ def _run(args) -> int:
     if args.json:  # what was written to the two tables for this GPU, and where
         payload = {"device": gpu, "dtype": args.dtype, "configs": configs, "auto": auto | {"timed": TIMED}}
         print(json.dumps(payload | {"out": str(out), "auto_out": str(auto_out)}, indent=2))
-    wrong = [
-        r for r in rows if r["status"] == "wrong"
-    ]  # left out of their buckets: said, and the exit status
-    for r in wrong:
-        print(f"switchbench kernel-tune: {r['impl']} on {r['case']} is wrong: {r['error']}", file=sys.stderr)
+    # left out of their buckets: said once per implementation and case (each pass and batch has a row)
+    wrong = {(r["impl"], r["case"]): r["error"] for r in rows if r["status"] == "wrong"}
+    for (impl, case), error in wrong.items():
+        print(f"switchbench kernel-tune: {impl} on {case} is wrong: {error}", file=sys.stderr)
     return 1 if wrong else 0
 
 
