@@ -396,9 +396,10 @@ def test_a_group_that_does_not_fit_together_is_halved_and_made_up_by_accumulatio
     rows = speed.run(group, ("model",), "cpu", torch.float32, None, rounds=1, warmup=0, fit_from=8)
     assert built == [(p, 8, 1) for p in group["tiny"][:2]] + [(p, 4, 2) for p in group["tiny"]]
     timed = [r for r in rows if r.get("group") == "tiny"]
-    assert {r["status"] for r in timed} == {"ok"} and {(r["batch"], r["accumulation"]) for r in timed} == {
-        (4, 2)
-    }
+    assert {r["status"] for r in timed} == {"ok"}
+    steps = [r for r in timed if r["what"] == "train step"]
+    assert {(r["batch"], r["accumulation"]) for r in steps} == {(4, 2)}
+    assert not any("accumulation" in r for r in timed if r["what"] != "train step")  # one micro-batch each
     assert speed.sequences_per_step(timed, distributed.ONE) == {"tiny": 8}  # what the run's metadata says
 
 
@@ -820,3 +821,38 @@ def test_gpu_busy_counts_each_kernel_once_under_a_label(monkeypatch):
     monkeypatch.setattr(timer, "profiled", profiled)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     assert timer.kernel_ms(lambda: None) == 2.0
+
+
+def test_a_layer_on_all_experts_stands_beside_the_floor_it_executes():
+    """The layer rows carry their executed MACs too (they had none): SwitchHead's layer, the useful count plus the
+    products of the experts no slot chose, by hand (V over the window of T tokens and T of memory, O over the T
+    current ones); its forward 2 FLOPs a MAC, its forward+backward 6."""
+    from switchbench.bench.cost.accounting import exact_cost
+    from switchbench.ops.expert_matmul import choice as expert_matmul_choice
+
+    cfg = PRESETS["tiny-switchhead"]
+    unchosen = cfg.n_heads * (cfg.n_experts - cfg.k)
+    extra = 2 * cfg.T * unchosen * cfg.d_model * cfg.d_head + cfg.T * unchosen * cfg.d_head * cfg.d_model
+    with expert_matmul_choice.selected("all_experts"):
+        benches = benches_module.layer_benches("tiny-switchhead", 1, "cpu", torch.float32)
+    useful = exact_cost(cfg).batched_macs(1)
+    assert {b.what: b.executed_flops for b in benches} == {
+        "forward": 2 * (useful + extra),
+        "forward+backward": 6 * (useful + extra),
+    }
+
+
+def test_only_members_of_one_pass_are_compared_for_their_attention_kernel():
+    """XL on CUDA: SDPA runs its memory-efficient kernel for a training step and cuDNN's for a no-grad forward, in
+    every member alike. Pooled by scope alone, every XL row read as mixed, and the summary called each ratio not
+    comparable; a member that differs from the others in one pass is still marked."""
+    rows = [
+        {"preset": p, "scope": "model", "what": what, "attention": kernel}
+        for p in ("dense", "switchhead")
+        for what, kernel in (("train step", "memory-efficient"), ("forward", "cuDNN"))
+    ]
+    speed._flag_mixed_attention(rows)
+    assert not any("attention_mixed" in r for r in rows)
+    rows[0]["attention"] = "math"  # dense's training step alone on another kernel
+    speed._flag_mixed_attention(rows)
+    assert [r.get("attention_mixed", False) for r in rows] == [True, False, True, False]

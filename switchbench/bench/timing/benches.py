@@ -113,8 +113,8 @@ def model_benches(
             return trained(inputs, state).logits
 
     def memory():
-        if device == "cuda":
-            return _cuda_peak(train_step)
+        if device == "cuda":  # the step's own gradients counted: they are freed as it starts
+            return _cuda_peak(train_step, lambda: optimizer.zero_grad(set_to_none=True))
         with mixed:
             return count_saved_bytes(lambda: trained(inputs, state).loss(targets), model)
 
@@ -167,9 +167,16 @@ def executed_macs(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype)
     return model_macs(cfg, batch) + cfg.n_layers * extra
 
 
-def _expert_matmuls(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype) -> list[tuple]:
-    """Each expert matmul of a layer of ``cfg`` on ``batch`` sequences, and the implementation the choice in force
-    resolves its shape to on ``device`` in ``dtype``."""
+def _expert_matmuls(
+    cfg: ModelConfig, batch: int, device: str, dtype: torch.dtype, attention_only: bool = False
+) -> list[tuple]:
+    """Each expert matmul of a layer of ``cfg`` on ``batch`` sequences (``attention_only``: its attention's), and
+    the implementation the choice in force resolves its shape to on ``device`` in ``dtype``."""
+    if attention_only:
+        attention = registry.expert_owners(cfg)["attn"]
+        cases = attention.expert_matmuls(cfg, batch) if attention.expert_matmuls else ()
+    else:
+        cases = registry.layer_expert_matmuls(cfg, batch)
     return [
         (
             case,
@@ -177,7 +184,7 @@ def _expert_matmuls(cfg: ModelConfig, batch: int, device: str, dtype: torch.dtyp
                 torch.device(device), expert_matmul_choice.case_bucket(case, dtype)
             ).impl,
         )
-        for case in registry.layer_expert_matmuls(cfg, batch)
+        for case in cases
     ]
 
 
@@ -226,9 +233,13 @@ def layer_benches(
             out = layer(x, mem, window)[0]
         out.backward(grad)
 
+    def clear_gradients():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+
     def memory():
         if device == "cuda":
-            return _cuda_peak(forward_backward)
+            return _cuda_peak(forward_backward, clear_gradients)
         with mixed:
             return count_saved_bytes(lambda: layer(x, mem, window), module)
 
@@ -237,6 +248,11 @@ def layer_benches(
             return layer(x, mem, window)[0]
 
     macs = exact_cost(cfg).batched_macs(batch)
+    # as executed: the attention's own expert matmuls (a SwitchAll layer's MLP experts are not in it)
+    executed = macs + sum(
+        expert_matmul.executed_macs(case, impl) - case.macs
+        for case, impl in _expert_matmuls(cfg, batch, device, dtype, attention_only=True)
+    )
     planned = _planned(cfg, batch, device, dtype)
     trains, infers = _kernels(differentiated, planned), _kernels(forward, planned)
     return [
@@ -252,6 +268,7 @@ def layer_benches(
             lambda: infers()[1],
             module,
             batch * cfg.T,
+            2 * executed if executed != macs else None,
         ),
         Bench(
             preset,
@@ -265,6 +282,7 @@ def layer_benches(
             lambda: trains()[1],
             module,
             batch * cfg.T,
+            6 * executed if executed != macs else None,
         ),
     ]
 
@@ -481,11 +499,12 @@ def unless_oom(call: Callable[[], T]) -> T | None:
     return None
 
 
-def _cuda_peak(step: Callable) -> float:
+def _cuda_peak(step: Callable, clear: Callable[[], None] = lambda: None) -> float:
     """The most one ``step()`` holds above what was allocated just before it: its own activations, gradients and
     workspace. The group's other members, their weights and optimizer state, and the timer's L2-flush buffer
     are all resident on the device then, and would pull every member's peak toward the same large number."""
     step()  # warm: allocator pools, autotuning, the optimizer's state
+    clear()  # the gradients the warm step left: else resident, and the step's own gradients drop out
     torch.cuda.synchronize()
     resident = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -181,10 +181,12 @@ def _slowest_rank(times: dict, failed: dict, world: distributed.World) -> tuple[
 
 
 def _flag_mixed_attention(rows: list[dict]) -> None:
-    """Mark every row of a scope whose members ran different attention kernels (a fused dense baseline against
-    a math-path model, or the reverse): its time ratios compare kernels, not architectures."""
-    for scope in {r["scope"] for r in rows}:
-        members = [r for r in rows if r["scope"] == scope and "attention" in r]
+    """Mark every row of a (scope, what) whose members ran different attention kernels (a fused dense baseline
+    against a math-path model, or the reverse): its time ratios compare kernels, not architectures. A training
+    step and a no-grad forward may run different SDPA kernels (XL on CUDA: memory-efficient and cuDNN) without
+    any member differing from another."""
+    for scope, what in {(r["scope"], r["what"]) for r in rows}:
+        members = [r for r in rows if (r["scope"], r["what"]) == (scope, what) and "attention" in r]
         if len({r["attention"] for r in members}) > 1:
             for r in members:
                 r["attention_mixed"] = True
@@ -283,7 +285,11 @@ def run(
                 ]
                 timed = time_group(benches, timer, rounds, warmup, bar, world, baseline=presets[0])
                 made_up = {"accumulation": steps.accumulation} if steps.accumulation > 1 else {}
-                rows += [r | {"group": group, "batch": size} | made_up for r in timed]
+                # only a training step accumulates: a forward and a layer's passes run one micro-batch
+                rows += [
+                    r | {"group": group, "batch": size} | (made_up if r["what"] == "train step" else {})
+                    for r in timed
+                ]
                 del benches
                 release_memory()
     return rows + [r | {"group": "count"} for r in count_ratios()]
