@@ -168,7 +168,9 @@ def test_cli_speed_json_and_files(tmp_path, capsys):
         (["speed", "--warmup", "-1"], "--warmup must be >= 0; got -1"),
         (["speed", "--device", "cpu", "--clock", "thread", "--threads", "2"], "one intra-op thread"),
         (["speed", "--device", "cpu", "--cuda-graphs"], "--cuda-graphs needs one process on a CUDA device"),
-        (["speed", "--fit-from", "0"], "--fit-from must be >= 1"),
+        (["speed", "--fit-from", "0"], "--fit-from must be a power of two; got 0"),
+        # halved to 2 and made up twice, it timed 4 sequences a step for the 5 asked
+        (["speed", "--fit-from", "5"], "--fit-from must be a power of two; got 5"),
         # torch named a bad backend only once the models were built
         (["speed", "--compile", "bogus"], "--compile 'bogus' is no torch.compile backend"),
         (["speed", "--presets", "tiny-transformer:T=0"], "T must be >= 1; got 0"),

@@ -441,8 +441,9 @@ def _measure(args, device: str, world: distributed.World) -> int:
         raise ValueError(
             f"--compile {args.compile!r} is no torch.compile backend (inductor, cudagraphs, aot_eager, ...)"
         )
-    if args.fit_from is not None and args.fit_from < 1:
-        raise ValueError(f"--fit-from must be >= 1; got {args.fit_from}")
+    # halved until it fits and made up by accumulation: an odd batch would lose a sequence at a halving (5: 2 x 2)
+    if args.fit_from is not None and (args.fit_from < 1 or args.fit_from & (args.fit_from - 1)):
+        raise ValueError(f"--fit-from must be a power of two; got {args.fit_from}")
     if args.fit_from is not None and (args.batch is not None or device != "cuda" or world.distributed):
         raise ValueError("--fit-from fits one GPU's batch: it goes without --batch, on one CUDA device")
     if args.cuda_graphs and (device != "cuda" or world.distributed):
