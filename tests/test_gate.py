@@ -791,7 +791,9 @@ def test_a_baseline_of_no_commit_s_hash_has_no_reference(commit, tmp_path):
     assert found == (
         None,
         None,
-        f"the baseline names {commit!r}, not a commit's hash that holds the code it measured",
+        "the runs were measured with uncommitted changes (d489382-dirty)"
+        if commit.endswith("-dirty")
+        else f"the runs name {commit!r}, not a commit's hash",
     )
 
 

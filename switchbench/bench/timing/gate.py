@@ -249,7 +249,7 @@ def write_baseline(runs: list[dict], path: Path) -> tuple[Path, str]:
         raise ValueError(f"refusing to write {path}: the runs' baseline {problem}")
     archive, writers = path.with_name(f"{path.stem}.reference.tar.gz"), {}
     try:
-        data, sha256 = package_archive(_commit_of(baseline["metadata"]))
+        data, sha256 = package_archive(commit_of(baseline["metadata"]))
         baseline["reference_archive"] = {"file": archive.name, "sha256": sha256}
         writers[archive] = lambda tmp: tmp.write_bytes(data)
         note = f"its package at {baseline['metadata']['commit'][:12]} as {archive}"
@@ -260,7 +260,7 @@ def write_baseline(runs: list[dict], path: Path) -> tuple[Path, str]:
     return path, note
 
 
-def _commit_of(metadata: dict) -> str:
+def commit_of(metadata: dict) -> str:
     """The commit whose code the runs measured, or NoReference: the gate times it again as its reference."""
     commit = metadata.get("commit")
     if not commit:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from switchbench.bench.timing import gate
-from switchbench.bench.timing.reference import HERE, NoReference, is_commit_id, materialise, unpack_archive
+from switchbench.bench.timing.reference import HERE, NoReference, materialise, unpack_archive
 from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import writable_folder
 
@@ -252,15 +252,10 @@ def _reference(
         raise ValueError(
             f"--reference {named}: a file; give a commit or a folder holding a switchbench package"
         )
-    commit = named or baseline["metadata"].get("commit")
-    if not commit:
-        return None, None, "the baseline names no commit"
-    if not named and not is_commit_id(commit):
-        return (
-            None,
-            None,
-            f"the baseline names {commit!r}, not a commit's hash that holds the code it measured",
-        )
+    try:
+        commit = named or gate.commit_of(baseline["metadata"])  # the rule check --write archived by
+    except NoReference as error:
+        return None, None, str(error)
     try:
         return materialise(commit, dest), commit, None
     except NoReference as error:
