@@ -1043,3 +1043,12 @@ def test_a_torchrun_variable_that_is_no_integer_is_named(variable, monkeypatch):
     monkeypatch.setenv(variable, "abc")
     with pytest.raises(ValueError, match=f"{variable} must be an integer"):
         distributed.from_environment()
+
+
+def test_a_table_s_name_taken_by_a_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
+    """tables --out where table2.md is a folder: it failed at the rename, after the work, with exit 3."""
+    from switchbench.bench.cost import tables
+
+    (tmp_path / "table2.md").mkdir()
+    monkeypatch.setattr(tables, "all_tables", lambda: pytest.fail("built before the check"))
+    fails_cleanly(capsys, ["tables", "--out", str(tmp_path)], says=f"{tmp_path / 'table2.md'} is a folder")

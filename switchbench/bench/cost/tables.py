@@ -19,7 +19,7 @@ from switchbench.bench.cost.accounting import format_paper, paper_cost, parse_pa
 from switchbench.bench.cost.measure import cost_views
 from switchbench.bench.published import TABLES as PUBLISHED
 from switchbench.core.environment import environment
-from switchbench.core.results import frame, read_csv, replace_together, writable_folder
+from switchbench.core.results import frame, read_csv, replace_together, writable_file, writable_folder
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
 from switchbench.models.presets import PRESETS
@@ -295,7 +295,12 @@ def register(commands) -> None:
 
 
 def _run_tables(args) -> None:
-    writable_folder(Path(args.out))
+    folder = writable_folder(Path(args.out))
+    names = [f"table{t}" for t in TABLES] + ["macmatched"]
+    for path in [folder / f"{n}.{ext}" for n in names for ext in ("csv", "md", "tex")] + [
+        folder / "metadata.json"
+    ]:
+        writable_file(path)  # a folder of a table's name failed at the rename, after the work, exit 3
     built = all_tables()
     written = write_tables(Path(args.out), built)
     summary = [
