@@ -294,6 +294,7 @@ def train(
             optimizer.load_state_dict(saved["optimizer"])
         except (ValueError, KeyError, TypeError) as error:
             raise ValueError(f"{out / 'checkpoint.pt'}: the optimizer state does not fit ({error})") from None
+        _check_moments(optimizer, out / "checkpoint.pt")
         start = saved["step"]
         if start < 0:
             raise ValueError(f"{out / 'checkpoint.pt'}: step {start} is negative")
@@ -375,6 +376,18 @@ def train(
             if _reached(log_rows, cfg.stop_at):
                 break
     return log_rows[-1] if log_rows else {}
+
+
+def _check_moments(optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Each weight's saved moments of its shape: load_state_dict takes any, and the first step failed (exit 3)."""
+    for group in optimizer.param_groups:
+        for weight in group["params"]:
+            for name, value in optimizer.state.get(weight, {}).items():
+                if torch.is_tensor(value) and value.dim() and value.shape != weight.shape:
+                    raise ValueError(
+                        f"{path}: the optimizer state does not fit ({name} of shape {tuple(value.shape)} for a "
+                        f"weight of shape {tuple(weight.shape)})"
+                    )
 
 
 def _saved_memory(state, world) -> dict | None:
