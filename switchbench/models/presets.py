@@ -91,9 +91,7 @@ _PUBLISHED = {
 # Section 3.5: SwitchHead with more and wider heads, matching the dense model's MACs (the paper gives no k; the 63M
 # variant with Wikitext's k of 2 would run 82.5% of dense's MACs by the paper's convention, with C4's 3 98.2%).
 _MAC_MATCHED = {
-    "macmatched-63m-switchhead-h3": _switchhead(
-        _SMALL_XL, 3, 112, 5, 3, 2080
-    ),  # k 3, as the C4 47M model it widens
+    "macmatched-63m-switchhead-h3": _switchhead(_SMALL_XL, 3, 112, 5, 3, 2080),
     "macmatched-376m-switchhead-h6": _switchhead(_BIG_XL, 6, 168, 4, 2, 4188),
     "macmatched-54m-switchhead-h3": _switchhead(_SMALL_ROPE, 3, 84, 5, 3, 2092),
 }

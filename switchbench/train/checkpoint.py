@@ -44,7 +44,8 @@ def save(
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "memory": memory,  # LM: the XL memory the next step attends to (ListOps: None)
-    } | ({} if rng is None else {"rng": rng})
+        "rng": rng,  # dropout's generators
+    }
     return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 
 

@@ -300,7 +300,7 @@ def train(
             raise ValueError(f"{out / 'checkpoint.pt'}: step {start} is negative")
         state = _restored_memory(saved.get("memory"), rows, cfg.device)
         # dropout's draws continue where they were (nothing below draws before the first step)
-        if "rng" in saved:
+        if saved.get("rng") is not None:  # older checkpoints have none
             _set_rng_state(saved["rng"], cfg.device)
         if start > cfg.steps:  # else it would report the checkpoint's figures as this run's, training nothing
             raise ValueError(

@@ -119,7 +119,7 @@ def fastest_routing(rows: list[dict], earlier: dict | None = None) -> dict:
     least, among the methods timed on all of them; ``routing_ms``: those sums; ``routing_case_ms``: each case's
     times, over which they are summed, this run's beside ``earlier``'s (a table's, of other sizes: a run per size
     ranks the routings of every size). Empty where nothing was routed."""
-    cases = dict(earlier or {})
+    cases = {case: dict(times) for case, times in (earlier or {}).items()}  # the table read stays as it was
     for r in rows:
         if r["view"] == "routing" and r["pass"] == "forward" and "ms" in r:  # no backward
             cases.setdefault(f"{r['case']} | {r['shape_tokens']} | {r['routing']}", {})[r["method"]] = r["ms"]

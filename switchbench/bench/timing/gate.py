@@ -83,6 +83,14 @@ def _counted(key: str) -> bool:
     return key.split(" | ")[1] == "count"
 
 
+def _malformed(name: str, value) -> bool:
+    """Whether a baseline's ``name`` cannot be ``value``: a ratio is a positive number, operator calls a count (a
+    ratio of 0, or 1.5 calls, could only ever read as a regression)."""
+    if not _is_number(value):
+        return True
+    return value < 0 or value != int(value) if name == "op_calls" else value <= 0
+
+
 def _is_number(value) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -149,13 +157,7 @@ def baseline_problem(baseline) -> str | None:
         if not isinstance(entry, dict) or not entry.keys() - {"baseline"}:
             return f"{key!r} holds no ratio or count"
         unknown = entry.keys() - {"baseline", *TOLERANCES}
-        bad = [name for name in entry.keys() & TOLERANCES.keys() if not _is_number(entry[name])]
-        # a ratio is > 0; operator calls a count: a ratio of 0 or 1.5 calls could only ever read as a regression
-        bad += [n for n in entry.keys() & TOLERANCES.keys() - {"op_calls"} if n not in bad and entry[n] <= 0]
-        calls = entry.get("op_calls", 0)
-        bad += (
-            ["op_calls"] if "op_calls" not in bad and not (float(calls).is_integer() and calls >= 0) else []
-        )
+        bad = [name for name in entry.keys() & TOLERANCES.keys() if _malformed(name, entry[name])]
         bad += ["baseline"] if not isinstance(entry.get("baseline", ""), str) else []
         if unknown or bad:
             return f"{key!r} has unknown or malformed {', '.join(sorted(unknown | set(bad)))}"
