@@ -6,6 +6,7 @@ the chain itself; the last one runs the real rehearsal on tiny presets end to en
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -275,6 +276,9 @@ def test_the_tables_kernel_tune_writes_into_the_package_come_back_in_the_archive
             ["--pack", "x.zip"],
             "--pack x.zip: the archive is a gzipped tar; name it FILE.tar.gz",
         ),  # a .zip of tar
+        (["--since", "nan"], "--since nan is not a Unix time of the past"),
+        (["--since", f"{time.time() + 3600:.0f}"], "is not a Unix time of the past"),
+        (["--budget", "60", "--since", "1"], "the 60 s budget was spent"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):
@@ -282,6 +286,41 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monke
     assert main(["evidence", "--device", "cpu", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "results").exists()
+
+
+def test_since_counts_the_budget_from_before_the_chain(tmp_path, monkeypatch, capsys):
+    """A node's install and imports took a minute of a 600 s call before the chain's clock started, so a call of
+    --budget 530 ended 70 s later than planned: --since counts them in."""
+    monkeypatch.chdir(tmp_path)
+    step = evidence.Step("a", "figure A", 1, _writer("a"), cpu_seconds=30)
+    monkeypatch.setattr(
+        evidence, "STEPS", _steps(step, evidence.Step("b", "figure B", 1, _writer("b"), cpu_seconds=0.5))
+    )
+    since = f"{time.time() - 40:.3f}"  # 40 s of a 60 s call gone: 20 s left, less the reserves; a needs 30
+    assert main(["evidence", "--device", "cpu", "--budget", "60", "--since", since]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^--budget 60 s since \d+: 4[01] s spent before the chain$", out, re.M)
+    assert "  later  a: needs about 30 s" in out and (tmp_path / "results" / "b.txt").exists()
+    assert main(["evidence", "--device", "cpu", "--budget", "60"]) == 0  # the whole call: a runs
+    assert (tmp_path / "results" / "a.txt").exists()
+
+
+def test_a_resumable_step_done_over_two_calls_lasts_both(tmp_path, monkeypatch):
+    """Its duration was the last call's alone, so the next code planned a short step for a long one."""
+    calls = []
+
+    def part(ctx: evidence.Context):
+        calls.append(ctx.step)
+        time.sleep(0.3)
+        if len(calls) == 1:
+            raise evidence.OutOfBudget("stopped")
+
+    monkeypatch.setattr(evidence, "STEPS", _steps(evidence.Step("r", "figure R", 1, part, resumable=True)))
+    assert _chain(tmp_path, budget=60)["steps"]["r"]["status"] == "interrupted"
+    state = _chain(tmp_path, budget=60)
+    record = state["steps"]["r"]
+    assert record["status"] == "done" and 0.3 <= record["seconds"] < 0.6
+    assert record["spent"] >= 0.6 and state["durations"]["r"] == record["spent"]
 
 
 def test_the_fingerprint_follows_the_code_not_the_results(tmp_path, monkeypatch):
@@ -745,6 +784,8 @@ DAMAGED_STATES = {
     "a duration past any call": '{"durations": {"listops": 1e308}}',
     "a duration of NaN": '{"durations": {"listops": NaN}}',
     "a step's seconds as text": '{"steps": {"listops": {"status": "done", "seconds": "3"}}}',
+    "a step's time spent of NaN": '{"steps": {"listops": {"status": "interrupted", "spent": NaN}}}',
+    "a step's seconds negative": '{"steps": {"listops": {"status": "done", "seconds": -1}}}',
     "nested past the stack": "[" * 100_000 + "]" * 100_000,
 }
 

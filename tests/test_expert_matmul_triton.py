@@ -118,6 +118,15 @@ def test_triton_rejects_float64():
         expert_matmul(x, weight, route(indices, 3), scores, 2, impl="triton")
 
 
+@pytest.mark.skipif(CUDA, reason="Triton's interpreter alone multiplies bf16 wrongly")
+def test_triton_refuses_bf16_in_its_interpreter():
+    """Its tl.dot on bf16 came out 1e10 off, all finite: the rows of a bf16 CPU run were silently wrong."""
+    x, weight, indices, scores, _ = float64_inputs(CASES["k-1"])
+    bf16 = [t.bfloat16() for t in (x, weight, scores)]
+    with pytest.raises(ValueError, match="the Triton expert matmul takes no bf16 on the CPU"):
+        expert_matmul(bf16[0], bf16[1], route(indices, 3), bf16[2], 2, impl="triton")
+
+
 def test_environment_forces_the_implementation(monkeypatch):
     """CPU tensors take the PyTorch path unless SWITCHBENCH_EXPERT_MATMUL says otherwise."""
     x, weight, indices, scores, _ = float64_inputs(CASES["k-1"])

@@ -78,6 +78,15 @@ def test_the_kernel_is_the_explicit_attention_in_float32(B, H, Hk, t, S, D, caus
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.skipif(TRITON_DEVICE == "cuda", reason="Triton's interpreter alone multiplies bf16 wrongly")
+def test_the_kernel_refuses_bf16_in_triton_s_interpreter():
+    """Its tl.dot on bf16 came out 1e10 off, all finite: a tiny model's logits were 4 off, and a bf16 speed run
+    saved its rows as ok."""
+    q, k, v, pos, mask = _inputs(1, 2, 2, 8, 16, 16, True, True, torch.bfloat16)
+    with pytest.raises(ValueError, match="--attention triton takes no bf16 on the CPU"):
+        kernels.fused(q, k, v, mask, RelativeBias(pos, 16), 0.3)
+
+
 @pytest.mark.skipif(TRITON_DEVICE != "cuda", reason="needs a CUDA GPU: Triton's interpreter has no bf16 dot")
 def test_the_kernel_in_bf16_is_as_close_to_float64_as_sdpa_in_bf16():
     """Under autocast the inputs are bf16: the kernel's error against float64 is no worse than PyTorch's

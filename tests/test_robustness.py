@@ -580,6 +580,45 @@ def test_heads_wider_than_the_triton_attention_takes_are_refused_before_any_work
     registry.get("moa").attention(PRESETS[registry.get("moa").roles["47m"]])  # 88 channels: built
 
 
+@pytest.mark.parametrize(
+    ("named", "said"),
+    [
+        (["--attention", "triton"], "--attention triton"),
+        (["--expert-matmul", "triton"], "--expert-matmul triton"),
+        ({"SWITCHBENCH_ATTENTION": "triton"}, "SWITCHBENCH_ATTENTION=triton"),
+        ({"SWITCHBENCH_EXPERT_MATMUL": "triton"}, "SWITCHBENCH_EXPERT_MATMUL=triton"),
+    ],
+)
+def test_bf16_through_triton_s_interpreter_is_refused_before_any_work(
+    named, said, tmp_path, monkeypatch, capsys
+):
+    """Triton's interpreter multiplies bf16 matrices wrongly: a CPU speed run in bf16 on Triton's attention saved
+    rows marked ok from logits 4 off. fp16 and fp32 it multiplies exactly: they reach the work."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for variable, value in named.items() if isinstance(named, dict) else ():
+        monkeypatch.setenv(variable, value)
+    argv = ["speed", "--presets", "tiny-switchhead", "--device", "cpu", "--out", str(tmp_path / "out")]
+    argv += [] if isinstance(named, dict) else named
+    monkeypatch.setattr(speed, "run", _no_work)
+    fails_cleanly(capsys, [*argv, "--dtype", "bf16"], says=f"{said} takes no bf16 on the CPU")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(WorkReached):
+        main([*argv, "--dtype", "fp16"])
+
+
+def test_a_width_refusal_names_the_environment_where_it_made_the_choice(monkeypatch):
+    """It said "--attention triton ... leave it out" where no flag was given: leaving it out changed nothing."""
+    monkeypatch.setenv("SWITCHBENCH_ATTENTION", "triton")
+    moa = PRESETS[registry.get("moa").roles["262m"]]
+    with pytest.raises(
+        ValueError, match=r"^SWITCHBENCH_ATTENTION=triton takes heads of at most 128 channels"
+    ):
+        registry.get("moa").attention(moa)
+    with attention_choice.selected("triton"), pytest.raises(ValueError, match=r"^--attention triton takes"):
+        monkeypatch.delenv("SWITCHBENCH_ATTENTION")
+        registry.get("moa").attention(moa)
+
+
 def test_triton_under_its_interpreter_is_accepted(monkeypatch, capsys):
     monkeypatch.setenv("SWITCHBENCH_EXPERT_MATMUL", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")

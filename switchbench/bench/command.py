@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 from tabulate import tabulate
 
-from switchbench.core.versions import triton_interpreter_problem
+from switchbench.core.versions import NO_BF16_DOT, interpreted_bf16_dot, triton_interpreter_problem
 from switchbench.models import family as registry
 from switchbench.models.config import (
     MOA_GATINGS,
@@ -214,12 +214,33 @@ def kernels_in_force(args: argparse.Namespace) -> Iterator[None]:
     check_attention(attention, device)
     routing = getattr(args, "routing", None)
     check_routing(routing, device)
+    check_bf16_dots(args, choice, attention)
     with (
         expert_matmul_choice.selected(choice),
         attention_choice.selected(attention),
         routing_selected(routing),
     ):
         yield
+
+
+def check_bf16_dots(args: argparse.Namespace, expert_matmul: str | None, attention: str | None) -> None:
+    """A ValueError where the command would multiply bf16 matrices in Triton's interpreter (a CPU run's ``--dtype
+    bf16`` with Triton's attention or expert matmul, named or from the environment), which returns them wrong."""
+    dtype = getattr(args, "dtype", None)
+    if not isinstance(dtype, str) or not interpreted_bf16_dot(
+        device_from_args(getattr(args, "device", None)), dtype
+    ):
+        return
+    for where, named in (
+        (ENV_IMPL, os.environ.get(ENV_IMPL)),
+        ("--expert-matmul", expert_matmul),
+        (
+            attention_choice.ENV if attention == os.environ.get(attention_choice.ENV) else "--attention",
+            attention,
+        ),
+    ):
+        if named == "triton":
+            raise ValueError(f"{_named(where, named)} {NO_BF16_DOT}")
 
 
 def check_attention(choice: str | None, device: str | None) -> None:

@@ -48,6 +48,12 @@ class Choice:
         self.check(named, self.env)
         return named
 
+    def as_named(self, flag: str) -> str:
+        """The choice in force as the user made it, for a refusal to name: ``VARIABLE=VALUE`` where the environment
+        names it (a command line's flag defaults to the variable), else ``--flag VALUE``."""
+        named = self.choice()
+        return f"{self.env}={named}" if os.environ.get(self.env) == named else f"{flag} {named}"
+
     def resolutions(self) -> dict:
         """What the calls made under the innermost :meth:`selected` resolved to, so far."""
         return dict(self._selected[-1][1]) if self._selected else {}

@@ -33,3 +33,17 @@ def triton_interpreter_unusable(triton: str | None, numpy: str | None) -> str | 
 def triton_interpreter_problem() -> str | None:
     """:func:`triton_interpreter_unusable` of the versions installed here."""
     return triton_interpreter_unusable(installed("triton"), installed("numpy"))
+
+
+# Triton's interpreter multiplies bf16 blocks wrongly: tl.dot of two 16 x 16 bf16 blocks came out 2.5e10 off under
+# Triton 3.9 (fp16 and fp32 exact; elementwise bf16 right), every value finite, so nothing downstream noticed: a
+# bf16 speed run on the CPU with Triton's attention saved "ok" rows with logits 4 off
+NO_BF16_DOT = (
+    "takes no bf16 on the CPU: Triton's interpreter multiplies bf16 matrices wrongly (use fp32 or fp16)"
+)
+
+
+def interpreted_bf16_dot(device_type: str, dtype_name: str) -> bool:
+    """Whether a Triton kernel that multiplies matrices would run in the interpreter on bf16 (``dtype_name``, as
+    torch prints it, so that asking imports no torch)."""
+    return device_type == "cpu" and dtype_name in ("torch.bfloat16", "bf16")

@@ -75,13 +75,18 @@ def _checked_state(path: Path, state) -> dict:
         schema.check_fields(path, entries, dict.fromkeys(entries, kind), part)
     for name, record in state.get("steps", {}).items():
         schema.check_fields(path, record, {"status": schema.TEXT}, f"steps: {name}")
-        schema.check_fields(path, record, {"seconds": schema.NUMBER}, f"steps: {name}", optional=("seconds",))
+        timed = {"seconds": schema.NUMBER, "spent": schema.NUMBER}
+        schema.check_fields(path, record, timed, f"steps: {name}", optional=tuple(timed))
+        for field in timed.keys() & record.keys():
+            _check_seconds(path, f"steps: {name}: {field}", record[field])
     for name, seconds in state.get("durations", {}).items():
-        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION):  # NaN or 1e308: --list never ends
-            raise ValueError(
-                f"{path}: durations: {name!r} must be seconds in [0, {MAX_DURATION:g}]; got {seconds}"
-            )
+        _check_seconds(path, f"durations: {name!r}", seconds)
     return state
+
+
+def _check_seconds(path: Path, what: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and 0 <= seconds <= MAX_DURATION):  # NaN or 1e308: --list never ends
+        raise ValueError(f"{path}: {what} must be seconds in [0, {MAX_DURATION:g}]; got {seconds}")
 
 
 MAX_DURATION = 7 * 24 * 3600.0  # a week: no step of the chain is near it
@@ -336,10 +341,15 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     # a resumable step's earlier calls kept what they wrote (a test part's logs): it is still what the step owes
     if step.resumable and earlier_run.get("status") in ("interrupted", "failed"):
         record["files"] = sorted(set(earlier_run.get("files", [])) | set(record["files"]))
+    # and the time it went on from: a step finished over two calls lasts both (a failed one's retry starts afresh)
+    resumed = step.resumable and earlier_run.get("status") == "interrupted"
+    record["spent"] = round(
+        seconds + (earlier_run.get("spent", earlier_run.get("seconds", 0.0)) if resumed else 0.0), 1
+    )
     state["steps"][step.name] = record
     if status == "done":
         state.get("earlier", {}).pop(step.name, None)
-    estimate = seconds
+    estimate = record["spent"]
     if status == "interrupted":
         # A resumable step keeps its estimate. Any other needs more than it ran: twice that, so that a step that
         # outgrew its estimate is not started again and again into the same wall (past a call's room it runs
@@ -438,6 +448,12 @@ def register(commands) -> None:
     )
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for this call (default 540)")
     parser.add_argument(
+        "--since",
+        type=float,
+        metavar="EPOCH",
+        help="count --budget from this Unix time (`date +%%s` taken before the install), not from the chain's start",
+    )
+    parser.add_argument(
         "--only",
         nargs="+",
         choices=[s.name for s in STEPS],
@@ -475,16 +491,22 @@ def _run(args: argparse.Namespace) -> int:
     check_budget(args.budget, state if planned == device else _blank(state), planned, args.only)
     if args.list:
         return _list(args, state, device, planned)
+    budget = args.budget - spent_before(args.since, args.budget)
+    check_budget(budget, state, device, args.only)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    if args.since is not None:
+        say(
+            f"--budget {args.budget:g} s since {args.since:.0f}: {args.budget - budget:.0f} s spent before the chain"
+        )
 
     def packed_now(state: dict) -> list[str]:
         return [str(p) for p in pack(state, state_path, Path(args.pack), results, runs)] if args.pack else []
 
     previous = signal.signal(signal.SIGTERM, _raise_stopped), signal.getsignal(signal.SIGINT)
     try:
-        state = run_chain(ctx, state_path, args.budget, args.only, args.retry_failed, say, packed_now)
+        state = run_chain(ctx, state_path, budget, args.only, args.retry_failed, say, packed_now)
     except (Stopped, KeyboardInterrupt) as error:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the archive is written once more, whole
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -508,6 +530,21 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     return 1 if failed else 0
+
+
+def spent_before(since: float | None, budget: float) -> float:
+    """Seconds of the call's ``budget`` spent before the chain started, counted from ``since`` (a Unix time): a
+    node's install and imports took a minute of a 600 s call that the budget did not know of."""
+    if since is None:
+        return 0.0
+    spent = time.time() - since
+    if (
+        not math.isfinite(since) or spent < -5
+    ):  # a few seconds of clock skew between two readings of one clock
+        raise ValueError(f"--since {since:g} is not a Unix time of the past (now {time.time():.0f})")
+    if spent >= budget:
+        raise ValueError(f"--since {since:.0f}: the {budget:g} s budget was spent {spent - budget:.0f} s ago")
+    return max(spent, 0.0)
 
 
 def _blank(state: dict) -> dict:

@@ -279,10 +279,16 @@ def train(
         saved = checkpoint.load(out / "checkpoint.pt")
         if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
             raise ValueError(f"{out / 'checkpoint.pt'} holds another model or task; use another --out")
+        unknown = [key for key in SAME_ON_RESUME if key not in saved["train"]]
+        if unknown:  # nothing would tell two trainings in one log apart
+            raise ValueError(
+                f"{out / 'checkpoint.pt'} does not record its {', '.join(unknown)}: it cannot be continued as the "
+                "same run; --force to start again"
+            )
         changed = [
             f"{key} {saved['train'][key]} (not {getattr(cfg, key)})"
             for key in SAME_ON_RESUME
-            if key in saved["train"] and saved["train"][key] != getattr(cfg, key)
+            if saved["train"][key] != getattr(cfg, key)
         ]
         if changed:  # one log would tell two trainings as one
             raise ValueError(

@@ -35,6 +35,7 @@ choice = _CHOICE.choice
 resolutions = _CHOICE.resolutions  # {"device | bias[ | maps]": backend}
 recording = _CHOICE.recording
 check = _CHOICE.check
+as_named = _CHOICE.as_named
 
 
 def lookup(device_type: str, biased: bool, maps: bool, named: str | None = None) -> str:
@@ -62,6 +63,6 @@ def check_width(d_head: int, what: str) -> None:
     named = choice()
     if d_head > WIDEST.get(named, d_head):
         raise ValueError(
-            f"--attention {named} takes heads of at most {WIDEST[named]} channels; {what} has {d_head} "
-            "(use sdpa, or leave it out)"
+            f"{as_named('--attention')} takes heads of at most {WIDEST[named]} channels; {what} has {d_head} "
+            "(use sdpa)"
         )

@@ -31,6 +31,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.errors import OutOfResources
 
+from switchbench.core.versions import NO_BF16_DOT, interpreted_bf16_dot
 from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import choice
 
@@ -493,6 +494,8 @@ def backward(
 
 def _run(kernel: str, q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None, launch) -> None:
     """``launch(config)`` on q's device with the configuration of ``kernel`` chosen for these shapes."""
+    if interpreted_bf16_dot(q.device.type, str(q.dtype)):
+        raise ValueError(f"--attention triton {NO_BF16_DOT}")
     with torch.cuda.device_of(q):
         launch(_chosen(kernel, q, k, pos, mask, launch))
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from switchbench.core.compiling import allow_recompilations
-from switchbench.ops.attention.choice import NO_FLOAT64_ON_CUDA, resolve
+from switchbench.ops.attention.choice import NO_FLOAT64_ON_CUDA, as_named, resolve
 from switchbench.ops.attention.relative import RelativeBias
 
 
@@ -50,7 +50,7 @@ def attention(
     backend = resolve(q.device.type, bias is not None, return_maps)
     if q.is_cuda and q.dtype == torch.float64 and backend in NO_FLOAT64_ON_CUDA:
         raise ValueError(
-            f"--attention {backend} takes no float64 on a GPU ({NO_FLOAT64_ON_CUDA[backend]}): use float32 or "
+            f"{as_named('--attention')} takes no float64 on a GPU ({NO_FLOAT64_ON_CUDA[backend]}): use float32 or "
             "bf16, or another backend"
         )
     if backend == "explicit":

@@ -27,6 +27,7 @@ import triton.language as tl
 from torch import Tensor
 
 from switchbench.core.launch_log import LaunchLog
+from switchbench.core.versions import NO_BF16_DOT, interpreted_bf16_dot
 from switchbench.ops import tuned as tuning
 from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
 
@@ -330,6 +331,8 @@ def _launch(kernel, tuned, name, grid, key, *args, **constants):
     if _LOG.launches is not None:
         _LOG.launches.append((kernel, tuned, args, constants))
         return None
+    if interpreted_bf16_dot(args[0].device.type, str(args[0].dtype)):
+        raise ValueError(f"the Triton expert matmul {NO_BF16_DOT}")
     config = _config(name, key, args[0].device)
     with torch.cuda.device_of(args[0]):
         if config is None:
