@@ -12,6 +12,9 @@ from switchbench.models.families.switchhead import SwitchHeadAttention
 from switchbench.models.layers.window import make_window
 from switchbench.ops.attention import choice as attention_choice
 from switchbench.ops.expert_matmul import choice
+from switchbench.ops.expert_matmul import op as expert_matmul_op
+from switchbench.ops.expert_matmul.cases import CASES, float64_inputs, reference
+from switchbench.ops.expert_matmul.op import route
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 H100 = "NVIDIA H100 80GB HBM3"
@@ -130,3 +133,37 @@ def test_a_resolution_is_marked_as_torch_compilers_assume_constant_result_marks_
 
     assert vars(traced_once(one)) == vars(torch.compiler.assume_constant_result(other)) != {}
     assert vars(choice.resolve) == vars(attention_choice.resolve) == vars(one)
+
+
+CPU_IMPLS = [impl for impl in choice.IMPLS if impl != "triton" and not expert_matmul_op.unavailable(impl)]
+
+
+@pytest.mark.parametrize(
+    "case", ["single-token", "switchhead-o", "sigma-moe-up"]
+)  # gathered and padded paths
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_bf16_inputs_with_float32_scores_give_bf16_as_the_fake_says(impl, case):
+    """A model served in bf16 without autocast gates with float32 scores: the PyTorch paths returned float32
+    where the op's fake (what torch.compile plans with) and Triton's kernels say bf16, and all_experts failed
+    (scatter of float32 rows into a bf16 buffer). Every one: bf16, within bf16's rounding of the float64 loop."""
+    x, weight, indices, scores, _ = float64_inputs(CASES[case])
+    s_out = CASES[case].out_groups
+    y = expert_matmul_op.expert_matmul(
+        x.bfloat16(), weight.bfloat16(), route(indices, weight.shape[0]), scores.float(), s_out, impl=impl
+    )
+    assert y.dtype == torch.bfloat16
+    exact = reference(x, weight, indices, scores, s_out)
+    scale = exact.abs().max()
+    torch.testing.assert_close(y.double() / scale, exact / scale, rtol=0, atol=2e-2)
+
+
+@pytest.mark.parametrize("impl", CPU_IMPLS)
+def test_no_tokens_give_an_empty_output_and_gradients(impl):
+    """The PyTorch path's sum over each group's slots could not size a view of no tokens (a RuntimeError)."""
+    weight = torch.randn(4, 5, 9, requires_grad=True)
+    x = torch.randn(0, 1, 5, requires_grad=True)
+    indices = torch.zeros(0, 2, dtype=torch.long)
+    y = expert_matmul_op.expert_matmul(x, weight, route(indices, 4), None, 2, impl=impl)
+    assert y.shape == (0, 2, 9)
+    y.sum().backward()
+    assert x.grad.shape == (0, 1, 5) and torch.equal(weight.grad, torch.zeros_like(weight))

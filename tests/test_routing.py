@@ -2,6 +2,8 @@
 GPU) against the stable sort they replace, op by op and through every routed family (outputs and every gradient:
 their top-k by rank included), and the choice of method."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from hypothesis import strategies as st
 from small import TIGHT, TRITON_DEVICE, make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
+from switchbench.models.layers.router import FEW_EXPERTS, sigmoid_topk
 from switchbench.ops.expert_matmul.op import (
     ENV_ROUTING,
     MAX_GROUPED,
@@ -109,6 +112,25 @@ def test_every_routed_family_computes_the_same_with_every_method(model, method):
     exact = dict(rtol=0, atol=0) if device == "cpu" else TIGHT
     for a, b in zip(results["sort"], results[method], strict=True):
         torch.testing.assert_close(a, b, **exact)
+
+
+@settings(deadline=None, max_examples=30)
+@given(experts=st.integers(1, FEW_EXPERTS), data=st.data(), seed=st.integers(0, 2**16))
+def test_every_method_breaks_ties_to_the_lower_expert_as_a_loop_does(experts, data, seed):
+    """bf16 scores tie often (under autocast 0.1% of a router's token-heads): the sort gave a tie to the higher
+    expert (torch's top-k on the CPU; either on CUDA), the count and Triton to the lower, so one model routed
+    otherwise by method. Every method now picks as a loop ranking by (score, then lower id) does."""
+    k = data.draw(st.integers(1, experts))
+    gen = torch.Generator().manual_seed(seed)
+    # four levels, and -inf (an expert dropped), so that most rows tie
+    levels = torch.tensor([-math.inf, -1.0, 0.0, 1.0, 2.0])
+    logits = levels[torch.randint(0, 5, (40, experts), generator=gen)]
+    by_loop = [sorted(range(experts), key=lambda e, r=row: (-r[e], e))[:k] for row in logits.tolist()]
+    for method in ROUTINGS:
+        device = TRITON_DEVICE if method == "triton" else "cpu"
+        with routing_selected(method):
+            _, picked = sigmoid_topk(logits.to(device), k)
+        assert picked.cpu().tolist() == by_loop, method
 
 
 def test_the_method_is_chosen_named_then_from_the_environment_and_auto_sorts(monkeypatch):

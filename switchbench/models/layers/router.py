@@ -18,10 +18,14 @@ def sigmoid_topk(logits: Tensor, k: int, expert_dropout: float = 0.0) -> tuple[T
     candidates = scores
     if expert_dropout > 0:
         candidates = scores.masked_fill(torch.rand_like(scores) < expert_dropout, float("-inf"))
+    if candidates.shape[-1] > FEW_EXPERTS:
+        return scores, candidates.topk(k, dim=-1, sorted=False).indices
     method = routing_method(candidates.device.type)
-    if candidates.shape[-1] <= FEW_EXPERTS and method in RANKED:
+    if method in RANKED:
         return scores, RANKED[method](candidates, k)
-    return scores, candidates.topk(k, dim=-1, sorted=False).indices
+    # ties to the lower id, as the ranks give them: top-k gives them to either (the higher on the CPU), and
+    # under autocast bf16 scores tie often (0.1% of token-heads picked another expert than the count's)
+    return scores, candidates.sort(dim=-1, descending=True, stable=True).indices[..., :k]
 
 
 # Routing without sorts (--routing count, triton) ranks up to this many experts by comparing every pair. CUDA's

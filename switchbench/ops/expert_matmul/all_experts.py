@@ -106,7 +106,8 @@ def _laid_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | No
     n, _, d = rows.shape
     slot_rows = _per_slot(rows, indices.shape[1])
     gates = _gates(scores, indices)
-    slot_rows = slot_rows if gates is None else slot_rows * gates
+    # in the rows' dtype, as the fused kernel writes them (fp32 scores beside bf16 rows promoted them)
+    slot_rows = slot_rows if gates is None else (slot_rows * gates).to(rows.dtype)
     return rows.new_zeros(n, n_experts, d).scatter_add_(1, _columns(indices, d), slot_rows)
 
 
@@ -125,7 +126,7 @@ def _picked(
     if scores is None:
         return _group_sum(rows, groups), None
     grad_scores = _gate_grad(rows, _per_slot(x, indices.shape[1]), scores, indices)
-    return _group_sum(rows * _gates(scores, indices), groups), grad_scores
+    return _group_sum(rows * _gates(scores, indices), groups).to(src.dtype), grad_scores
 
 
 def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> Tensor:
@@ -187,7 +188,7 @@ def gate_sum(y: Tensor, scores: Tensor, indices: Tensor, groups: int) -> Tensor:
         from switchbench.ops.expert_matmul import slot_kernels
 
         return slot_kernels.gate_sum(y, scores, indices, groups)
-    return _group_sum(y * _gates(scores, indices), groups)
+    return _group_sum(y * _gates(scores, indices), groups).to(y.dtype)
 
 
 @gate_sum.register_fake

@@ -233,7 +233,11 @@ def _expert_matmul_op(
     s_out: int,
     impl: str,
 ) -> Tensor:
-    return _implementation(impl).forward(x, weight, scores, indices, order, experts, offsets, s_out)
+    # x's dtype, as its fake says: fp32 scores beside bf16 inputs (a model served without autocast) promoted the
+    # PyTorch paths' outputs to fp32, where Triton's kernels write bf16
+    return (
+        _implementation(impl).forward(x, weight, scores, indices, order, experts, offsets, s_out).to(x.dtype)
+    )
 
 
 @_expert_matmul_op.register_fake
@@ -386,12 +390,14 @@ def _padded_rows(order: Tensor, experts: Tensor, offsets: Tensor) -> tuple[Tenso
 
 def _group_sum(t: Tensor, n: int, groups: int) -> Tensor:
     """[N * S, d] (or [N, S, d]) -> [N, groups, d]: the sum over each group's slots."""
-    return t.view(n, groups, -1, t.shape[-1]).sum(2)
+    d = t.shape[-1]
+    per_group = t.numel() // max(n * groups * d, 1)  # spelt out: of no tokens, view cannot infer it
+    return t.view(n, groups, per_group, d).sum(2)
 
 
 def _pad(rows: Tensor, index: Tensor, capacity: int, n_experts: int) -> Tensor:
     buffer = rows.new_zeros(n_experts * capacity, rows.shape[1])
-    return buffer.index_copy_(0, index, rows).view(n_experts, capacity, -1)
+    return buffer.index_copy_(0, index, rows).view(n_experts, capacity, rows.shape[1])
 
 
 def _unpad(buffer: Tensor, index: Tensor) -> Tensor:
