@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import pandas as pd
 import pytest
 import torch
 from browser import CHROMIUM, WIDTH, opened
@@ -382,6 +383,35 @@ def test_files_of_a_shape_no_run_has_leave_out_themselves_only(tmp_path, capsys)
     )
     assert f"{second} left out: unhashable type" in err and "section" not in err, err
     assert 'id="quality"' in page and "5seeds-977steps" in page and 'id="speed"' in page
+
+
+@pytest.mark.parametrize(
+    ("dead", "said"), [("0", "1 routers have experts never chosen"), ("", "no expert is left")]
+)
+def test_a_router_whose_only_dead_expert_is_the_first_is_counted(dead, said, fixture_results, tmp_path):
+    """Read from the CSV, a column of single ids is numbers: expert 0 alone dead was 0.0, false, and the page said
+    no expert was left unused beside a summary line that counted it."""
+    summary_csv = fixture_results / "analysis" / "listops" / "summary.csv"
+    summary_csv.write_text(summary_csv.read_text().replace(",2\n", f",{dead}\n"))
+    assert summary_csv.read_text().endswith(f",{dead}\n")
+    page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
+    assert said in page
+
+
+def test_a_quality_run_without_dense_keeps_the_section(tmp_path, capsys):
+    """A run of SwitchHead and MoA alone writes no column against dense: the template read the missing column as
+    something not None, and formatting it dropped the whole section, the 5-seed run's figures with it."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / "quality" / "x86-64", root / "quality" / "x86-64")
+    quick = root / "quality" / "x86-64" / "2seeds-98steps-quick-summary.csv"
+    table = pd.read_csv(quick)
+    table = table[table["family"] != "dense"]
+    table.drop(columns=[c for c in table if "vs_dense" in c or c.startswith("verdict")]).to_csv(
+        quick, index=False
+    )
+    page = write_report(root, tmp_path / "report.html", {}).read_text()
+    assert "left out" not in capsys.readouterr().err
+    assert 'id="quality"' in page and "5seeds-977steps" in page and "2seeds-98steps-quick" in page
 
 
 def test_cli_report_on_a_missing_folder(capsys, tmp_path):

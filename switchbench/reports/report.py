@@ -259,6 +259,13 @@ def quality_strength(run: dict) -> int:
     return int(meta.get("seeds", 0)) * int(meta.get("tokens_per_run", 0))
 
 
+AGAINST_DENSE = (
+    [f"{figure}{part}" for figure in ("vs_dense", "vs_dense_best") for part in ("", "_low", "_high", "_df")]
+    + ["verdict", "verdict_best"]
+    + [f"{cost}_vs_dense" for cost in ("train_macs", "train_seconds", "memory_bytes")]
+)
+
+
 def _quality(path: Path, results: Path) -> dict:
     stem = path.with_suffix("")
     run = _run(path, "quality")
@@ -274,7 +281,8 @@ def _quality(path: Path, results: Path) -> dict:
         if missing:
             raise ValueError(f"{summary_csv}: {row['family']} has no {missing[0]}")
     return run | {
-        "summary": summary,
+        # a run without dense, or of dense alone, has no column against it: blank cells
+        "summary": [dict.fromkeys(AGAINST_DENSE) | row for row in summary],
         "image": _image(stem.with_suffix(".png")),
         "csv": stem.with_suffix(".csv").relative_to(results).as_posix(),
     }
