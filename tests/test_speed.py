@@ -60,11 +60,18 @@ def test_a_kernel_readout_that_runs_out_of_memory_after_the_rounds_leaves_the_ro
     assert "attention" not in row and "expert_matmul" not in row
 
 
-def test_a_member_compiled_past_the_recompile_limit_is_a_row_without_a_time(monkeypatch):
+def test_a_member_compiled_past_the_recompile_limit_is_a_row_without_a_time():
     """Past dynamo's limit the code ran eager with a log line: an H200's compiled FlexAttention forwards took
     614 ms beside the 388 ms training step, saved as measured. Now the member has no time, and the others do."""
-    compiling.allow_recompilations()
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    config = torch._dynamo.config
+    # restored after: the settings are the process's
+    with config.patch(recompile_limit=config.recompile_limit, fail_on_recompile_limit_hit=False):
+        compiling.allow_recompilations()
+        config.recompile_limit = 2
+        _time_a_member_past_the_limit()
+
+
+def _time_a_member_past_the_limit():
     torch._dynamo.reset()
     double = torch.compile(lambda x: x * 2, dynamic=False, backend="eager")
     shapes = iter(range(1, 100))
