@@ -261,6 +261,15 @@ def test_report_from_a_fixture_folder_is_escaped(fixture_results, tmp_path):
     )
 
 
+def test_the_speed_table_gives_each_model_s_fraction_of_the_matmul_peak(fixture_results, tmp_path):
+    """The fairness rule puts each model's MFU beside every time ratio: it was only in the collapsed table."""
+    page = write_report(fixture_results, tmp_path / "report.html", {}).read_text()
+    start = page.index('id="speed"')
+    speed_section = page[start : page.index("<details", start)]
+    assert '<th class="num">of matmul peak</th>' in speed_section
+    assert '<td class="num">45.0%</td>' in speed_section
+
+
 def test_two_analyses_keep_ids_apart_and_each_says_how_it_was_made(fixture_results, tmp_path):
     """Headings of two analyses get ids of their own (the summary links to the right one), each analysis' regenerate
     lines are its own training and analysis as its metadata.json records them, and a folder name is URL-encoded."""
