@@ -88,6 +88,27 @@ def _time_a_member_past_the_limit():
     torch._dynamo.reset()
 
 
+def test_a_member_whose_kernel_went_unread_makes_its_group_mixed():
+    """The readout ran out of memory for one member: it was left out of the comparison, so a math-path member
+    beside a baseline of unknown kernel passed as fair."""
+
+    def oom():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    def bench(preset, attention):
+        return speed.Bench(preset, "model", "train step", lambda: None, 1e6, lambda: 1.0, attention=attention)
+
+    rows = speed.time_group([bench("dense", oom), bench("moe", lambda: "math")], speed.Timer("cpu"), 2, 0)
+    assert [r.get("attention_mixed") for r in rows] == [True, True]
+    same = speed.time_group(
+        [bench("dense", lambda: "flash"), bench("moe", lambda: "flash")], speed.Timer("cpu"), 2, 0
+    )
+    unread = speed.time_group(
+        [bench("dense", lambda: None), bench("moe", lambda: None)], speed.Timer("cpu"), 2, 0
+    )
+    assert not any(r.get("attention_mixed") for r in same + unread)
+
+
 def test_other_errors_are_not_swallowed():
     def broken():
         raise RuntimeError("shape mismatch")
@@ -884,7 +905,7 @@ def test_only_members_of_one_pass_are_compared_for_their_attention_kernel():
     every member alike. Pooled by scope alone, every XL row read as mixed, and the summary called each ratio not
     comparable; a member that differs from the others in one pass is still marked."""
     rows = [
-        {"preset": p, "scope": "model", "what": what, "attention": kernel}
+        {"preset": p, "scope": "model", "what": what, "status": "ok", "attention": kernel}
         for p in ("dense", "switchhead")
         for what, kernel in (("train step", "memory-efficient"), ("forward", "cuDNN"))
     ]

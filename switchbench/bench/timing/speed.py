@@ -191,10 +191,12 @@ def _flag_mixed_attention(rows: list[dict]) -> None:
     """Mark every row of a (scope, what) whose members ran different attention kernels (a fused dense baseline
     against a math-path model, or the reverse): its time ratios compare kernels, not architectures. A training
     step and a no-grad forward may run different SDPA kernels (XL on CUDA: memory-efficient and cuDNN) without
-    any member differing from another."""
+    any member differing from another. A member whose kernel went unread (out of memory for the readout) beside
+    members whose kernel was read counts as differing: nothing says it ran theirs."""
     for scope, what in {(r["scope"], r["what"]) for r in rows}:
-        members = [r for r in rows if (r["scope"], r["what"]) == (scope, what) and "attention" in r]
-        if len({r["attention"] for r in members}) > 1:
+        members = [r for r in rows if (r["scope"], r["what"]) == (scope, what) and r["status"] == "ok"]
+        kernels = {r.get("attention") for r in members}
+        if len(kernels) > 1 and kernels != {None}:
             for r in members:
                 r["attention_mixed"] = True
 
