@@ -440,6 +440,20 @@ def _scaled_times(run: dict, factor: float) -> dict:
     return run
 
 
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [("batches", {"gate": 2}), ("attention_resolved", {"cpu | position bias": "sdpa"})],
+)
+def test_a_run_fitted_at_another_batch_or_on_another_kernel_is_not_compared(setting, value):
+    """A fitted run says "fitted per group" for its batch whatever each group got, and auto names no kernel: a run
+    at batch 16 with accumulation, or on another attention kernel, passed as comparable with the baseline."""
+    baseline = _committed()
+    run = _run_like(baseline)
+    run["metadata"][setting] = value
+    with pytest.raises(ValueError, match=f"measured differently \\({setting} "):
+        gate.check(run, baseline)
+
+
 def test_a_reference_run_sets_the_time_limits_and_the_counts():
     """Against a run of the baseline's code on the same machine, the time ratios are held to that run's medians
     x (1 + tolerance), whatever the committed ratios, and the exact counts to that run's counts: under another

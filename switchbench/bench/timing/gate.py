@@ -41,11 +41,13 @@ COMPARABLE = (
     "device",
     "dtype",
     "batch",
+    "batches",  # each group's sequences a step: "batch" says only "fitted per group" where each was fitted
     "threads",
     "clock",
     "allocator",
     "compile",
     "attention",
+    "attention_resolved",  # the kernel each kind of call ran: auto's choice moves with the device and the code
     "cuda_graphs",
     "routing",
     "expert_matmul",  # another implementation makes other ops: grouped_mm's op counts read as a regression
