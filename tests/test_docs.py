@@ -51,6 +51,7 @@ STAND_INS = {
     "BACKEND": "inductor",
     "REV": "HEAD~1",
     "FOLDER": "out",
+    "$SINCE": "1795000000",  # a shell variable holding `date +%s`
 }
 # Placeholders nothing can stand in for: a line that shows one is skipped (and listed) rather than parsed.
 SKIPPED = {"COMMAND": "a message format (docs/errors.md), not a command"}

@@ -613,7 +613,7 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
             }
             | {"ms": 0.25, "chosen": False},
             row("grouped_mm", "op", 1.0, chosen=True) | {"routing_ms": 0.25, "moe_overhead_ms": 0.25},
-            row("grouped_mm-kernel", "kernel", 0.5),
+            row("grouped_mm-kernel", "kernel", 0.5),  # twice as fast as dense: a flag on the comparator
             row("dense", "dense", 1.0),
         ],
     }
@@ -626,6 +626,7 @@ def test_the_kernel_section_shows_each_view_its_fractions_and_the_choice(tmp_pat
         "<td>routing</td><td>routing</td>" in page and page.count(" ms</td></tr>") == 1
     )  # overhead: the * row
     assert ">0.25 ms</td></tr>" in page
+    assert '<td class="num bad">200.0%</td>' in page and '<td class="num">100.0%</td>' in page
 
 
 def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path):

@@ -404,9 +404,12 @@ def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, t
 
 @pytest.mark.parametrize("command", ["analyze", "train --resume"])
 def test_a_log_without_steps_is_named(command, run_folder, tmp_path, capsys):
-    # the settings a resume must share left out (as older checkpoints have them): the command line's differ
+    # the settings a resume must share made the command line's defaults, so that the resume reaches the log
+    defaults = TrainConfig("listops", "listops-switchhead-h2")
     folder = _damaged_checkpoint(
-        run_folder, tmp_path, lambda p: [p["train"].pop(k) for k in training.SAME_ON_RESUME]
+        run_folder,
+        tmp_path,
+        lambda p: p["train"].update({k: getattr(defaults, k) for k in training.SAME_ON_RESUME}),
     )
     pd.read_csv(folder / "log.csv").rename(columns={"step": "iteration"}).to_csv(
         folder / "log.csv", index=False

@@ -759,8 +759,8 @@ def _run(args) -> int:
             "view": r["view"],
             "ms": f"{r['ms']:.3f}" if "ms" in r else r["status"],
             "TFLOP/s": f"{r['tflops']:.3g}" if "tflops" in r else "",
-            "vs dense": "" if r["vs_dense"] is None else f"{100 * r['vs_dense']:.0f}%",
-            "vs projection": "" if r["vs_projection"] is None else f"{100 * r['vs_projection']:.0f}%",
+            "vs dense": _against(r["vs_dense"]),
+            "vs projection": _against(r["vs_projection"]),
             "of peak": f"{100 * r['fraction_of_matmul_peak']:.0f}%" if "fraction_of_matmul_peak" in r else "",
             "MoE overhead": f"{r['moe_overhead_ms']:+.3f} ms" if "moe_overhead_ms" in r else "",
         }
@@ -772,7 +772,9 @@ def _run(args) -> int:
             "/ this time; vs projection = the same for a dense projection of the same MACs (each row read once); "
             f"of peak: of the measured matmul peak ({_tflops(peak)}"
             f"{'' if peak_source in (None, 'square product') else ', of ' + peak_source}); * = what --expert-matmul "
-            f"{args.expert_matmul} runs for the case; MoE overhead = routing share + that op - dense projection"
+            f"{args.expert_matmul} runs for the case; MoE overhead = routing share + that op - dense projection; "
+            "! = faster than a dense matmul of the same MACs: the comparator ran further below its peak (a flag on "
+            "it, not a result)"
         )
     emit({"metadata": metadata, "rows": rows, "saved": str(path)}, args.json, table)
     wrong = [r for r in rows if r["status"] == "wrong"]
@@ -781,6 +783,11 @@ def _run(args) -> int:
     for r in wrong:
         print(f"switchbench kernel-bench: {r['impl']} on {r['case']} is wrong: {r['error']}", file=sys.stderr)
     return 1 if wrong else nothing_measured(rows, "kernel-bench", path)
+
+
+def _against(ratio: float | None) -> str:
+    """A dense comparator's time over an op's, marked above 1: the op did the same MACs faster than dense."""
+    return "" if ratio is None else f"{100 * ratio:.0f}%" + (" !" if ratio > 1 else "")
 
 
 def _yardstick(rows: list[dict], device: str, dtype: torch.dtype) -> tuple[float | None, str | None]:
