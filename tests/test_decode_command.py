@@ -488,3 +488,13 @@ def test_a_stopped_run_whose_rows_the_floors_cannot_read_is_refused_before_any_w
 def _saved(path: Path, run: dict) -> Path:
     path.write_text(json.dumps(run))
     return path
+
+
+def test_a_phase_faster_than_its_floor_ratio_is_marked_with_the_floor_and_the_peak_beside_it():
+    """The committed CPU run has MoA's prefill at 0.512 of dense's against a floor ratio of 0.675, printed plainly,
+    with neither the floor ratio nor the fraction of the peak beside it."""
+    row = {"preset": "tiny-moa", "ratio_prefill_time": 0.512, "ratio_prefill_floor": 0.675}
+    printed = decode._printed(row | {"prefill_fraction_of_matmul_peak": 0.0412})
+    assert printed["rel. prefill"] == "0.51 (baseline suspect)" and printed["rel. prefill floor"] == "0.68"
+    assert printed["prefill of peak"] == "4.1%"
+    assert decode._printed(row | {"ratio_prefill_time": 0.7})["rel. prefill"] == "0.70"

@@ -23,6 +23,7 @@ from browser import CHROMIUM, WIDTH, opened
 from switchbench.cli import main
 from switchbench.core.environment import cpu_fingerprint, describe_machine
 from switchbench.core.results import newest
+from switchbench.reports import report as report_module
 from switchbench.reports import summary
 from switchbench.reports.report import collect, render, report_environment, write_report
 
@@ -746,6 +747,27 @@ def test_the_accuracy_line_names_the_operator_a_model_gets_least_right():
         {"value": 0.95, "tolerance": 0.05, "printed": "95%"},
     )
     assert lines[0].ours == "62.0% (weakest: SM 31.0%)"
+
+
+def test_the_training_ratios_beside_a_decode_run_come_from_one_speed_run():
+    """The newest ratio of each preset put a compiled batch-64 SwitchHead beside eager batch-8 MoA and GQA in one
+    column: now one run, the newest of those that time the most of the decode run's presets."""
+
+    def run(name, time, ratios, device="H200"):
+        rows = [{"preset": p, "what": "train step", "ratio_time": r} for p, r in ratios.items()]
+        return {"file": name, "metadata": {"device": device, "time": time}, "rows": rows}
+
+    eager = run("eager.json", "1", {"switchhead": 1.57, "moa": 1.88, "gqa": 1.46})
+    compiled = run("graphs.json", "2", {"switchhead": 0.83})
+    other = run("h100.json", "3", {"switchhead": 1.18, "moa": 1.27, "gqa": 1.01}, device="H100")
+    found = report_module._training_ratios(
+        [eager, compiled, other], "H200", {"switchhead", "moa", "gqa", "dense"}
+    )
+    assert {p: ratio for p, (ratio, _) in found.items()} == {"switchhead": 1.57, "moa": 1.88, "gqa": 1.46}
+    assert all(source.startswith("eager.json") for _, source in found.values())
+    newer = run("all.json", "4", {"switchhead": 0.8, "moa": 0.9, "gqa": 0.7})
+    found = report_module._training_ratios([eager, compiled, newer], "H200", {"switchhead", "moa", "gqa"})
+    assert {p: ratio for p, (ratio, _) in found.items()} == {"switchhead": 0.8, "moa": 0.9, "gqa": 0.7}
 
 
 @pytest.mark.slow  # times a decode run

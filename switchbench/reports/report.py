@@ -172,7 +172,10 @@ def load_decode(results: Path) -> dict | None:
             run
             | {
                 "summary": _decode_summary(
-                    run["rows"], _training_ratios(speed, run["metadata"].get("device"))
+                    run["rows"],
+                    _training_ratios(
+                        speed, run["metadata"].get("device"), {r["preset"] for r in run["rows"]}
+                    ),
                 )
             }
             for run in runs
@@ -180,18 +183,27 @@ def load_decode(results: Path) -> dict | None:
     }
 
 
-def _training_ratios(speed_runs: list[dict], device: str | None) -> dict[str, tuple[float, str]]:
-    """Each preset's training-step time ratio on ``device`` and the run it comes from: the newest speed run of that
-    device to time it (a ratio belongs to its device and its settings, so none is taken from another device)."""
-    found = {}
-    for run in sorted(speed_runs, key=lambda run: recorded(run["metadata"])):
-        if run["metadata"].get("device") != device:
-            continue
-        source = f"{run['file']} ({labels.speed_setting(run['metadata'])})"
-        for r in run["rows"]:
-            if r.get("what") == "train step" and r.get("ratio_time") is not None:
-                found[r["preset"]] = (r["ratio_time"], source)
-    return found
+def _training_ratios(
+    speed_runs: list[dict], device: str | None, presets: set[str]
+) -> dict[str, tuple[float, str]]:
+    """The training-step time ratios on ``device`` of as many of ``presets`` as one speed run has, and that run:
+    the newest of those that time the most of them. One run, so that the ratios side by side share their settings
+    (the newest run of each preset put a compiled batch-64 ratio beside eager batch-8 ones); none from another
+    device."""
+
+    def ratios(run: dict) -> dict[str, float]:
+        return {
+            r["preset"]: r["ratio_time"]
+            for r in run["rows"]
+            if r.get("what") == "train step" and r.get("ratio_time") is not None and r["preset"] in presets
+        }
+
+    runs = [run for run in speed_runs if run["metadata"].get("device") == device and ratios(run)]
+    if not runs:
+        return {}
+    run = max(runs, key=lambda run: (len(ratios(run)), recorded(run["metadata"])))
+    source = f"{run['file']} ({labels.speed_setting(run['metadata'])})"
+    return {preset: (ratio, source) for preset, ratio in ratios(run).items()}
 
 
 def _decode_summary(rows: list[dict], training: dict[str, tuple[float, str]]) -> list[dict]:

@@ -654,6 +654,17 @@ def _counted(r: dict, contexts) -> dict:
     }
 
 
+def _relative(r: dict, what: str) -> str:
+    """A phase's time against its baseline's, marked where its members ran different attention kernels or where
+    it beats the ratio of their floors (the baseline then ran further below what its hardware allows)."""
+    ratio, floor = r.get(f"ratio_{what}_time"), r.get(f"ratio_{what}_floor")
+    if ratio is None:
+        return ""
+    marks = [" (mixed!)"] if r.get(f"attention_{what}_mixed") else []
+    marks += [" (baseline suspect)"] if floor is not None and ratio < floor else []
+    return f"{ratio:.2f}" + "".join(marks)
+
+
 def _printed(r: dict) -> dict:
     def fmt(key, spec=".3g"):
         return format(r[key], spec) if r.get(key) is not None else ""
@@ -665,13 +676,13 @@ def _printed(r: dict) -> dict:
         "KV B/token": fmt("kv_cache_bytes_per_token", ",") if r.get("kv_cache_bytes_per_token") else "-",
         "prefill ms": fmt("prefill_ms") or r.get("status", ""),
         "prefill/floor": fmt("prefill_time_over_floor", ".2f"),
-        "rel. prefill": fmt("ratio_prefill_time", ".2f")
-        + (" (mixed!)" if r.get("attention_prefill_mixed") else ""),
+        "rel. prefill": _relative(r, "prefill"),
+        "rel. prefill floor": fmt("ratio_prefill_floor", ".2f"),
+        "prefill of peak": fmt("prefill_fraction_of_matmul_peak", ".1%"),
         "decode ms": fmt("decode_ms"),
         "tokens/s": fmt("decode_tokens_per_s", ",.0f"),
         "decode/floor": fmt("decode_time_over_floor", ".2f"),
-        "rel. decode": fmt("ratio_decode_time", ".2f")
-        + (" (mixed!)" if r.get("attention_decode_mixed") else ""),
+        "rel. decode": _relative(r, "decode"),
         "rel. decode floor": fmt("ratio_decode_floor", ".2f"),
         "rel. KV": fmt("ratio_kv_cache_bytes", ".2f"),
         "max batch": fmt("max_batch_at_context", ","),
