@@ -550,17 +550,18 @@ def test_optimizer_moments_of_another_shape_are_refused_at_the_resume(tmp_path):
         train(TrainConfig(**{**cfg.__dict__, "steps": 4}), tmp_path, resume=True, progress=False)
 
 
-def test_a_checkpoint_that_does_not_record_its_settings_is_not_resumed(tmp_path):
+def test_a_checkpoint_that_does_not_record_its_settings_is_held_to_their_defaults(tmp_path):
     """A ``train`` record without the batch, rate or seed passed every comparison with this run's settings, so
-    one log told two trainings as one."""
+    one log told two trainings as one. Unrecorded (older code), a setting ran at its default."""
     cfg = TrainConfig(
         "listops", "listops-transformer-h8", steps=2, batch=4, eval_every=2, warmup=1, val_size=8
     )
     train(cfg, tmp_path, progress=False)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    del saved["train"]["lr"], saved["train"]["seed"]
+    del saved["train"]["batch"], saved["train"]["seed"]
     torch.save(saved, tmp_path / "checkpoint.pt")
-    with pytest.raises(
-        ValueError, match="does not record its lr, seed: it cannot be continued as the same run"
-    ):
+    with pytest.raises(ValueError, match=r"trained with batch 32 \(its default, unrecorded\) \(not 4\)"):
         train(TrainConfig(**{**cfg.__dict__, "steps": 4}), tmp_path, resume=True, progress=False)
+    assert train(
+        TrainConfig(**{**cfg.__dict__, "steps": 4, "batch": 32}), tmp_path, resume=True, progress=False
+    )

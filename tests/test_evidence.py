@@ -279,6 +279,11 @@ def test_the_tables_kernel_tune_writes_into_the_package_come_back_in_the_archive
         (["--since", "nan"], "--since nan is not a Unix time of the past"),
         (["--since", f"{time.time() + 3600:.0f}"], "is not a Unix time of the past"),
         (["--budget", "60", "--since", "1"], "the 60 s budget was spent"),
+        # the budget's time less what the install took leaves the steps none: named as the user gave it
+        (
+            ["--budget", "60", "--since", f"{time.time() - 55:.0f}"],
+            "--budget 60 s less the 5",  # 55 s and what collection took since
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, tmp_path, capsys, monkeypatch):

@@ -71,6 +71,19 @@ def test_a_member_compiled_past_the_recompile_limit_is_a_row_without_a_time():
         _time_a_member_past_the_limit()
 
 
+def test_with_dynamo_s_errors_suppressed_compiling_still_runs():
+    """Dynamo refuses fail_on_recompile_limit_hit beside suppress_errors (an assertion at the next compile): with
+    TORCHDYNAMO_SUPPRESS_ERRORS=1 every compiled path of the suite failed."""
+    config = torch._dynamo.config
+    with config.patch(suppress_errors=True, fail_on_recompile_limit_hit=False):
+        compiling.allow_recompilations()
+        torch._dynamo.reset()
+        assert torch.equal(
+            torch.compile(lambda x: x * 2, backend="eager")(torch.ones(2)), torch.full((2,), 2.0)
+        )
+    torch._dynamo.reset()
+
+
 def _time_a_member_past_the_limit():
     torch._dynamo.reset()
     double = torch.compile(lambda x: x * 2, dynamic=False, backend="eager")

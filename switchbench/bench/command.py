@@ -231,15 +231,14 @@ def check_bf16_dots(args: argparse.Namespace, expert_matmul: str | None, attenti
         device_from_args(getattr(args, "device", None)), dtype
     ):
         return
-    for where, named in (
-        (ENV_IMPL, os.environ.get(ENV_IMPL)),
-        ("--expert-matmul", expert_matmul),
-        (
-            attention_choice.ENV if attention == os.environ.get(attention_choice.ENV) else "--attention",
-            attention,
-        ),
+    # what is in force: a command's flag (whose default is its variable), else the variable
+    for flag, env, named in (
+        ("--expert-matmul", ENV_IMPL, expert_matmul),
+        ("--attention", attention_choice.ENV, attention),
     ):
+        named = named or os.environ.get(env)
         if named == "triton":
+            where = env if named == os.environ.get(env) else flag
             raise ValueError(f"{_named(where, named)} {NO_BF16_DOT}")
 
 

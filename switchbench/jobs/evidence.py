@@ -271,21 +271,24 @@ def _report_reserve(only: list[str] | None, state: dict, device: str) -> float:
     return expected_seconds(report, state, device) if report else 0.0
 
 
-def check_budget(budget: float, state: dict, device: str, only: list[str] | None) -> None:
+def check_budget(
+    budget: float, state: dict, device: str, only: list[str] | None, named: str | None = None
+) -> None:
     """A one-line ValueError when a call of ``budget`` s leaves its steps no time: all of it kept for the report
-    and the exit (every call would run nothing but the report)."""
+    and the exit (every call would run nothing but the report). ``named``: how the refusal names the budget."""
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
+    named = named or f"--budget {budget:g} s"
     reserve = _report_reserve(only, state, device)
     # the report alone: its time is the call's
     if only == [REPORT] and budget - exit_reserve(budget) < reserve:
         raise ValueError(
-            f"--budget {budget:g} s leaves the report too little time: it takes about {reserve:.0f} s, and "
+            f"{named} leaves the report too little time: it takes about {reserve:.0f} s, and "
             f"{exit_reserve(budget):.0f} s are kept for the exit"
         )
     if only != [REPORT] and budget - exit_reserve(budget) - reserve <= 0:
         raise ValueError(
-            f"--budget {budget:g} s leaves the steps no time: {reserve:.0f} s are kept for the report and "
+            f"{named} leaves the steps no time: {reserve:.0f} s are kept for the report and "
             f"{exit_reserve(budget):.0f} s for the exit"
         )
 
@@ -491,15 +494,15 @@ def _run(args: argparse.Namespace) -> int:
     check_budget(args.budget, state if planned == device else _blank(state), planned, args.only)
     if args.list:
         return _list(args, state, device, planned)
-    budget = args.budget - spent_before(args.since, args.budget)
-    check_budget(budget, state, device, args.only)
+    spent = spent_before(args.since, args.budget)
+    named = f"--budget {args.budget:g} s less the {spent:.0f} s spent since --since"
+    check_budget(args.budget - spent, state, device, args.only, named)
+    budget = args.budget - spent
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print
     if args.since is not None:
-        say(
-            f"--budget {args.budget:g} s since {args.since:.0f}: {args.budget - budget:.0f} s spent before the chain"
-        )
+        say(f"--budget {args.budget:g} s since {args.since:.0f}: {spent:.0f} s spent before the chain")
 
     def packed_now(state: dict) -> list[str]:
         return [str(p) for p in pack(state, state_path, Path(args.pack), results, runs)] if args.pack else []

@@ -6,7 +6,7 @@ Seeded, resumable (a batch depends only on the seed and the step), logged to CSV
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
@@ -279,16 +279,15 @@ def train(
         saved = checkpoint.load(out / "checkpoint.pt")
         if saved["config"] != model_cfg.to_dict() or saved["task"] != cfg.task:
             raise ValueError(f"{out / 'checkpoint.pt'} holds another model or task; use another --out")
-        unknown = [key for key in SAME_ON_RESUME if key not in saved["train"]]
-        if unknown:  # nothing would tell two trainings in one log apart
-            raise ValueError(
-                f"{out / 'checkpoint.pt'} does not record its {', '.join(unknown)}: it cannot be continued as the "
-                "same run; --force to start again"
-            )
+        # a setting the checkpoint does not record (older code) ran at its default: an empty record had passed
+        # every comparison, so that one log told two trainings as one
+        defaults = {f.name: f.default for f in fields(TrainConfig)}
+        ran = {key: saved["train"].get(key, defaults[key]) for key in SAME_ON_RESUME}
         changed = [
-            f"{key} {saved['train'][key]} (not {getattr(cfg, key)})"
+            f"{key} {ran[key]}{'' if key in saved['train'] else ' (its default, unrecorded)'} "
+            f"(not {getattr(cfg, key)})"
             for key in SAME_ON_RESUME
-            if saved["train"][key] != getattr(cfg, key)
+            if ran[key] != getattr(cfg, key)
         ]
         if changed:  # one log would tell two trainings as one
             raise ValueError(

@@ -174,7 +174,9 @@ def _timed_call(timer: Timer, bench: Bench) -> float | str:
     raised."""
     try:
         t = unless_oom(lambda: timer(bench.run))
-    except compiling.PAST_THE_LIMIT:
+    except Exception as error:
+        if not compiling.past_the_limit(error):
+            raise
         return "past the recompile limit"
     return "OOM" if t is None else t
 
