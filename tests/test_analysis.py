@@ -565,3 +565,24 @@ def test_a_checkpoint_that_does_not_record_its_settings_is_held_to_their_default
     assert train(
         TrainConfig(**{**cfg.__dict__, "steps": 4, "batch": 32}), tmp_path, resume=True, progress=False
     )
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda p: p.update(rng={"cpu": torch.zeros(3, dtype=torch.uint8)}),
+        lambda p: p.update(rng={"x": 1}),
+        lambda p: p.update(memory={"x": 1}),
+        lambda p: p.update(memory={"offset": 0, "mems": [torch.tensor(1.0)]}),
+    ],
+    ids=["rng of another size", "rng without cpu", "memory without mems", "memory of scalars"],
+)
+def test_a_checkpoint_whose_memory_or_generator_is_malformed_is_refused_at_the_resume(damage, tmp_path):
+    """They failed at the restore or the first step, exit 3 (a RuntimeError, KeyError or IndexError)."""
+    cfg = TrainConfig("lm", "tiny-switchhead", steps=2, batch=2, eval_every=2, warmup=1)
+    train(cfg, tmp_path, progress=False)
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    damage(saved)
+    torch.save(saved, tmp_path / "checkpoint.pt")
+    with pytest.raises(ValueError, match="its XL memory or generator state is malformed"):
+        train(TrainConfig(**{**cfg.__dict__, "steps": 4}), tmp_path, resume=True, progress=False)

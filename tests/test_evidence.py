@@ -270,6 +270,7 @@ def test_the_tables_kernel_tune_writes_into_the_package_come_back_in_the_archive
         (["--budget", "0"], "--budget must be a finite number of seconds > 0"),
         (["--budget", "nan"], "--budget must be a finite number of seconds > 0; got nan"),
         (["--budget", "inf"], "--budget must be a finite number of seconds > 0; got inf"),
+        (["--budget", "1e300"], "--budget must be at most 604800 s (a week); got 1e+300"),
         (["--results", "/proc/no-such"], "--results /proc/no-such"),
         (["--pack", "/proc/x.tar.gz"], "--pack /proc/x.tar.gz"),
         (

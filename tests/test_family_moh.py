@@ -367,6 +367,8 @@ def test_norm_presets_split_the_heads_as_moh_llama3(dense, shared, k):
         (4, {"shared_heads": 5}, "at most n_heads"),
         (4, {"shared_heads": 2, "routed_k": 3}, r"routed_k must be in \[1, 2\]"),
         (4, {"shared_heads": 2, "routed_k": 0}, r"routed_k must be in \[1, 2\]"),
+        # every head shared: the only routed_k is 0 (it said "in [1, 0]")
+        (4, {"shared_heads": 4, "routed_k": 1}, "routed_k must be 0: every head is shared, none is routed"),
         (4, {"balance_coef": -1.0}, "balance_coef"),
         (4, {"n_kv_heads": 2}, "n_kv_heads is no option of model moh"),
         (4, {"moh_router": "sigmoid"}, "moh_router must be one of softmax, norm"),

@@ -731,6 +731,12 @@ def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch
             "--reference package: no switchbench package in this folder (no __main__.py)",
         ),
         (["--reference", "a-file"], "--reference a-file: a file; give a commit or a folder"),
+        # a folder that is not there: it said "commit /tmp/nowhere is not in ...'s history", the path cut as a hash's
+        (
+            ["--reference", "/tmp/no-such-reference"],
+            "--reference /tmp/no-such-reference: no such folder, and no",
+        ),
+        (["--reference", "no-such-branch"], "commit no-such-branch is not in"),
     ],
 )
 def test_gate_refuses_what_it_cannot_measure(args, message, tmp_path, capsys, monkeypatch):

@@ -1100,3 +1100,49 @@ def test_a_table_s_name_taken_by_a_folder_is_refused_before_any_work(tmp_path, c
     (tmp_path / "table2.md").mkdir()
     monkeypatch.setattr(tables, "all_tables", lambda: pytest.fail("built before the check"))
     fails_cleanly(capsys, ["tables", "--out", str(tmp_path)], says=f"{tmp_path / 'table2.md'} is a folder")
+
+
+def test_a_run_s_name_taken_by_a_folder_goes_to_the_next_stem(tmp_path):
+    """speed, decode, profile, kernel-bench and quality picked the first stem without a .json: a folder named
+    as its .csv made the rename fail after the work (exit 3, the measurements lost)."""
+    (tmp_path / "fp32-b2.csv").mkdir()
+    assert results.new_run_stem(tmp_path, "fp32-b2") == tmp_path / "fp32-b2-2"
+    (tmp_path / "q-summary.csv").mkdir()  # quality's summary beside its run
+    assert results.new_run_stem(tmp_path, "q") == tmp_path / "q-2"
+    assert results.new_run_stem(tmp_path, "fp32-b4") == tmp_path / "fp32-b4"
+
+
+@pytest.mark.parametrize(
+    ("argv", "work", "taken"),
+    [
+        (["sweep"], (scaling, "sweep"), "cost_scaling.png"),
+        (["analyze", "some/checkpoint.pt"], (analyze, "analyze"), "summary.csv"),
+    ],
+    ids=["sweep", "analyze"],
+)
+def test_an_output_named_by_a_folder_is_refused_before_the_work(
+    argv, work, taken, tmp_path, monkeypatch, capsys
+):
+    out = tmp_path / "out"
+    (out / taken).mkdir(parents=True)
+    monkeypatch.setattr(*work, _no_work)
+    fails_cleanly(capsys, [*argv, "--out", str(out)], says=taken)
+
+
+def test_an_analysis_named_from_a_checkpoint_in_the_working_folder_takes_the_folder_s_name(
+    tmp_path, monkeypatch
+):
+    """`analyze checkpoint.pt` from inside the run's folder named the run "": its files went to
+    results/analysis/ itself, named -usage.png and the like."""
+    run = tmp_path / "listops-switchhead-h2"
+    run.mkdir()
+    monkeypatch.chdir(run)
+    assert analyze._name(Path("checkpoint.pt")) == "listops-switchhead-h2"
+
+
+@pytest.mark.parametrize("blank", [" ", "\t"])
+def test_a_listops_input_of_no_tokens_is_refused(blank, run_folder, tmp_path, capsys):
+    """A blank --input reached the model as a sequence of no tokens: a reshape error, exit 3."""
+    argv = ["analyze", str(run_folder), "--input", blank, "--sample", "2", "--out", str(tmp_path / "a")]
+    fails_cleanly(capsys, argv, says="--input holds no ListOps tokens")
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())

@@ -13,7 +13,13 @@ from switchbench.bench.command import add_json, emit
 from switchbench.bench.cost.measure import free_memory
 from switchbench.bench.timing.benches import estimated_bytes
 from switchbench.core.environment import environment
-from switchbench.core.results import save_figure, writable_folder, write_atomic, write_csv
+from switchbench.core.results import (
+    refuse_folders_named_as_files,
+    save_figure,
+    writable_folder,
+    write_atomic,
+    write_csv,
+)
 from switchbench.core.schema import read_table
 from switchbench.models.layers.observe import observe
 from switchbench.train import checkpoint, listops, text
@@ -41,6 +47,8 @@ def _inputs(
         sample = listops.generate(size, seed=10**6 + seed, cfg=data_cfg)
         if source is not None:
             tokens = listops.tokenize(source)
+            if not tokens:
+                raise ValueError("--input holds no ListOps tokens")
             if len(tokens) > cfg.T:
                 raise ValueError(f"the input has {len(tokens)} tokens; this model reads at most {cfg.T}")
         else:
@@ -262,7 +270,7 @@ def _similarity(runs: list[dict], maxima: dict, tokens: torch.Tensor, out: Path)
 
 
 def _name(path: Path) -> str:
-    path = Path(path)
+    path = Path(path).resolve()  # "checkpoint.pt" in the run's folder has no parent's name as typed
     return path.parent.name if path.name == "checkpoint.pt" else path.stem
 
 
@@ -417,6 +425,7 @@ def _run(args) -> None:
     # a run folder stands for its checkpoint, as `train` writes it
     checkpoints = [Path(p) / "checkpoint.pt" if Path(p).is_dir() else Path(p) for p in args.checkpoints]
     out = writable_folder(Path(args.out or Path("results/analysis") / _name(checkpoints[0])))
+    refuse_folders_named_as_files(out, (".csv", ".json", ".png", ".svg", ".html"))
     written = analyze(checkpoints, out, args.input, args.example, args.sample)
     if args.json:
         emit({"out": str(out), "written": [str(p) for p in written]}, True)

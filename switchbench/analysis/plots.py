@@ -157,9 +157,10 @@ def training_curves(logs: pd.DataFrame, metric: str, title: str) -> Figure:
     _seaborn().lineplot(data=logs.dropna(subset=[metric]), x="step", y=metric, hue="model", marker="o", ax=ax)
     ax.set(xlabel="step", ylabel=metric.replace("_", " "), title=title)
     ax.grid(alpha=0.3)
-    _seaborn().move_legend(
-        ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False
-    )  # outside the data
+    if ax.get_legend() is not None:  # none where matplotlib hides every label (a name starting with "_")
+        _seaborn().move_legend(
+            ax, "upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False
+        )  # outside the data
     return fig
 
 

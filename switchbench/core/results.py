@@ -257,12 +257,27 @@ def _tight_box(fig):
 
 
 def new_run_stem(folder: Path, label: str) -> Path:
-    """``folder/label``, or ``folder/label-2``, ... : the first stem with no .json beside it."""
+    """``folder/label``, or ``folder/label-2``, ... : the first stem that names nothing in the folder (its .json,
+    .csv or figures; a folder of such a name made the rename fail after the work)."""
     stem, n = Path(folder) / label, 1
-    while stem.with_suffix(".json").exists():
+    while _taken(stem):
         n += 1
         stem = Path(folder) / f"{label}-{n}"
     return stem
+
+
+def _taken(stem: Path) -> bool:
+    """Whether a file or folder named ``stem.*`` or ``stem-summary.*`` (quality's) exists."""
+    name = glob.escape(stem.name)
+    return any(stem.parent.glob(f"{name}.*")) or any(stem.parent.glob(f"{name}-summary.*"))
+
+
+def refuse_folders_named_as_files(folder: Path, suffixes: tuple[str, ...], flag: str = "--out") -> None:
+    """A one-line ValueError where ``folder`` holds a folder named as a file of ``suffixes``: a command whose
+    outputs' names depend on its inputs (an analysis' models) would fail renaming into it after the work."""
+    taken = sorted(p for p in Path(folder).glob("*") if p.is_dir() and p.suffix in suffixes)
+    if taken:
+        raise ValueError(f"{flag} {folder}: {taken[0].name} is a folder where a file of that name goes")
 
 
 def frame(rows: list[dict] | pd.DataFrame) -> pd.DataFrame:

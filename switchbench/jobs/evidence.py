@@ -278,6 +278,8 @@ def check_budget(
     and the exit (every call would run nothing but the report). ``named``: how the refusal names the budget."""
     if not math.isfinite(budget) or budget <= 0:
         raise ValueError(f"--budget must be a finite number of seconds > 0; got {budget}")
+    if budget > MAX_DURATION:  # past what a process's timeouts take: every step failed, recorded as failed
+        raise ValueError(f"--budget must be at most {MAX_DURATION:g} s (a week); got {budget:g}")
     named = named or f"--budget {budget:g} s"
     reserve = _report_reserve(only, state, device)
     # the report alone: its time is the call's

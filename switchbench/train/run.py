@@ -303,10 +303,16 @@ def train(
         start = saved["step"]
         if start < 0:
             raise ValueError(f"{out / 'checkpoint.pt'}: step {start} is negative")
-        state = _restored_memory(saved.get("memory"), rows, cfg.device)
-        # dropout's draws continue where they were (nothing below draws before the first step)
-        if saved.get("rng") is not None:  # older checkpoints have none
-            _set_rng_state(saved["rng"], cfg.device)
+        try:
+            state = _restored_memory(saved.get("memory"), rows, cfg.device, model_cfg)
+            # dropout's draws continue where they were (nothing below draws before the first step)
+            if saved.get("rng") is not None:  # older checkpoints have none
+                _set_rng_state(saved["rng"], cfg.device)
+        except (KeyError, TypeError, IndexError, AttributeError, RuntimeError, ValueError) as error:
+            raise ValueError(
+                f"{out / 'checkpoint.pt'}: its XL memory or generator state is malformed "
+                f"({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+            ) from None
         if start > cfg.steps:  # else it would report the checkpoint's figures as this run's, training nothing
             raise ValueError(
                 f"{out / 'checkpoint.pt'} is at step {start}, past --steps {cfg.steps}: ask for more steps to "
@@ -415,10 +421,16 @@ def _set_rng_state(saved: dict, device: str) -> None:
         torch.cuda.set_rng_state(saved["cuda"])
 
 
-def _restored_memory(memory: dict | None, rows: slice, device: str):
+def _restored_memory(memory: dict | None, rows: slice, device: str, cfg: ModelConfig):
+    """The XL memory a checkpoint saved, this process's rows of it: a layer's cached inputs [B, M, d_model] each."""
     if memory is None:
         return None
-    return State(tuple(None if m is None else m[rows].to(device) for m in memory["mems"]), memory["offset"])
+    mems = tuple(None if m is None else m[rows].to(device) for m in memory["mems"])
+    if len(mems) != cfg.n_layers or any(
+        m is not None and (m.dim() != 3 or m.shape[2] != cfg.d_model) for m in mems
+    ):
+        raise ValueError(f"not {cfg.n_layers} layers' inputs of {cfg.d_model} channels")
+    return State(mems, int(memory["offset"]))
 
 
 # One evaluation is of 1,000 examples (a standard error of about 1.1 points at 85%): a target counts as met when

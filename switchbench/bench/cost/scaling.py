@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from switchbench.bench.command import add_json, emit
 from switchbench.bench.cost.accounting import exact_cost
 from switchbench.core.environment import environment
-from switchbench.core.results import csv_writer, new_figure, save_figure, writable_folder
+from switchbench.core.results import csv_writer, new_figure, save_figure, writable_file, writable_folder
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.cost import Cost
@@ -151,7 +151,9 @@ def register(commands) -> None:
 
 
 def _run(args) -> None:
-    writable_folder(Path(args.out))
+    folder = writable_folder(Path(args.out))
+    for suffix in ("csv", "png", "svg", "json"):  # a folder of the name failed at the rename, after the work
+        writable_file(folder / f"cost_scaling.{suffix}")
     rows = sweep()
     written = write_sweep(Path(args.out), rows)
     summary = [

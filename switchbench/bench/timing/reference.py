@@ -68,13 +68,18 @@ def _package_tar(commit: str, checkout: Path) -> bytes:
     if found.returncode:
         why = _first_line(found.stderr)
         history = "a shallow clone or a copy?" if not why or "Not a valid" in why else why
-        raise NoReference(f"commit {commit[:12]} is not in {checkout}'s history ({history})")
+        raise NoReference(f"commit {_short(commit)} is not in {checkout}'s history ({history})")
     if _git(checkout, "cat-file", "-e", f"{commit}:switchbench").returncode:
-        raise NoReference(f"commit {commit[:12]} has no switchbench package")
+        raise NoReference(f"commit {_short(commit)} has no switchbench package")
     tar = _git(checkout, "archive", "--format=tar", commit, "switchbench")
     if tar.returncode:
-        raise NoReference(f"git archive of {commit[:12]} failed: {_first_line(tar.stderr)}")
+        raise NoReference(f"git archive of {_short(commit)} failed: {_first_line(tar.stderr)}")
     return tar.stdout
+
+
+def _short(commit: str) -> str:
+    """A hash as git abbreviates it; any other name (a branch, a tag) whole."""
+    return commit[:12] if is_commit_id(commit) else commit
 
 
 def _git(checkout: Path, *args: str) -> subprocess.CompletedProcess:

@@ -259,6 +259,8 @@ def _reference(
     try:
         return materialise(commit, dest), commit, None
     except NoReference as error:
+        if named and "/" in named:  # a folder that is not there (or a ref git does not know)
+            raise ValueError(f"--reference {named}: no such folder, and no commit of this history") from None
         if named:
             raise ValueError(f"--reference {named}: {error}") from None
         from_git = str(error)

@@ -67,7 +67,9 @@ def validate(cfg: ModelConfig) -> None:
     routed = cfg.n_heads - cfg.opts.shared_heads
     if routed < 0:
         raise ValueError(f"shared_heads ({cfg.opts.shared_heads}) must be at most n_heads ({cfg.n_heads})")
-    if not (routed == cfg.opts.routed_k == 0 or 1 <= cfg.opts.routed_k <= routed):
+    if routed == 0 and cfg.opts.routed_k != 0:
+        raise ValueError(f"routed_k must be 0: every head is shared, none is routed; got {cfg.opts.routed_k}")
+    if routed and not 1 <= cfg.opts.routed_k <= routed:
         raise ValueError(f"routed_k must be in [1, {routed}] (the routed heads); got {cfg.opts.routed_k}")
     if cfg.opts.moh_router == "norm" and cfg.opts.balance_coef:
         raise ValueError(
