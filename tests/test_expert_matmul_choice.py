@@ -142,19 +142,25 @@ CPU_IMPLS = [impl for impl in choice.IMPLS if impl != "triton" and not expert_ma
     "case", ["single-token", "switchhead-o", "sigma-moe-up"]
 )  # gathered and padded paths
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_bf16_inputs_with_float32_scores_give_bf16_as_the_fake_says(impl, case):
+def test_bf16_inputs_with_float32_scores_run_both_ways_in_the_dtypes_the_fakes_say(impl, case):
     """A model served in bf16 without autocast gates with float32 scores: the PyTorch paths returned float32
     where the op's fake (what torch.compile plans with) and Triton's kernels say bf16, and all_experts failed
     (scatter of float32 rows into a bf16 buffer). Every one: bf16, within bf16's rounding of the float64 loop."""
-    x, weight, indices, scores, _ = float64_inputs(CASES[case])
+    x, weight, indices, scores, grad_out = float64_inputs(CASES[case])
     s_out = CASES[case].out_groups
+    leaves = [t.detach().requires_grad_() for t in (x.bfloat16(), weight.bfloat16(), scores.float())]
     y = expert_matmul_op.expert_matmul(
-        x.bfloat16(), weight.bfloat16(), route(indices, weight.shape[0]), scores.float(), s_out, impl=impl
+        *leaves[:2], route(indices, weight.shape[0]), leaves[2], s_out, impl=impl
     )
     assert y.dtype == torch.bfloat16
-    exact = reference(x, weight, indices, scores, s_out)
-    scale = exact.abs().max()
-    torch.testing.assert_close(y.double() / scale, exact / scale, rtol=0, atol=2e-2)
+    y.backward(grad_out.bfloat16())  # and the backward, which failed on the PyTorch and grouped paths
+    exact = [t.detach().requires_grad_() for t in (x, weight, scores)]
+    want = reference(*exact[:2], indices, exact[2], s_out)
+    want.backward(grad_out)
+    for got, expected in zip((y, *(t.grad for t in leaves)), (want, *(t.grad for t in exact)), strict=True):
+        scale = expected.abs().max()
+        torch.testing.assert_close(got.double() / scale, expected.detach() / scale, rtol=0, atol=3e-2)
+    assert [t.grad.dtype for t in leaves] == [torch.bfloat16, torch.bfloat16, torch.float32]
 
 
 @pytest.mark.parametrize("impl", CPU_IMPLS)

@@ -137,7 +137,9 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         dots = (grad_x_rows * x_rows).sum(1, dtype=torch.float32)
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
         grad_s = grad_s.scatter_add_(1, indices, _unsorted(dots, order).view(n, slots)).to(scores.dtype)
-        gates = _gates(scores, order, experts, slots)
+        gates = _gates(scores, order, experts, slots).to(
+            x.dtype
+        )  # fp32 scores beside bf16 rows: one GEMM dtype
         grad_x_rows = grad_x_rows * gates
         # The weight gradient takes the gate once, on the narrower operand: fewer bytes.
         if d_in <= d_out:

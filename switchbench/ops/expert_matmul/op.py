@@ -360,9 +360,10 @@ class TorchExpertMatmul:
         grad_rows = _unpad(torch.bmm(grad_pad, weight.transpose(1, 2)), rows)  # [N * S, d_in]
         grad_s = x.new_empty(0)
         if scores is not None:
-            gates = scores.gather(1, indices).reshape(-1, 1)
+            # in x's dtype, as its GEMMs: fp32 scores beside bf16 inputs (a model served without autocast)
+            gates = scores.gather(1, indices).reshape(-1, 1).to(x.dtype)
             grad_s = torch.zeros_like(scores).scatter_add_(
-                1, indices, (grad_rows * x_slots).sum(1).view(n, slots)
+                1, indices, (grad_rows * x_slots).sum(1).view(n, slots).to(scores.dtype)
             )
             grad_rows, x_slots = grad_rows * gates, x_slots * gates
         with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
