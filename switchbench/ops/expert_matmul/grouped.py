@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum, in_dtype
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -137,9 +137,8 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         dots = (grad_x_rows * x_rows).sum(1, dtype=torch.float32)
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
         grad_s = grad_s.scatter_add_(1, indices, _unsorted(dots, order).view(n, slots)).to(scores.dtype)
-        gates = _gates(scores, order, experts, slots).to(
-            x.dtype
-        )  # fp32 scores beside bf16 rows: one GEMM dtype
+        # in x's dtype, as its GEMMs: fp32 scores beside bf16 rows (a model served without autocast)
+        gates = in_dtype(_gates(scores, order, experts, slots), x.dtype)
         grad_x_rows = grad_x_rows * gates
         # The weight gradient takes the gate once, on the narrower operand: fewer bytes.
         if d_in <= d_out:

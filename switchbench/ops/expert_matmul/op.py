@@ -37,7 +37,7 @@ from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_exper
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.choice import IMPLS, measured_routing, resolve, shape_bucket
-from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT_LABEL, per_slot
+from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT_LABEL, in_dtype, per_slot
 
 
 @dataclass(eq=False)
@@ -361,9 +361,9 @@ class TorchExpertMatmul:
         grad_s = x.new_empty(0)
         if scores is not None:
             # in x's dtype, as its GEMMs: fp32 scores beside bf16 inputs (a model served without autocast)
-            gates = scores.gather(1, indices).reshape(-1, 1).to(x.dtype)
+            gates = in_dtype(scores.gather(1, indices).reshape(-1, 1), x.dtype)
             grad_s = torch.zeros_like(scores).scatter_add_(
-                1, indices, (grad_rows * x_slots).sum(1).view(n, slots).to(scores.dtype)
+                1, indices, in_dtype((grad_rows * x_slots).sum(1).view(n, slots), scores.dtype)
             )
             grad_rows, x_slots = grad_rows * gates, x_slots * gates
         with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):

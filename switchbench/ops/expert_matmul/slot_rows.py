@@ -4,6 +4,7 @@ kernels need, and the per-slot rows summed back into their groups at the true wi
 Shared by the implementations (triton_kernels.py, grouped.py, all_experts.py and op.py's PyTorch path).
 """
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -17,6 +18,11 @@ GATES_LABEL = "switchbench.expert_matmul.gates"
 # The Triton weight-gradient kernel, by name: on an H100 its launch was not seen inside the label above (a Triton
 # launch goes through the driver, not the runtime call the profiler links kernels by)
 WEIGHT_GRADIENT_KERNELS = ("_grouped_outer_kernel",)
+
+
+def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype``, with no call where it is already: a no-op cast is still an operator the gate counts."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def aligned(t: Tensor, multiple: int) -> Tensor:
