@@ -497,9 +497,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.list:
         return _list(args, state, device, planned)
     spent = spent_before(args.since, args.budget)
-    named = f"--budget {args.budget:g} s less the {spent:.0f} s spent since --since"
-    check_budget(args.budget - spent, state, device, args.only, named)
     budget = args.budget - spent
+    if spent:  # what the install left of the call
+        named = f"--budget {args.budget:g} s less the {spent:.0f} s spent since --since"
+        check_budget(budget, state, device, args.only, named)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     say = (lambda line: print(line, file=sys.stderr)) if args.json else print

@@ -27,7 +27,7 @@ from switchbench.bench.timing.benches import too_large
 from switchbench.bench.timing.timer import matmul_peak_tflops
 from switchbench.core import distributed, optim
 from switchbench.core.results import writable_folder, write_csv
-from switchbench.core.schema import read_table
+from switchbench.core.schema import first_line, read_table
 from switchbench.models import family as registry
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import State
@@ -311,7 +311,7 @@ def train(
         except (KeyError, TypeError, IndexError, AttributeError, RuntimeError, ValueError) as error:
             raise ValueError(
                 f"{out / 'checkpoint.pt'}: its XL memory or generator state is malformed "
-                f"({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+                f"({type(error).__name__}: {first_line(error)})"
             ) from None
         if start > cfg.steps:  # else it would report the checkpoint's figures as this run's, training nothing
             raise ValueError(
