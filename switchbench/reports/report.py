@@ -272,6 +272,7 @@ def quality_strength(run: dict) -> int:
     return int(meta.get("seeds", 0)) * int(meta.get("tokens_per_run", 0))
 
 
+# A quality summary's columns against dense, which a run without dense (or of dense alone) does not write
 AGAINST_DENSE = (
     [f"{figure}{part}" for figure in ("vs_dense", "vs_dense_best") for part in ("", "_low", "_high", "_df")]
     + ["verdict", "verdict_best"]
