@@ -3,6 +3,7 @@
 import json
 import math
 import pickle
+import re
 from pathlib import Path
 
 import matplotlib.image
@@ -449,6 +450,26 @@ def test_checkpoint_from_before_the_xl_terms_loads(tmp_path):
     torch.save(payload, path)
     loaded = checkpoint.load(path)
     assert loaded["cfg"] == cfg
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_a_checkpoint_of_weights_that_are_not_finite_is_refused(value, tmp_path, capsys):
+    """Training never saves them (it stops at the first): such a file was analysed into NaN statistics without a
+    word, and a resumed run trained nothing."""
+    cfg = PRESETS["tiny-switchhead"]
+    model = LanguageModel(cfg)
+    name, weight = list(model.state_dict().items())[-1]
+    weight.view(-1)[-1] = value
+    path = tmp_path / "run" / "checkpoint.pt"
+    path.parent.mkdir()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    checkpoint.save(path, task="lm", cfg=cfg, model=model, optimizer=optimizer, step=0, train={})
+    message = f"{path}: the weight {name!r} is not finite (NaN or inf)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        checkpoint.load(path)
+    assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"switchbench analyze: error: {message}"]
+    assert not (tmp_path / "x").exists()
 
 
 def test_byte_labels_are_ascii_or_hex():

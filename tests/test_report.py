@@ -808,6 +808,13 @@ def test_the_inference_section_sets_serving_beside_training(tmp_path):
     assert 'id="decode"' in page and "123.0%" in page and "no decode path" in page
     assert HOSTILE not in page and "&lt;script&gt;" in page
     assert "A partial run" not in page  # both cells were measured
+    # a decode ratio below its floor ratio is marked, as the printout marks it
+    cell = next(r for r in run["rows"] if r["preset"] == "tiny-switchhead" and r.get("batch") == 2)
+    marked = f'<td class="num bad">{cell["ratio_decode_time"]:.1%}</td>'
+    assert marked not in page or cell["ratio_decode_time"] < cell["ratio_decode_floor"]
+    cell["ratio_decode_floor"] = cell["ratio_decode_time"] + 0.5
+    run_path.write_text(json.dumps(run))
+    assert marked in write_report(tmp_path, tmp_path / "report.html", {}).read_text()
     run["metadata"]["cells_done"] = 1  # as a run stopped after its first cell saves itself
     run_path.write_text(json.dumps(run))
     page = write_report(tmp_path, tmp_path / "report.html", {}).read_text()

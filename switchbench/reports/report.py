@@ -19,6 +19,7 @@ import jinja2
 import markupsafe
 
 from switchbench.bench.command import device_from_args
+from switchbench.bench.inference import decode
 from switchbench.bench.published import WALLCLOCK
 from switchbench.bench.timing.speed import below_floor
 from switchbench.core.environment import describe_machine, environment
@@ -440,7 +441,7 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
     """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
     env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count)
-    env.tests["below_floor"] = below_floor
+    env.tests.update(below_floor=below_floor, below_decode_floor=decode.below_floor)
     env.globals.update(
         trained=labels.trained, speed_setting=labels.speed_setting, reference_min_r=summary.REFERENCE_MIN_R
     )

@@ -81,4 +81,11 @@ def load(path: Path) -> dict:
             f"{path}: weights do not match the configuration: "
             + " ".join(line.strip() for line in str(error).splitlines()[:2])[:300]
         ) from None
+    # training never saves such weights (a run stops at the first non-finite one): statistics of a damaged or
+    # foreign file would be NaN, and a resumed run would train nothing
+    bad = next(
+        (k for k, t in module.state_dict().items() if t.is_floating_point() and not t.isfinite().all()), None
+    )
+    if bad is not None:
+        raise ValueError(f"{path}: the weight {bad!r} is not finite (NaN or inf)")
     return payload | {"cfg": cfg, "module": module.eval()}

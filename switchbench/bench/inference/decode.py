@@ -654,15 +654,21 @@ def _counted(r: dict, contexts) -> dict:
     }
 
 
+def below_floor(r: dict, what: str = "decode") -> bool:
+    """Whether a phase's time ratio beats the ratio of its members' floors: the baseline then ran further below
+    what its hardware allows, not the model fast (``speed.below_floor`` for a training step)."""
+    ratio, floor = r.get(f"ratio_{what}_time"), r.get(f"ratio_{what}_floor")
+    return ratio is not None and floor is not None and ratio < floor
+
+
 def _relative(r: dict, what: str) -> str:
     """A phase's time against its baseline's, marked where its members ran different attention kernels or where
-    it beats the ratio of their floors (the baseline then ran further below what its hardware allows)."""
-    ratio, floor = r.get(f"ratio_{what}_time"), r.get(f"ratio_{what}_floor")
-    if ratio is None:
+    it beats the floor ratio."""
+    if r.get(f"ratio_{what}_time") is None:
         return ""
     marks = [" (mixed!)"] if r.get(f"attention_{what}_mixed") else []
-    marks += [" (baseline suspect)"] if floor is not None and ratio < floor else []
-    return f"{ratio:.2f}" + "".join(marks)
+    marks += [" (baseline suspect)"] if below_floor(r, what) else []
+    return f"{r[f'ratio_{what}_time']:.2f}" + "".join(marks)
 
 
 def _printed(r: dict) -> dict:
