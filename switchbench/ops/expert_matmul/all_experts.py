@@ -33,7 +33,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, group_sum, per_slot
+from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, group_sum, in_dtype, per_slot
 
 
 def unavailable(in_groups: int, out_groups: int) -> str | None:
@@ -107,7 +107,7 @@ def _laid_out(rows: Tensor, indices: Tensor, n_experts: int, scores: Tensor | No
     slot_rows = _per_slot(rows, indices.shape[1])
     gates = _gates(scores, indices)
     # in the rows' dtype, as the fused kernel writes them (fp32 scores beside bf16 rows promoted them)
-    slot_rows = slot_rows if gates is None else (slot_rows * gates).to(rows.dtype)
+    slot_rows = slot_rows if gates is None else in_dtype(slot_rows * gates, rows.dtype)
     return rows.new_zeros(n, n_experts, d).scatter_add_(1, _columns(indices, d), slot_rows)
 
 
@@ -126,18 +126,15 @@ def _picked(
     if scores is None:
         return _group_sum(rows, groups), None
     grad_scores = _gate_grad(rows, _per_slot(x, indices.shape[1]), scores, indices)
-    return _group_sum(rows * _gates(scores, indices), groups).to(src.dtype), grad_scores
+    return in_dtype(_group_sum(rows * _gates(scores, indices), groups), src.dtype), grad_scores
 
 
 def _gate_grad(rows: Tensor, other: Tensor, scores: Tensor, indices: Tensor) -> Tensor:
     """[N, E]: each slot's row dot (in at least fp32) added into its expert's score."""
     wide = torch.promote_types(scores.dtype, torch.float32)
     dots = (rows * other).sum(-1, dtype=wide)
-    return (
-        torch.zeros(scores.shape, dtype=wide, device=scores.device)
-        .scatter_add_(1, indices, dots)
-        .to(scores.dtype)
-    )
+    grad = torch.zeros(scores.shape, dtype=wide, device=scores.device).scatter_add_(1, indices, dots)
+    return in_dtype(grad, scores.dtype)
 
 
 # The interface of op.py's implementations: READS_GROUPING, EVERY_EXPERT, unavailable, gates_outside,
@@ -188,7 +185,7 @@ def gate_sum(y: Tensor, scores: Tensor, indices: Tensor, groups: int) -> Tensor:
         from switchbench.ops.expert_matmul import slot_kernels
 
         return slot_kernels.gate_sum(y, scores, indices, groups)
-    return _group_sum(y * _gates(scores, indices), groups).to(y.dtype)
+    return in_dtype(_group_sum(y * _gates(scores, indices), groups), y.dtype)
 
 
 @gate_sum.register_fake
@@ -199,7 +196,7 @@ def _(y, scores, indices, groups):
 @torch.library.custom_op("switchbench::gate_sum_backward", mutates_args=())
 def _gate_sum_backward(grad: Tensor, y: Tensor, scores: Tensor, indices: Tensor) -> tuple[Tensor, Tensor]:
     """(grad y, grad scores) for the output's ``grad`` [N, G, d]."""
-    grad = grad.to(y.dtype)  # under CUDA autocast the gradient may come in fp32
+    grad = in_dtype(grad, y.dtype)  # under CUDA autocast the gradient may come in fp32
     if fused(y):
         from switchbench.ops.expert_matmul import slot_kernels
 

@@ -136,7 +136,9 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         # Ungated input gradients give the gate gradients as a row dot with x: no forward recomputed.
         dots = (grad_x_rows * x_rows).sum(1, dtype=torch.float32)
         grad_s = torch.zeros(scores.shape, dtype=torch.float32, device=scores.device)
-        grad_s = grad_s.scatter_add_(1, indices, _unsorted(dots, order).view(n, slots)).to(scores.dtype)
+        grad_s = in_dtype(
+            grad_s.scatter_add_(1, indices, _unsorted(dots, order).view(n, slots)), scores.dtype
+        )
         # in x's dtype, as its GEMMs: fp32 scores beside bf16 rows (a model served without autocast)
         gates = in_dtype(_gates(scores, order, experts, slots), x.dtype)
         grad_x_rows = grad_x_rows * gates

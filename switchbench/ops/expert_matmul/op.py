@@ -168,8 +168,8 @@ def expert_matmul(
         raise ValueError(f"weight {tuple(weight.shape)} does not fit {routing.n_experts} experts x {d_in} in")
     dtype = autocast_dtype(x.device.type)
     if dtype is not None:
-        x, weight = x.to(dtype), weight.to(dtype)
-        scores = None if scores is None else scores.to(dtype)
+        x, weight = in_dtype(x, dtype), in_dtype(weight, dtype)
+        scores = None if scores is None else in_dtype(scores, dtype)
     if impl is None or impl == "auto":
         gated = scores is not None
         bucket = shape_bucket(
@@ -235,8 +235,8 @@ def _expert_matmul_op(
 ) -> Tensor:
     # x's dtype, as its fake says: fp32 scores beside bf16 inputs (a model served without autocast) promoted the
     # PyTorch paths' outputs to fp32, where Triton's kernels write bf16
-    return (
-        _implementation(impl).forward(x, weight, scores, indices, order, experts, offsets, s_out).to(x.dtype)
+    return in_dtype(
+        _implementation(impl).forward(x, weight, scores, indices, order, experts, offsets, s_out), x.dtype
     )
 
 
@@ -262,7 +262,7 @@ def _expert_matmul_backward_op(
     ``grad_out`` may come in any floating dtype: under CUDA autocast the gradient reaching the op can be fp32
     while its saved inputs are bf16, so it is cast to the forward's compute dtype (x's) first.
     """
-    grad_out = grad_out.to(x.dtype)
+    grad_out = in_dtype(grad_out, x.dtype)
     return _implementation(impl).backward(grad_out, x, weight, scores, indices, order, experts, offsets)
 
 
