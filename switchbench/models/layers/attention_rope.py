@@ -14,7 +14,11 @@ def rotate(x: Tensor, positions: Tensor) -> Tensor:
     """Rotate the first ROTATE_FRACTION of the channels of x [B, H, L, d_head] by positions [L]."""
     n_rot = int(x.shape[-1] * ROTATE_FRACTION) // 2 * 2
     half = n_rot // 2
-    dtype = torch.promote_types(x.dtype, torch.float32)
+    # Angles in float64 whatever x's dtype: positions are absolute and a training stream's grow without end, and
+    # in float32 a position's angle is off by half its ulp (0.03 rad at 2**20, whole radians past 2**24, where
+    # neighbouring positions round to one angle), so a model's outputs drifted with the step it was on (1.2 in
+    # its logits at 2**24). The table is [L, n_rot / 2]: its cost is nothing beside the attention it feeds.
+    dtype = torch.float64
     inv_freq = BASE ** (-torch.arange(0, n_rot, 2, device=x.device, dtype=dtype) / n_rot)
     angles = positions[:, None].to(dtype) * inv_freq[None, :]  # [L, n_rot / 2]
     cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
