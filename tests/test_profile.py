@@ -448,6 +448,29 @@ def test_a_cuda_kernel_takes_the_context_of_its_launch_on_the_backward_thread():
     ]
 
 
+def test_a_kernel_attached_to_two_host_events_of_one_correlation_id_is_counted_once():
+    """Without linked launches (torch 2.11) a kernel is counted from the host event it is attached to, and the
+    profiler attaches it to every event of its launch's correlation id: an overhead record given its operator's
+    id (pytorch/pytorch#193924) counted the operator's kernels twice."""
+    step = _event(1, profile.STEP_LABEL, 0, 100)
+    op = _event(3, profile.EXPERT_BACKWARD_OP, 10, 60)
+    overhead = _event(3, "Lazy Function Loading", 20, 21)  # the operator's correlation id
+    other = _event(4, "aten::mm", 70, 80)
+    for event, (name, us) in (
+        (op, ("_scatter_matmul_kernel", 10)),
+        (overhead, ("_scatter_matmul_kernel", 10)),
+    ):
+        event.append_kernel(name, 0, us)
+    other.append_kernel("gemm", 0, 5)
+    events = [step, op, overhead, other]
+    EventList(events)._build_tree()
+    found, _ = profile.units(events, "cuda")
+    assert sorted((u.name, u.op, u.us) for u in found) == [
+        ("_scatter_matmul_kernel", profile.EXPERT_BACKWARD_OP, 10),
+        ("gemm", "aten::mm", 5),
+    ]
+
+
 def test_the_profiler_s_one_cycle_warning_is_no_error_here():
     """The suite turns warnings into errors; torch 2.11's notice that a profiler clears events at each cycle (seen
     on an H200 as speed counted operators) says nothing about one-cycle profiles and must not fail a GPU run."""

@@ -334,9 +334,10 @@ def captured(step: Callable[[], None], warmup: int = 3) -> Callable[[], None]:
     try:
         with _not_capturable(), torch.cuda.graph(graph, pool=_graph_pool()):
             step()
-    except RuntimeError:
-        torch.cuda.set_stream(caller)  # a failed capture leaves its own stream current
-        raise
+    finally:
+        # a failed capture leaves its own stream current, and whatever ends it (an error the capture's end
+        # raises, a warning made an error) must not leave the caller on it
+        torch.cuda.set_stream(caller)
     return graph.replay
 
 

@@ -233,7 +233,17 @@ def _kernel_units(events: list[FunctionEvent], inside: list[FunctionEvent], forw
     a kernel takes its operator's context."""
     linked = [e for e in inside if getattr(e, "linked_correlation_id", 0) > 0]
     if not linked:
-        return [Unit(k.duration, k.name, *_op_context(e, forward)) for e in inside for k in e.kernels]
+        # A kernel is attached to every host event of its launch's correlation id, and a profiler's overhead
+        # record may carry its operator's id (pytorch/pytorch#193924): one holder per id, the operator first
+        holders = {}
+        for e in (e for e in inside if e.kernels):
+            if e.id not in holders or (
+                e.name.startswith(OPERATORS) > holders[e.id].name.startswith(OPERATORS)
+            ):
+                holders[e.id] = e
+        return [
+            Unit(k.duration, k.name, *_op_context(e, forward)) for e in holders.values() for k in e.kernels
+        ]
     launches = {(e.id, e.linked_correlation_id): e for e in linked}
     found = []
     for kernel in events:
