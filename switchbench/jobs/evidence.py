@@ -20,22 +20,26 @@ nothing), and the steps that need CUDA are reported as missing.
 """
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import tarfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from switchbench.bench.command import Distinct, add_json, device_from_args, slug
 from switchbench.bench.kernels import tune
 from switchbench.core import schema
 from switchbench.core.environment import commit, device_name, environment
 from switchbench.core.results import replace_atomically, writable_file, writable_folder, write_atomic
-from switchbench.jobs import evidence_steps
+from switchbench.jobs import evidence_steps, processes
 from switchbench.jobs.evidence_steps import (
     REPORT,
     ROOT,
@@ -222,12 +226,21 @@ def run_chain(
     report, reserve = _report_step(only), _report_reserve(only, state, ctx.device)
     ctx.deadline = end - reserve
     ran = []
-    steps = [s for s in todo if s.name != REPORT and not _outgrew_a_call(s, state, end - reserve - started)]
+    # a step named by --only is asked for by name: it runs whatever it did before
+    steps = [
+        s
+        for s in todo
+        if s.name != REPORT
+        and (s.name in (only or ()) or not _outgrew_a_call(s, state, end - reserve - started))
+    ]
     for step in [s for s in todo if s.name != REPORT]:
         left = ctx.deadline - time.monotonic()
         need = expected_seconds(step, state, ctx.device)
         if step not in steps:
-            say(f"  never  {step.name}: stopped with a whole call to itself; raise --budget or split it")
+            say(
+                f"  never  {step.name}: stopped with a whole call to itself; raise --budget, split it, or name it "
+                "with --only"
+            )
             continue
         waiting = _waiting_for(step, state)
         if waiting:  # it would run on what they left half made, and count as done
@@ -242,7 +255,7 @@ def run_chain(
         if left <= 0 or not fits(step, need, left, alone):
             say(f"  later  {step.name}: needs about {need:.0f} s, {max(left, 0):.0f} s of this call left")
             continue
-        ran.append(_run_step(step, ctx, state, state_path, say, whole_call=not ran))
+        ran.append(_run_step(step, ctx, state, state_path, say, after_step, whole_call=not ran))
         after_step(state)
     if report and (ran or report in todo):
         ctx.deadline = end
@@ -306,14 +319,41 @@ def _outgrew_a_call(step: Step, state: dict, room: float) -> bool:
     return stopped and not step.resumable and room < ROOM_TO_RETRY * record.get("seconds", 0.0)
 
 
-def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whole_call: bool = False) -> str:
-    """Run ``step`` and record how it ended; ``whole_call``: it is the call's first step, the whole call its own."""
+def _run_step(
+    step: Step,
+    ctx: Context,
+    state: dict,
+    state_path: Path,
+    say,
+    after_command: Callable[[dict], object] = lambda state: None,
+    whole_call: bool = False,
+) -> str:
+    """Run ``step`` and record how it ended; ``whole_call``: it is the call's first step, the whole call its own.
+    After each of its commands the step so far is recorded as unfinished and ``after_command`` gets the state (the
+    archive is rewritten there): a call killed mid-step keeps what the step's finished commands wrote and the log
+    of the one it was in."""
     say(f"== {step.name}: {step.owes}")
     # what a step may write: figures, models, and the package's tables of what kernel-tune measured
     roots = [ctx.results, ctx.runs, tune.TABLE, tune.AUTO_TABLE]
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
-    ctx.step = step.name
+    earlier_run = state["steps"].get(step.name, {})
+
+    one_at_a_time = threading.Lock()  # a step's commands may end together on threads of its own (ListOps)
+
+    def so_far() -> None:
+        with one_at_a_time:
+            files = _written(before, _snapshot(roots))
+            if step.resumable and earlier_run.get("status") in UNFINISHED:
+                files = sorted(set(earlier_run.get("files", [])) | set(files))
+            seconds = round(time.monotonic() - started, 1)
+            detail = "the call ended during the step (killed from outside)"
+            killed = {"status": KILLED, "detail": detail, "seconds": seconds, "files": files}
+            state["steps"][step.name] = record | killed
+            _save_state(state_path, state)
+            after_command(state)
+
+    ctx.step, ctx.after_command = step.name, so_far
     stopped = None
     try:
         step.run(ctx)
@@ -342,12 +382,12 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "files": _written(before, _snapshot(roots)),
     }
-    earlier_run = state["steps"].get(step.name, {})
+    ctx.after_command = lambda: None
     # a resumable step's earlier calls kept what they wrote (a test part's logs): it is still what the step owes
-    if step.resumable and earlier_run.get("status") in ("interrupted", "failed"):
+    if step.resumable and earlier_run.get("status") in UNFINISHED:
         record["files"] = sorted(set(earlier_run.get("files", [])) | set(record["files"]))
     # and the time it went on from: a step finished over two calls lasts both (a failed one's retry starts afresh)
-    resumed = step.resumable and earlier_run.get("status") == "interrupted"
+    resumed = step.resumable and earlier_run.get("status") in ("interrupted", KILLED)
     record["spent"] = round(
         seconds + (earlier_run.get("spent", earlier_run.get("seconds", 0.0)) if resumed else 0.0), 1
     )
@@ -371,6 +411,12 @@ def _run_step(step: Step, ctx: Context, state: dict, state_path: Path, say, whol
     if stopped is not None:
         raise stopped
     return status
+
+
+KILLED = (
+    "killed"  # recorded after each command of a step: what a call killed from outside leaves in its archive
+)
+UNFINISHED = ("interrupted", "failed", KILLED)
 
 
 class Stopped(BaseException):
@@ -503,7 +549,12 @@ def _run(args: argparse.Namespace) -> int:
         check_budget(budget, state, device, args.only, named)
     folder.mkdir(parents=True, exist_ok=True)
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
-    say = (lambda line: print(line, file=sys.stderr)) if args.json else print
+    stream = sys.stderr if args.json else sys.stdout
+    say = _sayer(stream, ctx.log)
+    if (
+        ctx.gpu
+    ):  # a node brings back what the command writes under its $OUT: the steps' output too, as it comes
+        ctx.echo = processes.Echo(stream.buffer)
     if args.since is not None:
         say(f"--budget {args.budget:g} s since {args.since:.0f}: {spent:.0f} s spent before the chain")
 
@@ -536,6 +587,27 @@ def _run(args: argparse.Namespace) -> int:
             )
         )
     return 1 if failed else 0
+
+
+def _sayer(stream: TextIO, log: Path) -> Callable[[str], None]:
+    """The chain's lines, to ``stream`` and into the log the archive carries, beside its commands' output. A
+    stream whose reader is gone (a node's `tee`, killed with the chain's pipeline at its time limit) is let go: the
+    chain must still record the stopped step and pack, where a BrokenPipeError ended it with neither."""
+    live = [stream]
+
+    def say(line: str) -> None:
+        with log.open("a") as sink:
+            sink.write(line + "\n")
+        try:
+            for out in live:
+                print(line, file=out, flush=True)
+        except (OSError, ValueError):
+            live.clear()
+            # Python flushes the stream once more at exit; nothing may be left to write to a broken pipe
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+    return say
 
 
 def spent_before(since: float | None, budget: float) -> float:

@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 # The modules whose `python -m` commands the rehearsal forks, and what the server imports before any fork
 FORKED = ("switchbench", "pytest")
@@ -112,16 +114,42 @@ def die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def print_nothing(data: bytes) -> None:
+    pass
+
+
+class Echo:
+    """Bytes copied to ``stream`` as they come, until its reader is gone (a node's `tee`, killed with the chain's
+    pipeline at its time limit): then let go, as the pipe it copies must still be read or the step would block."""
+
+    def __init__(self, stream: BinaryIO):
+        self.stream: BinaryIO | None = stream
+
+    def __call__(self, data: bytes) -> None:
+        if self.stream is None:
+            return
+        try:
+            self.stream.write(data)
+            self.stream.flush()
+        except (OSError, ValueError):  # a broken pipe, or a stream closed
+            self.stream = None
+
+
 # Seconds the output pipe may stay open after the step's process ended, or after it was killed
 STRAY_GRACE = 5.0
 
 
-def output(process: "subprocess.Popen | _Forked", seconds: float, log: Path) -> tuple[str, bool]:
-    """What ``process`` printed, appended to ``log`` as it comes (a chain killed mid-step keeps it), and whether it
-    had to be killed at the end of ``seconds``. The pipe is read on a thread of its own: a descendant that outlives
-    the process (or escaped the kill) may hold it open, and the call must end anyway; it is given STRAY_GRACE
-    seconds, then killed if it can be found, then the pipe is let go. Stopped itself (a signal's exception), it
-    kills the process before it lets the exception go on."""
+def output(
+    process: "subprocess.Popen | _Forked",
+    seconds: float,
+    log: Path,
+    echo: Callable[[bytes], object] = print_nothing,
+) -> tuple[str, bool]:
+    """What ``process`` printed, appended to ``log`` and handed to ``echo`` as it comes (a chain killed mid-step
+    keeps it), and whether it had to be killed at the end of ``seconds``. The pipe is read on a thread of its own:
+    a descendant that outlives the process (or escaped the kill) may hold it open, and the call must end anyway;
+    it is given STRAY_GRACE seconds, then killed if it can be found, then the pipe is let go. Stopped itself (a
+    signal's exception), it kills the process before it lets the exception go on."""
     chunks: list[bytes] = []
     fd, stop = process.stdout.fileno(), threading.Event()
 
@@ -135,6 +163,7 @@ def output(process: "subprocess.Popen | _Forked", seconds: float, log: Path) -> 
                     chunks.append(data)
                     sink.write(data)
                     sink.flush()
+                    echo(data)
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
