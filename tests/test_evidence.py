@@ -527,6 +527,31 @@ def test_the_list_plans_the_device_asked_for_and_the_report_alone(capsys):
     assert "1 calls of 540 s" in text and "  call 1: report (~" in text
 
 
+def test_the_list_plans_a_node_s_next_calls_from_the_state_it_brought_back(tmp_path, monkeypatch, capsys):
+    """Here, without a GPU, --list planned a GPU from declared estimates and nothing done: the durations a node
+    learnt and the steps it finished (its archive unpacked here) were out of the plan of its next call."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(evidence_steps, "fingerprint", lambda: "this")
+    folder = tmp_path / "results" / "evidence" / "nvidia-h200"
+    folder.mkdir(parents=True)
+    first, second = (s.name for s in evidence.STEPS[:2])
+    state = {"fingerprint": "this", "steps": {first: {"status": "done"}}, "durations": {second: 123.0}}
+    (folder / "state.json").write_text(json.dumps(state))
+    assert main(["evidence", "--list", "--node", "nvidia-h200", "--json"]) == 0
+    planned = [entry for call in json.loads(capsys.readouterr().out)["calls"] for entry in call]
+    assert first not in {e["step"] for e in planned}
+    assert next(e["seconds"] for e in planned if e["step"] == second) == 123.0
+    for argv, says in (
+        (
+            ["--list", "--node", "nvidia-h100"],
+            "--node nvidia-h100: no results/evidence/nvidia-h100/state.json",
+        ),
+        (["--node", "nvidia-h200"], "--node plans a node's next calls: give it with --list"),
+    ):
+        assert main(["evidence", *argv]) == 2
+        assert says in capsys.readouterr().err
+
+
 def test_a_budget_that_leaves_the_steps_no_time_is_refused(tmp_path, capsys, monkeypatch):
     """The report's 20 s (declared, on a GPU) and the exit's twentieth are kept from every call: 21 s leave nothing."""
     monkeypatch.chdir(tmp_path)

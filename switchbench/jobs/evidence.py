@@ -521,6 +521,11 @@ def register(commands) -> None:
         help="then write what the chain wrote into one archive, and each model it trained into one beside it",
     )
     parser.add_argument("--list", action="store_true", help="print the plan and what is missing; run nothing")
+    parser.add_argument(
+        "--node",
+        metavar="FOLDER",
+        help="with --list: plan a GPU's next calls from the state a node brought back (results/evidence/FOLDER)",
+    )
     add_json(parser)
     parser.set_defaults(run=_run)
 
@@ -535,6 +540,14 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--pack {args.pack}: the archive is a gzipped tar; name it FILE.tar.gz")
         writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
+    if args.node is not None:  # a node's durations and steps done, read here before its next call
+        if not args.list:
+            raise ValueError("--node plans a node's next calls: give it with --list")
+        folder, device = results / "evidence" / args.node, "cuda"
+        if not (folder / "state.json").is_file():
+            raise ValueError(
+                f"--node {args.node}: no {folder / 'state.json'} (unpack the node's archive first)"
+            )
     state_path = folder / "state.json"
     state = load_state(state_path, evidence_steps.fingerprint())
     # --list without --device plans a GPU's calls from anywhere; --device cpu lists the CPU rehearsal's
