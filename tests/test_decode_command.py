@@ -155,6 +155,35 @@ def test_weights_read_keeps_attention_and_mlp_experts_apart():
         assert sizing.weights_read(cfg, batch) == expected
 
 
+@pytest.mark.parametrize("preset", ["tiny-transformer", "tiny-transformer-rope"])
+def test_a_decoded_tokens_bytes_by_hand(preset):
+    """One decoded token of dense at batch 2 after 8 cached tokens reads its weights (all but the embedding's other
+    rows and XL's position projection), the batch's 9 tokens of K and V, and XL's table of 9 projected distances a
+    layer, each counted here from the served model's parameters and the preset's heads. The floor's test rebuilt
+    it from the row's own decode_bytes_read: a count without the cache, or of 8 keys or 8 distances, passed."""
+    cfg, batch, context, width = PRESETS[preset], 2, 8, 4
+    lm = decode.served(preset, context + 1, "cpu", torch.float32)
+    member = decode.Member(preset, lm, batch, context)
+    member.prefill()  # builds XL's table, as time_cell does before it times (its profiling left out: 4 s)
+    member.decode()
+    member.kernels = {"prefill": "", "decode": ""}
+    member.prefill_macs = member.decode_macs = 0
+    row = decode._row(member, {"prefill": [1.0], "decode": [1.0]}, width)
+    params = dict(lm.named_parameters())
+    weights = sum(
+        p.numel() for n, p in params.items() if n != "stack.embedding.weight" and "pos_proj" not in n
+    )
+    weights += batch * cfg.d_model  # the batch's embedding rows
+    keys = context + 1  # the cache read, the new token's own entry included
+    cache = batch * keys * hand_count(preset)
+    xl = cfg.pos == "xl"
+    table = cfg.n_layers * cfg.n_heads * cfg.d_head * keys * width if xl else 0  # [H d_head] a distance
+    assert xl == any("pos_proj" in n for n in params)
+    assert row["decode_bytes_read"] == weights * width + cache + table
+    # the table the decoder built is the one counted
+    assert row["position_table_bytes"] == table == sizing.position_table_bytes(cfg, keys, width)
+
+
 def test_max_batch_by_hand():
     cfg = PRESETS["c4-47m-switchhead-h2"]
     with torch.device("meta"):
@@ -498,3 +527,15 @@ def test_a_phase_faster_than_its_floor_ratio_is_marked_with_the_floor_and_the_pe
     assert printed["rel. prefill"] == "0.51 (baseline suspect)" and printed["rel. prefill floor"] == "0.68"
     assert printed["prefill of peak"] == "4.1%"
     assert decode._printed(row | {"ratio_prefill_time": 0.7})["rel. prefill"] == "0.70"
+
+
+@pytest.mark.parametrize("what", ["prefill", "decode"])
+def test_a_ratio_just_below_its_floor_ratio_is_suspect_and_one_at_it_is_not(what):
+    """The mark is the ratio against the floor ratio itself, no margin: 0.674 of dense's time against a floor
+    ratio of 0.675 is a baseline below its floor (a mark at 0.8 of the floor ratio left it plain), 0.675 and
+    above are not."""
+    row = {"preset": "tiny-moa", f"ratio_{what}_floor": 0.675}
+    for ratio, suspect in ((0.674, True), (0.675, False), (0.676, False)):
+        r = row | {f"ratio_{what}_time": ratio}
+        assert decode.below_floor(r, what) is suspect, ratio
+        assert decode._printed(r)[f"rel. {what}"].endswith("(baseline suspect)") is suspect, ratio

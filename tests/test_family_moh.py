@@ -58,24 +58,26 @@ def _layer_and_inputs(cfg, seed=0):
     return layer, x, mem, window
 
 
-def _naive_weights(layer, cfg, x_token) -> list[float]:
-    """One token's head weights, by the definitions: shared heads first, then the routed ones."""
+def _naive_weights(layer, cfg, x_token) -> torch.Tensor:
+    """One token's head weights [H], by the definitions: shared heads first, then the routed ones. Built from the
+    routers' weights with autograd on, so that the loop's gradients reach them; the choice is the only constant."""
     hs, H, k = cfg.opts.shared_heads, cfg.n_heads, cfg.opts.routed_k
     Er = H - hs
-    shared = [1.0] * hs
+    one = x_token.new_ones(())
+    shared = [one] * hs
     if hs > 1:
-        shared = [hs * p for p in torch.softmax(layer.shared_router.weight @ x_token, 0).tolist()]
-    routed = [0.0] * Er
+        shared = list(hs * torch.softmax(layer.shared_router.weight @ x_token, 0))
+    routed = [0 * one] * Er
     if Er:
-        p = torch.softmax(layer.router.weight @ x_token, 0).tolist()
-        top = sorted(range(Er), key=lambda e: -p[e])[:k]
+        p = torch.softmax(layer.router.weight @ x_token, 0)
+        top = sorted(range(Er), key=lambda e: -p[e].item())[:k]
         total = sum(p[e] for e in top)
         for e in top:
             routed[e] = p[e] / total * k
     if hs and Er:
-        a_s, a_r = (2 * torch.softmax(layer.mix.weight @ x_token, 0)).tolist()
+        a_s, a_r = 2 * torch.softmax(layer.mix.weight @ x_token, 0)
         shared, routed = [w * a_s for w in shared], [w * a_r for w in routed]
-    return shared + routed
+    return torch.stack(shared + routed)
 
 
 def _softmax_weights(layer, x):
@@ -90,7 +92,7 @@ def test_weights_follow_the_definition_and_the_routing_invariants(shared, k, H):
     weights, chosen, _ = _softmax_weights(layer, x)  # [B, t, H], [B, t, k]
     for b in range(x.shape[0]):
         for t in range(x.shape[1]):
-            expected = torch.tensor(_naive_weights(layer, cfg, x[b, t]), dtype=torch.float64)
+            expected = _naive_weights(layer, cfg, x[b, t]).detach()
             torch.testing.assert_close(weights[b, t], expected, rtol=1e-12, atol=1e-12)
     assert (weights[..., :shared] > 0).all()  # shared heads always on
     routed = weights[..., shared:]
@@ -106,15 +108,22 @@ def test_weights_follow_the_definition_and_the_routing_invariants(shared, k, H):
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize(("shared", "k"), [(2, 2), (0, 1), (1, 3)])
-def test_rope_output_equals_a_per_head_loop_weighted_by_token(causal, shared, k):
+def test_rope_output_and_gradients_equal_a_per_head_loop_weighted_by_token(causal, shared, k):
+    """The softmax routers' output, and the gradients of a random probe of it w.r.t. x, mem and every weight (the
+    router, shared_router and mix among them), equal a per-head loop's with the weights by their definitions: a
+    router whose chosen weights lost or scaled their gradient would still give the same output."""
     cfg = _cfg(shared=shared, k=k, causal=causal)
     layer, x, mem, window = _layer_and_inputs(cfg)
+    x.requires_grad_()
+    if mem is not None:
+        mem.requires_grad_()
     B, t, _ = x.shape
     xs = x if mem is None else torch.cat([mem, x], 1)
     H, D = cfg.n_heads, cfg.d_head
     q, kk, v = (
         (inp @ p.weight.T).view(B, -1, H, D) for inp, p in ((x, layer.q), (xs, layer.k), (xs, layer.v))
     )
+    w = torch.stack([torch.stack([_naive_weights(layer, cfg, x[b, i]) for i in range(t)]) for b in range(B)])
     heads = []
     for h in range(H):
         qh = rotate(q[:, :, h][:, None], window.q_pos)[:, 0]
@@ -122,13 +131,22 @@ def test_rope_output_equals_a_per_head_loop_weighted_by_token(causal, shared, k)
         logits = qh @ kh.transpose(-1, -2) / math.sqrt(D)
         if window.mask is not None:
             logits = logits.masked_fill(~window.mask, float("-inf"))
-        w = torch.tensor(
-            [[_naive_weights(layer, cfg, x[b, i])[h] for i in range(t)] for b in range(B)],
-            dtype=torch.float64,
-        )
-        heads.append((logits.softmax(-1) @ v[:, :, h]) * w[..., None])
+        heads.append((logits.softmax(-1) @ v[:, :, h]) * w[..., h, None])
     expected = torch.cat(heads, -1) @ layer.o.weight.T
-    torch.testing.assert_close(layer(x, mem, window)[0], expected, rtol=1e-10, atol=1e-10)
+    actual = layer(x, mem, window)[0]
+    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-10)
+    leaves = {"x": x, **({} if mem is None else {"mem": mem}), **dict(layer.named_parameters())}
+    # the routers this split has, all among the leaves: W_r, W_0 with shared heads, W_s with more than one
+    routers = ["router", "mix"][: 1 + bool(shared)] + ["shared_router"] * (shared > 1)
+    assert {f"{r}.weight" for r in routers} <= set(leaves)
+    grad = torch.randn(actual.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    mine = torch.autograd.grad(actual, list(leaves.values()), grad, allow_unused=True)
+    theirs = torch.autograd.grad(expected, list(leaves.values()), grad, allow_unused=True)
+    for name, a, e in zip(leaves, mine, theirs, strict=True):
+        assert a is not None and e is not None, f"{name} does not reach the output"
+        torch.testing.assert_close(
+            a, e, rtol=1e-10, atol=1e-10, msg=lambda m, name=name: f"grad of {name}: {m}"
+        )
 
 
 def _naive_norm_weights(layer, cfg, x_token) -> list[float]:

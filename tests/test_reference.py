@@ -687,20 +687,29 @@ def test_moa_losses_known_values():
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("expert_dropout", [0.0, 0.4])
 def test_sigmoid_topk(k, expert_dropout):
-    """Scores are the raw sigmoids of every expert; without dropout the chosen experts are the top-k."""
+    """Scores are the raw sigmoids of every expert; the chosen experts are the top-k of those not dropped, each
+    expert dropped where its uniform draw is below the rate (replayed from the same seed): a chosen expert that
+    survived is one of the survivors' top-k, and fewer than k survivors are all chosen."""
     torch.manual_seed(k)
     logits = _randn(k, 5, 3, 6, scale=2.0)
     scores, experts = sigmoid_topk(logits, k, expert_dropout)
+    torch.manual_seed(k)  # the same draws as the router's torch.rand_like(scores)
+    dropped = torch.rand(logits.shape, dtype=F64) < expert_dropout
     assert scores.shape == logits.shape and experts.shape == (5, 3, k)
     gates = scores.gather(-1, experts)
+    changed = 0  # rows whose choice the dropout changed
     for n in range(5):
         for g in range(3):
             row = experts[n, g].tolist()
             assert len(set(row)) == k
-            if expert_dropout == 0.0:
-                assert set(row) == set(_topk(logits[n, g], k))
+            survivors = [e for e in range(6) if not dropped[n, g, e]]
+            best = _topk(logits[n, g, survivors], k)
+            assert set(row) & set(survivors) == {survivors[i] for i in best}, (n, g)
+            changed += set(row) != set(_topk(logits[n, g], k))
             for gate, e in zip(gates[n, g].tolist(), row, strict=True):
                 assert gate == pytest.approx(1 / (1 + math.exp(-logits[n, g, e].item())), rel=1e-12)
+    # the replay tests something: at rate 0.4 some rows lost a top-k expert (all 6 are chosen at k = 6)
+    assert (changed > 0) == (expert_dropout > 0 and k < 6)
 
 
 @pytest.mark.parametrize("routing", ["count", "triton"])

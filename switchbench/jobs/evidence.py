@@ -319,6 +319,20 @@ def _outgrew_a_call(step: Step, state: dict, room: float) -> bool:
     return stopped and not step.resumable and room < ROOM_TO_RETRY * record.get("seconds", 0.0)
 
 
+# A step's status after each of its commands until it ends: what a call killed from outside leaves in its archive
+KILLED = "killed"
+UNFINISHED = ("interrupted", "failed", KILLED)
+
+
+def _files(step: Step, earlier_run: dict, before: dict, roots: list[Path]) -> list[str]:
+    """What ``step`` wrote since ``before``; a resumable step's earlier calls kept what they wrote too (a test
+    part's logs): it is still what the step owes."""
+    files = _written(before, _snapshot(roots))
+    if step.resumable and earlier_run.get("status") in UNFINISHED:
+        files = sorted(set(earlier_run.get("files", [])) | set(files))
+    return files
+
+
 def _run_step(
     step: Step,
     ctx: Context,
@@ -338,18 +352,16 @@ def _run_step(
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
     earlier_run = state["steps"].get(step.name, {})
-
     one_at_a_time = threading.Lock()  # a step's commands may end together on threads of its own (ListOps)
 
     def so_far() -> None:
         with one_at_a_time:
-            files = _written(before, _snapshot(roots))
-            if step.resumable and earlier_run.get("status") in UNFINISHED:
-                files = sorted(set(earlier_run.get("files", [])) | set(files))
-            seconds = round(time.monotonic() - started, 1)
-            detail = "the call ended during the step (killed from outside)"
-            killed = {"status": KILLED, "detail": detail, "seconds": seconds, "files": files}
-            state["steps"][step.name] = record | killed
+            state["steps"][step.name] = record | {
+                "status": KILLED,
+                "detail": "the call ended during the step (killed from outside)",
+                "seconds": round(time.monotonic() - started, 1),
+                "files": _files(step, earlier_run, before, roots),
+            }
             _save_state(state_path, state)
             after_command(state)
 
@@ -380,12 +392,9 @@ def _run_step(
         "detail": detail,
         "seconds": round(seconds, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "files": _written(before, _snapshot(roots)),
+        "files": _files(step, earlier_run, before, roots),
     }
     ctx.after_command = lambda: None
-    # a resumable step's earlier calls kept what they wrote (a test part's logs): it is still what the step owes
-    if step.resumable and earlier_run.get("status") in UNFINISHED:
-        record["files"] = sorted(set(earlier_run.get("files", [])) | set(record["files"]))
     # and the time it went on from: a step finished over two calls lasts both (a failed one's retry starts afresh)
     resumed = step.resumable and earlier_run.get("status") in ("interrupted", KILLED)
     record["spent"] = round(
@@ -411,12 +420,6 @@ def _run_step(
     if stopped is not None:
         raise stopped
     return status
-
-
-KILLED = (
-    "killed"  # recorded after each command of a step: what a call killed from outside leaves in its archive
-)
-UNFINISHED = ("interrupted", "failed", KILLED)
 
 
 class Stopped(BaseException):
