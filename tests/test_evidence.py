@@ -546,7 +546,8 @@ def test_the_list_plans_a_node_s_next_calls_from_the_state_it_brought_back(tmp_p
             ["--list", "--node", "nvidia-h100"],
             "--node nvidia-h100: no results/evidence/nvidia-h100/state.json",
         ),
-        (["--node", "nvidia-h200"], "--node plans a node's next calls: give it with --list"),
+        (["--node", "nvidia-h200"], "--node plans a node's next calls on its GPU: give it with --list"),
+        (["--list", "--device", "cpu", "--node", "nvidia-h200"], "without --device cpu"),
     ):
         assert main(["evidence", *argv]) == 2
         assert says in capsys.readouterr().err
@@ -584,6 +585,7 @@ def test_a_gpu_step_s_pytest_command_starts_under_xdist(step, workers, monkeypat
     ctx = evidence.Context("cuda", tmp_path, tmp_path, 0.0, tmp_path / "log.txt")
     monkeypatch.setattr(ctx, "command", lambda argv, **how: seen.append(argv) or "")
     monkeypatch.setattr(evidence_steps, "_tests_summary", lambda *args: {"failed": []})  # no log: nothing ran
+    monkeypatch.setattr(evidence_steps, "session_status", lambda log: 0)
     if step == "tests":
         evidence_steps._tests("not slow", "test_config.py")(ctx)
     else:
@@ -606,6 +608,7 @@ def test_every_gpu_step_s_commands_are_ones_the_command_line_takes(monkeypatch, 
     names a saved run, parsed by the command line's own parser; pytest's files exist."""
     monkeypatch.setattr(evidence_steps, "device_name", lambda device: "NVIDIA H200")
     monkeypatch.setattr(evidence_steps, "_tests_summary", lambda *args: {"failed": []})
+    monkeypatch.setattr(evidence_steps, "session_status", lambda log: 0)
     monkeypatch.setattr(evidence_steps.torch.cuda, "device_count", lambda: 2)
     parser = cli._parser()
     for step in evidence.STEPS:
@@ -642,25 +645,29 @@ def test_the_flash_attention_step_times_the_kernel_after_its_tests_and_fails_nam
         if argv[2] == "pytest":
             assert "-x" not in argv and 1 in ok  # every test runs, and failures do not stop the step
             log = Path(next(a for a in argv if a.startswith("--report-log=")).split("=", 1)[1])
-            phases = [("t::a", "passed")] + [("t::b", "failed")] * failing
+            phases = [("t::a", "passed")] + [("t::b", "failed")] * (failing[0] == "test")
             lines = [
                 {"$report_type": "TestReport", "nodeid": node, "when": when, "outcome": outcome}
                 for node, outcome in phases
                 for when, outcome in (("setup", "passed"), ("call", outcome), ("teardown", "passed"))
             ]
+            lines.append({"$report_type": "SessionFinish", "exitstatus": int(bool(failing[0]))})
             log.write_text("\n".join(map(json.dumps, lines)))
         return ""
 
     monkeypatch.setattr(ctx, "command", command)
     timed = [["pytest", "-q"], ["switchbench", "speed", "triton"], ["switchbench", "profile"]]
-    failing = False
+    failing = [""]  # what the tests do: pass, fail a test, or end failed naming none
     evidence_steps._flash(ctx)
     assert seen == timed
-    seen.clear()
-    failing = True
-    with pytest.raises(evidence.StepFailed, match=r"1 flash tests failed, first t::b \(the pair was timed"):
-        evidence_steps._flash(ctx)
-    assert seen == timed
+    for failing[0], says in (
+        ("test", r"1 flash tests failed, first t::b \(the pair was timed"),
+        ("session", r"the flash tests exited 1 \(see .*; the pair was timed"),  # none named: a worker crashed
+    ):
+        seen.clear()
+        with pytest.raises(evidence.StepFailed, match=says):
+            evidence_steps._flash(ctx)
+        assert seen == timed
     assert len(list((tmp_path / "tests" / "nvidia-h200").glob("flash-*.jsonl"))) >= 1  # packed with the step
 
 
@@ -770,6 +777,43 @@ def test_slowly(i):
 
 @pytest.mark.slow  # two pytest runs of their own, one stopped by its budget: 18 s
 @pytest.mark.skipif(importlib.util.find_spec("pytest_reportlog") is None, reason="needs pytest-reportlog")
+def test_the_step_so_far_is_recorded_after_each_command_of_the_main_thread_alone(tmp_path):
+    """After each command that ends well the chain records the step and rewrites the archive; a step's own
+    threads (ListOps trains three models at once) raced it and each other: two packs of one archive removed each
+    other's temporary file, and a SIGTERM then lost the step's record. A failed command ends its step, which
+    records it once."""
+    ctx = evidence.Context("cpu", tmp_path, tmp_path, time.monotonic() + 60, tmp_path / "log.txt")
+    recorded = []
+    ctx.after_command = lambda: recorded.append(threading.current_thread().name)
+    ok, fails = [sys.executable, "-c", "pass"], [sys.executable, "-c", "raise SystemExit(1)"]
+    ctx.command(ok)
+    worker = threading.Thread(target=ctx.command, args=([sys.executable, "-c", "print(1)"],), name="worker")
+    worker.start()
+    worker.join()
+    with pytest.raises(evidence.StepFailed):
+        ctx.command(fails)
+    assert recorded == [threading.main_thread().name]
+
+
+def test_a_test_whose_worker_crashed_is_failed_not_stopped_midway(tmp_path):
+    """pytest-xdist reports a test whose worker died as failed in a phase of no name ("???") with no teardown
+    after it; read as stopped midway it was no failure, and a flash step whose tests crashed a worker was done."""
+    reports = [
+        *(("t::a", when, "passed") for when in ("setup", "call", "teardown")),
+        ("t::b", "setup", "passed"),
+        ("t::b", "???", "failed"),  # its worker crashed
+        ("t::c", "setup", "passed"),  # stopped midway: runs again
+    ]
+    log = tmp_path / "log.jsonl"
+    log.write_text(
+        "\n".join(
+            json.dumps({"$report_type": "TestReport", "nodeid": node, "when": when, "outcome": outcome})
+            for node, when, outcome in reports
+        )
+    )
+    assert evidence_steps.test_outcomes([log]) == {"t::a": "passed", "t::b": "failed"}
+
+
 def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_the_rest(
     tmp_path, monkeypatch
 ):

@@ -27,7 +27,6 @@ import os
 import signal
 import sys
 import tarfile
-import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -333,6 +332,12 @@ def _files(step: Step, earlier_run: dict, before: dict, roots: list[Path]) -> li
     return files
 
 
+def _spent(step: Step, earlier_run: dict, seconds: float) -> float:
+    """The step's time: a resumable step finished over two calls lasts both (a failed one's retry starts afresh)."""
+    resumed = step.resumable and earlier_run.get("status") in ("interrupted", KILLED)
+    return round(seconds + (earlier_run.get("spent", earlier_run.get("seconds", 0.0)) if resumed else 0.0), 1)
+
+
 def _run_step(
     step: Step,
     ctx: Context,
@@ -352,18 +357,20 @@ def _run_step(
     before, started = _snapshot(roots), time.monotonic()
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit()}
     earlier_run = state["steps"].get(step.name, {})
-    one_at_a_time = threading.Lock()  # a step's commands may end together on threads of its own (ListOps)
 
     def so_far() -> None:
-        with one_at_a_time:
-            state["steps"][step.name] = record | {
-                "status": KILLED,
-                "detail": "the call ended during the step (killed from outside)",
-                "seconds": round(time.monotonic() - started, 1),
-                "files": _files(step, earlier_run, before, roots),
-            }
+        killed = {
+            "status": KILLED,
+            "detail": "the call ended during the step (killed from outside)",
+            "seconds": round(time.monotonic() - started, 1),
+            "files": _files(step, earlier_run, before, roots),
+        }
+        state["steps"][step.name] = record | killed | {"spent": _spent(step, earlier_run, killed["seconds"])}
+        try:
             _save_state(state_path, state)
             after_command(state)
+        except OSError as error:  # the figures are on disk: a step goes on without this copy of its progress
+            say(f"   (the state or archive not rewritten after a command: {error})")
 
     ctx.step, ctx.after_command = step.name, so_far
     stopped = None
@@ -395,11 +402,7 @@ def _run_step(
         "files": _files(step, earlier_run, before, roots),
     }
     ctx.after_command = lambda: None
-    # and the time it went on from: a step finished over two calls lasts both (a failed one's retry starts afresh)
-    resumed = step.resumable and earlier_run.get("status") in ("interrupted", KILLED)
-    record["spent"] = round(
-        seconds + (earlier_run.get("spent", earlier_run.get("seconds", 0.0)) if resumed else 0.0), 1
-    )
+    record["spent"] = _spent(step, earlier_run, seconds)
     state["steps"][step.name] = record
     if status == "done":
         state.get("earlier", {}).pop(step.name, None)
@@ -544,8 +547,10 @@ def _run(args: argparse.Namespace) -> int:
         writable_file(args.pack, "--pack")
     folder = results / "evidence" / slug(device_name(device))
     if args.node is not None:  # a node's durations and steps done, read here before its next call
-        if not args.list:
-            raise ValueError("--node plans a node's next calls: give it with --list")
+        if not args.list or args.device == "cpu":
+            raise ValueError(
+                "--node plans a node's next calls on its GPU: give it with --list, without --device cpu"
+            )
         folder, device = results / "evidence" / args.node, "cuda"
         if not (folder / "state.json").is_file():
             raise ValueError(

@@ -4,6 +4,7 @@ it owes, and its expected seconds on a GPU. Each step runs ``switchbench`` (or p
 :mod:`switchbench.jobs.evidence`.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -68,7 +69,8 @@ class Context:
     running: set = field(default_factory=set)
     # where the commands' output goes besides the log (a GPU node: the chain's own output, which comes back)
     echo: Callable[[bytes], object] = processes.print_nothing
-    # called after each command of a step: the chain records the step so far and rewrites the archive
+    # called after each command of a step that ends well (on the main thread): the chain records the step so far
+    # and rewrites the archive
     after_command: Callable[[], object] = lambda: None
 
     @property
@@ -95,9 +97,10 @@ class Context:
             with self.log.open("a") as log:
                 log.write(f"$ {' '.join(argv)}\n(ran to its end in step {step}: not run again)\n")
             return out
-        try:
-            out = self._run(argv, ok, cwd)
-        finally:
+        out = self._run(argv, ok, cwd)
+        # A command that failed or was stopped ends its step, which records it. Only the main thread records:
+        # a step's own threads (ListOps) would race it and each other over the state and the archive
+        if threading.current_thread() is threading.main_thread():
             self.after_command()
         if not self.gpu:
             self.rehearsed[key] = (self.step, out)
@@ -229,7 +232,8 @@ def test_outcomes(logs: list[Path]) -> dict[str, str]:
             if report.get("$report_type") == "TestReport":
                 phases.setdefault(report["nodeid"], {})[report["when"]] = report["outcome"]
         for node, seen in phases.items():
-            if "teardown" not in seen:
+            # a crashed worker's test has one report, failed, of no phase ("???"): no teardown follows it
+            if "teardown" not in seen and "failed" not in seen.values():
                 continue  # stopped midway: runs again
             outcomes[node] = (
                 "failed"
@@ -239,6 +243,16 @@ def test_outcomes(logs: list[Path]) -> dict[str, str]:
                 else "passed"
             )
     return outcomes
+
+
+def session_status(log: Path) -> int | None:
+    """pytest's exit status as its report log ends it; None where the log has no end (pytest killed)."""
+    for line in reversed(log.read_text().splitlines() if log.exists() else []):
+        with contextlib.suppress(json.JSONDecodeError):
+            report = json.loads(line)
+            if report.get("$report_type") == "SessionFinish":
+                return report.get("exitstatus")
+    return None
 
 
 def _tests_summary(logs: list[Path], ctx: Context, marker: str) -> dict:
@@ -393,6 +407,8 @@ def _flash(ctx: Context):
         raise StepFailed(
             f"{len(failed)} flash tests failed, first {failed[0]} (the pair was timed all the same)"
         )
+    if (status := session_status(log)) != 0:  # a failure the log names no test for
+        raise StepFailed(f"the flash tests exited {status} (see {ctx.log}; the pair was timed all the same)")
 
 
 def _flash_compiled(ctx: Context):
