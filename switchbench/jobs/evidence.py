@@ -344,12 +344,12 @@ def _run_step(
     state: dict,
     state_path: Path,
     say,
-    after_command: Callable[[dict], object] = lambda state: None,
+    after_step: Callable[[dict], object] = lambda state: None,
     whole_call: bool = False,
 ) -> str:
     """Run ``step`` and record how it ended; ``whole_call``: it is the call's first step, the whole call its own.
-    After each of its commands the step so far is recorded as unfinished and ``after_command`` gets the state (the
-    archive is rewritten there): a call killed mid-step keeps what the step's finished commands wrote and the log
+    After each of its commands the step so far is recorded as unfinished and ``after_step`` gets the state, as
+    run_chain gives it after each step (the archive is rewritten there): a call killed mid-step keeps what the step's finished commands wrote and the log
     of the one it was in."""
     say(f"== {step.name}: {step.owes}")
     # what a step may write: figures, models, and the package's tables of what kernel-tune measured
@@ -368,7 +368,7 @@ def _run_step(
         state["steps"][step.name] = record | killed | {"spent": _spent(step, earlier_run, killed["seconds"])}
         try:
             _save_state(state_path, state)
-            after_command(state)
+            after_step(state)
         except OSError as error:  # the figures are on disk: a step goes on without this copy of its progress
             say(f"   (the state or archive not rewritten after a command: {error})")
 
@@ -572,9 +572,8 @@ def _run(args: argparse.Namespace) -> int:
     ctx = Context(device, results, runs, 0.0, folder / "log.txt")
     stream = sys.stderr if args.json else sys.stdout
     say = _sayer(stream, ctx.log)
-    if (
-        ctx.gpu
-    ):  # a node brings back what the command writes under its $OUT: the steps' output too, as it comes
+    # a node brings back what the command writes under its $OUT: the steps' output too, as it comes
+    if ctx.gpu:
         ctx.echo = processes.Echo(stream.buffer)
     if args.since is not None:
         say(f"--budget {args.budget:g} s since {args.since:.0f}: {spent:.0f} s spent before the chain")
