@@ -284,6 +284,7 @@ def test_analysing_again_into_a_folder_replaces_the_earlier_analysis(runs, tmp_p
     assert "lm-usage.png" in files and not any("moa" in name or "similarity" in name for name in files)
 
 
+@pytest.mark.slow  # the trained runs
 @pytest.mark.parametrize(
     "metadata", ['{"command": "switchbench tables", "files": ["table1.csv"]}', "{damaged"]
 )
@@ -505,6 +506,7 @@ def test_a_moh_model_whose_heads_are_all_shared_is_analysed(task, tmp_path):
     assert {"attention_maxima.png", "explorer.html"} <= written and "usage.csv" not in written
 
 
+@pytest.mark.slow  # two trainings of 8 steps each
 @pytest.mark.parametrize(
     ("task", "preset"),
     [
@@ -588,6 +590,7 @@ def test_a_checkpoint_that_does_not_record_its_settings_is_held_to_their_default
     )
 
 
+@pytest.mark.slow  # a training each
 @pytest.mark.parametrize(
     "damage",
     [

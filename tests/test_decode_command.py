@@ -206,6 +206,7 @@ def test_a_wrong_decode_path_is_not_timed(monkeypatch, tmp_path, capsys):
     assert len(wrong) == 1 and wrong[0]["status"] == "wrong" and "decode_ms" not in wrong[0]
 
 
+@pytest.mark.slow  # three presets decoded
 def test_without_its_dense_baseline_a_group_gets_no_ratios(monkeypatch, tmp_path, capsys):
     """Dense refused (a wrong decode path here, or too large for the memory): SwitchHead must not become the
     baseline of the rest, its ratios read as theirs to dense."""
@@ -244,6 +245,7 @@ def test_a_family_without_a_cache_is_a_row_not_an_error(monkeypatch, tmp_path, c
     assert "nothing measured" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a preset decoded
 def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsys):
     """A cell past the free memory is an OOM row beside those that fit; when none fits, the run is refused in one
     line before any model is built (it used to write a file of OOM rows and exit 1)."""

@@ -671,6 +671,7 @@ def test_the_flash_attention_step_times_the_kernel_after_its_tests_and_fails_nam
     assert len(list((tmp_path / "tests" / "nvidia-h200").glob("flash-*.jsonl"))) >= 1  # packed with the step
 
 
+@pytest.mark.slow  # three calls of a 3 s budget
 def test_a_step_stopped_with_a_whole_call_is_not_tried_again_at_that_budget(tmp_path, monkeypatch):
     """The H100's tests step: stopped with the whole call to itself, then first in every later call and stopped
     again. Now it is left out of calls no longer than what it had, with a line saying so, and the rest runs."""
@@ -766,11 +767,14 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
         os.kill(pid, signal.SIGKILL)  # what no stop can reach: cleaned up here
 
 
+# the sixth test blocks the first call until its budget stops it, whatever pytest's start took; the next passes it
 PART = """
-import time, pytest
+import os, time, pytest
 @pytest.mark.parametrize("i", range(12))
-def test_slowly(i):
-    time.sleep(0.8)
+def test_part(i):
+    if i == 5 and not os.path.exists(FLAG):
+        open(FLAG, "w").close()
+        time.sleep(600)
     assert i != 1
 """
 
@@ -814,22 +818,23 @@ def test_a_test_whose_worker_crashed_is_failed_not_stopped_midway(tmp_path):
     assert evidence_steps.test_outcomes([log]) == {"t::a": "passed", "t::b": "failed"}
 
 
+@pytest.mark.slow  # two pytest runs of their own, the first stopped by its budget: 20 s
 def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_the_rest(
     tmp_path, monkeypatch
 ):
     tests = tmp_path / "test_part.py"
-    tests.write_text(PART)
+    tests.write_text(f"FLAG = {str(tmp_path / 'blocked-once')!r}\n{PART}")
     step = evidence.Step(
         "tests-1", "part 1", 1, evidence_steps._tests("not slow", str(tests)), resumable=True
     )
     monkeypatch.setattr(evidence, "STEPS", _steps(replace(step, cpu_seconds=1)))
-    first = _chain(tmp_path, budget=8)  # pytest's start, then about 8 of the 12 tests
+    first = _chain(tmp_path, budget=15)  # pytest's start, five tests, then the sixth until the budget's end
     assert first["steps"]["tests-1"]["status"] == "interrupted"
     (summary_path,) = (tmp_path / "results" / "tests").rglob("*.json")
     summary = json.loads(summary_path.read_text())
     ran_first = summary["counts"]["tests"]
     failed = summary["failed"]  # test ids, relative to where pytest found its root
-    assert 0 < ran_first < 12 and len(failed) == 1 and failed[0].endswith(f"{tests.name}::test_slowly[1]")
+    assert ran_first == 5 and len(failed) == 1 and failed[0].endswith(f"{tests.name}::test_part[1]")
     second = _chain(tmp_path, budget=60)
     assert second["steps"]["tests-1"]["status"] == "failed"  # one test fails: the part is done, and red
     logs = sorted((tmp_path / "results" / "tests").rglob("*.jsonl"))

@@ -132,6 +132,7 @@ def test_a_full_job_continues_the_model_it_finds_and_a_quick_one_starts_afresh(t
     assert read_csv(log)["step"].tolist() == [2]
 
 
+@pytest.mark.slow  # a ListOps training
 def test_a_quick_job_refuses_to_train_over_a_full_runs_model_before_any_step(tmp_path, monkeypatch, capsys):
     """`all --quick --runs DIR` with a full run's models in DIR replaced them (exit 0, no word); it is now refused
     before its first step, and the model is left as it was."""

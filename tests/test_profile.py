@@ -179,9 +179,7 @@ def test_the_grouped_gemm_path_lands_in_the_expert_matmul_shares(tmp_path, capsy
         (profile.Unit(1, "_grouped_outer_kernel", "", (profile.EXPERT_BACKWARD_OP,)), profile.EXPERT_WEIGHT),
         (profile.Unit(1, "_scatter_matmul_kernel", "", (profile.EXPERT_BACKWARD_OP,)), profile.EXPERT_INPUT),
         (
-            profile.Unit(
-                1, "k", "aten::bmm", (profile.EXPERT_BACKWARD_OP, expert_matmul.WEIGHT_GRADIENT_LABEL)
-            ),
+            profile.Unit(1, "k", "aten::bmm", (profile.EXPERT_BACKWARD_OP, WEIGHT_GRADIENT_LABEL)),
             profile.EXPERT_WEIGHT,
         ),
         (profile.Unit(1, "k", "aten::mm", (profile.MODULE_LABEL + "attention", "aten::mm")), "attention"),
@@ -446,6 +444,32 @@ def test_a_cuda_kernel_takes_the_context_of_its_launch_on_the_backward_thread():
         ("_grouped_outer_kernel", profile.EXPERT_WEIGHT, 40),
         ("_scatter_matmul_kernel", profile.EXPERT_INPUT, 10),
     ]
+
+
+@pytest.mark.parametrize("impl", expert_matmul.IMPLS)
+def test_each_weight_gradient_range_is_of_an_operator_s_scope(impl, monkeypatch):
+    """The profiler links a kernel to the innermost range of function scope open at its launch (its correlation id
+    is pushed for those; a user-scoped range pushes another kind): with record_function's user scope, a Triton
+    kernel launched straight inside the weight-gradient range was counted to the backward op around it, the input
+    gradient. The range is of the scope the operators' own ranges have, in every implementation."""
+    if impl == "triton" and os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("Triton runs on the CPU only in its interpreter")
+    monkeypatch.setattr(
+        all_experts, "fused", lambda t: impl == "all_experts" and os.environ.get("TRITON_INTERPRET")
+    )
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 1, 8, generator=g, requires_grad=True)
+    weight = torch.randn(3, 8, 4, generator=g, requires_grad=True)
+    scores = torch.rand(6, 3, generator=g, requires_grad=True)
+    indices = torch.randint(0, 3, (6, 2), generator=g)
+    y = expert_matmul.expert_matmul(x, weight, expert_matmul.route(indices, 3), scores, 1, impl=impl)
+    with torch.profiler.profile() as prof:
+        y.sum().backward()
+    scopes = {e.name: e.scope for e in prof.events()}
+    assert scopes[WEIGHT_GRADIENT_LABEL] == scopes[profile.EXPERT_BACKWARD_OP]
+    with torch.profiler.profile() as prof, torch.profiler.record_function("user"):
+        pass
+    assert {e.name: e.scope for e in prof.events()}["user"] != scopes[profile.EXPERT_BACKWARD_OP]
 
 
 def test_a_kernel_attached_to_two_host_events_of_one_correlation_id_is_counted_once():

@@ -192,6 +192,7 @@ def test_a_cpu_allocation_failure_is_an_oom():
     assert not measure.is_oom(RuntimeError("mat1 and mat2 shapes cannot be multiplied (2x3 and 4x5)"))
 
 
+@pytest.mark.slow  # steps of hundreds of MB, measured
 def test_a_step_near_the_cpus_memory_is_measured_not_estimated(monkeypatch):
     """On the CPU a step past the memory is not an error but the OOM killer: `speed --batch 100000` of two tiny
     presets was killed after a minute with nothing saved. Within CPU_MARGIN of the free memory the lower bound
@@ -789,6 +790,7 @@ def test_a_vocabulary_below_the_data_s_is_refused_before_training(task, preset, 
     assert main([*argv, "--preset", f"{preset}:vocab={tokens}", "--out", str(out)]) == 0
 
 
+@pytest.mark.slow  # two trainings and four refused resumes
 def test_resuming_with_other_training_settings_is_refused(tmp_path, capsys):
     """--resume continued a run with another batch, learning rate or seed, exit 0: one log of two trainings.
     More steps, or evaluations at other intervals, continue it."""

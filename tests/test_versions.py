@@ -44,6 +44,7 @@ assert out.item() == 6
 """
 
 
+@pytest.mark.slow  # a Triton kernel interpreted in a process of its own
 def test_the_prediction_is_what_the_installed_interpreter_does():
     """A loop over a loaded bound, interpreted in a process of its own: it runs exactly when the versions installed
     here are not named as failing."""

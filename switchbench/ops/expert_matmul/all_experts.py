@@ -33,7 +33,7 @@ import importlib.util
 import torch
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, group_sum, in_dtype, per_slot
+from switchbench.ops.expert_matmul.slot_rows import group_sum, in_dtype, per_slot, weight_gradient_range
 
 
 def unavailable(in_groups: int, out_groups: int) -> str | None:
@@ -162,12 +162,12 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
         w_cat = weight.permute(1, 0, 2).reshape(d_in, -1)  # [d_in, E d_out]
         grad_y = _laid_out(grad_out, indices, n_experts).view(n, n_experts * d_out)
         grad_x = (grad_y @ w_cat.t()).view(n, 1, d_in)
-        with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+        with weight_gradient_range():
             grad_w = (x[:, 0].t() @ grad_y).view(d_in, n_experts, d_out).permute(1, 0, 2).contiguous()
         return grad_x, grad_w, no_scores
     grad_laid = (grad_out[:, 0] @ weight.reshape(-1, d_out).t()).view(n, n_experts, d_in)
     grad_x, grad_scores = _picked(grad_laid, indices, s_in, scores, x)
-    with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+    with weight_gradient_range():
         laid_out = _laid_out(x, indices, n_experts, scores).view(n, n_experts * d_in)  # gated
         grad_w = (laid_out.t() @ grad_out[:, 0]).view(n_experts, d_in, d_out)
     return grad_x, grad_w, no_scores if grad_scores is None else grad_scores

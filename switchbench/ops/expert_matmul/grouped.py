@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum, in_dtype
+from switchbench.ops.expert_matmul.slot_rows import aligned, group_sum, in_dtype, weight_gradient_range
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
@@ -147,6 +147,6 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
             x_rows = x_rows * gates
         else:
             grad_rows = grad_rows * gates
-    with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+    with weight_gradient_range():
         grad_w = _weight_grad(x_rows, grad_rows, offsets, ends)[:, :d_in, :d_out].contiguous()
     return group_sum(_unsorted(grad_x_rows, order), n, s_in, d_in), grad_w, grad_s

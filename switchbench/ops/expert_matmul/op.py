@@ -37,7 +37,7 @@ from switchbench.ops.expert_matmul import all_experts as expert_matmul_all_exper
 from switchbench.ops.expert_matmul import grouped as expert_matmul_grouped
 from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.choice import IMPLS, measured_routing, resolve, shape_bucket
-from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, WEIGHT_GRADIENT_LABEL, in_dtype, per_slot
+from switchbench.ops.expert_matmul.slot_rows import GATES_LABEL, in_dtype, per_slot, weight_gradient_range
 
 
 @dataclass(eq=False)
@@ -366,7 +366,7 @@ class TorchExpertMatmul:
                 1, indices, in_dtype((grad_rows * x_slots).sum(1).view(n, slots), scores.dtype)
             )
             grad_rows, x_slots = grad_rows * gates, x_slots * gates
-        with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+        with weight_gradient_range():
             grad_w = torch.bmm(_pad(x_slots, rows, capacity, n_experts).transpose(1, 2), grad_pad)
         return _group_sum(grad_rows, n, s_in), grad_w, grad_s
 

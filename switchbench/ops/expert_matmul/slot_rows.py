@@ -9,15 +9,23 @@ import torch.nn.functional as F
 from torch import Tensor
 
 # A profiler range around each implementation's weight-gradient pass, so a profile can tell it from the input
-# gradient (both run inside the one backward op); free when no profiler runs.
+# gradient (both run inside the one backward op): weight_gradient_range() below.
 WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
 # A profiler range around the gates an implementation has applied outside the op (all_experts' form of one input
 # group), forward, which the backward's nodes inherit: a profile counts them with the expert matmul, as it does gates
 # applied inside the op, not with the routing of the module around them
 GATES_LABEL = "switchbench.expert_matmul.gates"
-# The Triton weight-gradient kernel, by name: on an H100 its launch was not seen inside the label above (a Triton
-# launch goes through the driver, not the runtime call the profiler links kernels by)
+# The Triton weight-gradient kernel, by name, as well: an H100 profile of torch 2.11 saw it outside the label when
+# the label was user-scoped (see weight_gradient_range), and a run without kernel links may still
 WEIGHT_GRADIENT_KERNELS = ("_grouped_outer_kernel",)
+
+
+def weight_gradient_range():
+    """The profiler's range named WEIGHT_GRADIENT_LABEL, of an operator's (function) scope; free when no profiler
+    runs. The profiler links a kernel to the innermost function-scope range open at its launch, and
+    ``record_function``'s range is user-scoped: a kernel launched straight inside it, not from an aten operator (a
+    Triton lay-out or outer product), was linked to the backward op around it and counted as the input gradient."""
+    return torch._C._profiler._RecordFunctionFast(WEIGHT_GRADIENT_LABEL)
 
 
 def in_dtype(t: Tensor, dtype: torch.dtype) -> Tensor:

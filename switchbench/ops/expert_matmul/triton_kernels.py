@@ -29,7 +29,7 @@ from torch import Tensor
 from switchbench.core.launch_log import LaunchLog
 from switchbench.core.versions import NO_BF16_DOT, interpreted_bf16_dot
 from switchbench.ops import tuned as tuning
-from switchbench.ops.expert_matmul.slot_rows import WEIGHT_GRADIENT_LABEL, aligned, group_sum
+from switchbench.ops.expert_matmul.slot_rows import aligned, group_sum, weight_gradient_range
 
 
 @triton.jit
@@ -513,7 +513,7 @@ def backward(grad_out, x, weight, scores, indices, order, experts, offsets):
     # Gated input gradients per slot; the gate gradients are the ungated ones' row-dot with x (an epilogue).
     dot = None if scores is None else (x_rows, s_in)
     grad_slots, grad_gates = scatter_matmul(grad_rows, s_out, weight_t, scores, slots, order, offsets, dot)
-    with torch.profiler.record_function(WEIGHT_GRADIENT_LABEL):
+    with weight_gradient_range():
         grad_w = grouped_outer(x_rows, s_in, grad_rows, s_out, scores, slots, order, offsets, weight.shape[0])
     grad_s = x.new_empty(0)
     if scores is not None:
