@@ -830,6 +830,7 @@ def test_a_tests_part_stopped_midway_keeps_its_outcomes_and_the_next_call_runs_t
     tests.write_text(f"FLAG = {str(tmp_path / 'blocked-once')!r}\n{PART}")
     # the rehearsal's server imports torch and pytest at its first fork (3.5 s idle, 7 s beside busy processes):
     # started before the chain's clock, the budget is pytest's collection and five tests
+    (tmp_path / "warm.log").touch()
     warm = processes._Forked("pytest", ["--version"], dict(os.environ), tmp_path, tmp_path / "warm.log")
     assert warm.wait(300) == 0
     warm.stdout.close()
