@@ -400,14 +400,10 @@ def test_a_backward_run_on_another_thread_is_counted_in_its_shares():
 
 
 def _event(id, name, start, end, thread=1, device=DeviceType.CPU, linked=0):
+    # torch 2.11's events take no linked_correlation_id (the GPU node's): only a linked event passes one
+    link = {"linked_correlation_id": linked} if linked else {}
     return FunctionEvent(
-        id=id,
-        name=name,
-        thread=thread,
-        start_us=start,
-        end_us=end,
-        device_type=device,
-        linked_correlation_id=linked,
+        id=id, name=name, thread=thread, start_us=start, end_us=end, device_type=device, **link
     )
 
 
@@ -470,6 +466,24 @@ def test_each_weight_gradient_range_is_of_an_operator_s_scope(impl, monkeypatch)
     with torch.profiler.profile() as prof, torch.profiler.record_function("user"):
         pass
     assert {e.name: e.scope for e in prof.events()}["user"] != scopes[profile.EXPERT_BACKWARD_OP]
+
+
+def test_without_linked_launches_a_kernel_in_the_weight_gradient_range_is_the_weight_gradient_s():
+    """Without linked launches (torch 2.11) a kernel is attached to the innermost function-scope range open at its
+    launch: all_experts' lay-out kernel, run for both gradients, is the input gradient's under the backward op and
+    the weight gradient's under the range, which (being of function scope) holds the kernels launched in it."""
+    step = _event(1, profile.STEP_LABEL, 0, 100)
+    op = _event(3, profile.EXPERT_BACKWARD_OP, 10, 60)
+    weight_range = _event(4, WEIGHT_GRADIENT_LABEL, 30, 50)
+    op.append_kernel("_lay_out_kernel", 0, 7)
+    weight_range.append_kernel("_lay_out_kernel", 0, 5)
+    events = [step, op, weight_range]
+    EventList(events)._build_tree()
+    found, _ = profile.units(events, "cuda")
+    assert sorted((profile.share(u), u.us) for u in found) == [
+        (profile.EXPERT_INPUT, 7),
+        (profile.EXPERT_WEIGHT, 5),
+    ]
 
 
 def test_a_kernel_attached_to_two_host_events_of_one_correlation_id_is_counted_once():
