@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 import torch
 
+from switchbench.bench.cost import measure
 from switchbench.bench.cost.accounting import model_macs
 from switchbench.bench.cost.measure import counted_macs
 from switchbench.bench.timing import timer
@@ -116,3 +117,19 @@ def test_the_cpu_peak_is_the_best_rate_of_products_up_to_one_that_takes_a_moment
         2 * best**3 / (0.9 * ms[best]) / 1e9
     )
     assert sizes == sorted(sizes) and max(sizes) == rows and sizes.count(rows) == 14  # sized, warm-up, timed
+
+
+def test_every_fused_attention_is_counted_with_fewer_key_heads_than_query_heads():
+    """Decoding keeps GQA's and MoA's fewer key heads (SDPA's enable_gqa). torch 2.11's own formula for the fused
+    kernels asserts as many key heads as query heads, and an H200's decode of the 262M group raised there; each
+    fused kernel is counted by the suite's formula: every query head's scores and values, by hand."""
+    batch, heads, kv_heads, t, s, d = 2, 8, 2, 5, 7, 16
+    q, k = (batch, heads, t, d), (batch, kv_heads, s, d)
+    formulas = measure._flop_formulas()
+    for op in (
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu,
+        torch.ops.aten._scaled_dot_product_flash_attention,
+        torch.ops.aten._scaled_dot_product_efficient_attention,
+        torch.ops.aten._scaled_dot_product_cudnn_attention,
+    ):
+        assert formulas[op](q, k, k) == 2 * (batch * heads * t * s * d + batch * heads * t * s * d), op

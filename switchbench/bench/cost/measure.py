@@ -215,22 +215,31 @@ def _flop_formulas() -> dict:
     def expert_matmul(x, weight, scores, indices, *args, out_shape=None, **kwargs):
         return 2 * _expert_matmul_macs(x, weight, indices)
 
-    def sdpa_cpu(query, key, value, *args, out_shape=None, **kwargs):
+    def sdpa(query, key, value, *args, out_shape=None, **kwargs):
         return 2 * _sdpa_macs(query, key)
 
     def vector_norm(x, *args, out_shape=None, **kwargs):
         return 2 * _l2_norm_macs(x)
 
+    aten = torch.ops.aten
+    # every fused attention: torch 2.11's own formula asserts as many key heads as query heads, and decoding keeps
+    # GQA's and MoA's fewer key heads (enable_gqa); on an H200 the counter raised for those groups
+    fused_attention = (
+        aten._scaled_dot_product_flash_attention_for_cpu,
+        aten._scaled_dot_product_flash_attention,
+        aten._scaled_dot_product_efficient_attention,
+        aten._scaled_dot_product_cudnn_attention,
+    )
     return {
         torch.ops.switchbench.expert_matmul: expert_matmul,  # keyed by packet, as FlopCounterMode looks up
-        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: sdpa_cpu,
+        **dict.fromkeys(fused_attention, sdpa),
         torch.ops.aten.linalg_vector_norm: vector_norm,
     }
 
 
 def counted_macs(fn: Callable) -> int:
     """MACs of one ``fn()`` as PyTorch's FlopCounterMode counts them, with the suite's formulas for the expert
-    matmul, the CPU's fused attention and vector norms."""
+    matmul, fused attention (fewer key heads than query heads too) and vector norms."""
     with FlopCounterMode(display=False, custom_mapping=_flop_formulas()) as counter:
         fn()
     return counter.get_total_flops() // 2

@@ -449,8 +449,11 @@ def measure(
                 case, impl, "wrong", error=wrong, max_rel_error=error if math.isfinite(error) else None
             )
         checked = {"max_rel_error": error}
-    out = peer.run(case, inputs)
-    grad = torch.randn_like(out)
+    # the output's shape without its graph: a graph kept alive keeps the leaves' AccumulateGrad nodes on the stream
+    # they were made on, and a backward captured on another waits on that stream, which ends the capture (an H200,
+    # torch 2.11: "operation would make the legacy stream depend on a capturing blocking stream")
+    with torch.no_grad():
+        grad = torch.randn_like(peer.run(case, inputs))
 
     def forward():
         return peer.run(case, inputs)
