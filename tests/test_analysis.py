@@ -559,17 +559,25 @@ def test_a_checkpoint_at_a_negative_step_is_refused(tmp_path):
         train(cfg, tmp_path, resume=True, progress=False)
 
 
-def test_optimizer_moments_of_another_shape_are_refused_at_the_resume(tmp_path):
-    """load_state_dict takes moments of any shape; the first step then failed, exit 3, with a RuntimeError."""
+@pytest.mark.parametrize(
+    ("moment", "says"),
+    [
+        (torch.zeros(3), r"the optimizer state does not fit \(exp_avg of shape \(3,\)"),
+        ("x", "the optimizer state's exp_avg is no tensor"),
+    ],
+    ids=["another shape", "text"],
+)
+def test_optimizer_moments_of_another_shape_or_kind_are_refused_at_the_resume(moment, says, tmp_path):
+    """load_state_dict takes moments of any shape or kind; the first step then failed, exit 3, with a RuntimeError
+    (or an AttributeError: a str has no lerp_)."""
     cfg = TrainConfig(
         "listops", "listops-transformer-h8", steps=2, batch=4, eval_every=2, warmup=1, val_size=8
     )
     train(cfg, tmp_path, progress=False)
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
-    moments = saved["optimizer"]["state"][0]
-    moments["exp_avg"] = torch.zeros(3)
+    saved["optimizer"]["state"][0]["exp_avg"] = moment
     torch.save(saved, tmp_path / "checkpoint.pt")
-    with pytest.raises(ValueError, match=r"the optimizer state does not fit \(exp_avg of shape \(3,\)"):
+    with pytest.raises(ValueError, match=says):
         train(TrainConfig(**{**cfg.__dict__, "steps": 4}), tmp_path, resume=True, progress=False)
 
 

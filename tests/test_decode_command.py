@@ -463,6 +463,7 @@ DAMAGED_RUNS = {
     "a-list": "[]",
     "no-metadata": '{"metadata": 3}',
     "nested past the stack": "[" * 100_000 + "]" * 100_000,
+    "an integer past 4,300 digits": "[" + "9" * 5000 + "]",
     "cells as text": _run_with({"cells_done": "1"}),
     "no peak": _run_with({"matmul_peak_tflops": None}),
     "a row without its group": _run_with(row={"group": None}),

@@ -395,6 +395,21 @@ def test_files_of_a_shape_no_run_has_leave_out_themselves_only(tmp_path, capsys)
     assert 'id="quality"' in page and "5seeds-977steps" in page and 'id="speed"' in page
 
 
+def test_a_run_without_a_field_the_summary_reads_leaves_out_that_summary_part_alone(tmp_path, capsys):
+    """A run of another version that passes its schema but lacks a row's field the summary reads (a speed row's
+    time over its floor, say) stopped the whole report, exit 3: its summary lines are left out, named."""
+    root = tmp_path / "results"
+    shutil.copytree(RESULTS / "speed" / "x86-64", root / "speed" / "x86-64")
+    for path in (root / "speed" / "x86-64").glob("*.json"):
+        run = json.loads(path.read_text())
+        run["rows"] = [{k: v for k, v in row.items() if k != "time_over_floor"} for row in run["rows"]]
+        path.write_text(json.dumps(run))
+    assert main(["report", "--results", str(root), "--out", str(tmp_path / "report.html")]) == 0
+    err = capsys.readouterr().err
+    assert "the summary's speed lines left out: 'time_over_floor'" in err, err
+    assert 'id="speed"' in (tmp_path / "report.html").read_text()
+
+
 @pytest.mark.parametrize(
     ("dead", "said"), [("0", "1 routers have experts never chosen"), ("", "no expert is left")]
 )

@@ -345,6 +345,7 @@ CHECKPOINT_DAMAGE = {
     "no step": (lambda p: p.pop("step"), "no 'step'"),
     "train as a list": (lambda p: p.update(train=[1, 2]), "'train' must be an object"),
     "step as text": (lambda p: p.update(step="4"), "'step' must be an integer"),
+    "step as a float": (lambda p: p.update(step=4.0), "'step' must be an integer"),  # a TypeError, exit 3
     # torch's first line alone named no weight
     "a weight of another shape": (
         lambda p: p["model"].update({next(iter(p["model"])): torch.zeros(3)}),
@@ -1063,6 +1064,7 @@ def test_the_folder_a_probe_found_is_made_again_when_another_probe_removed_it(
         ),  # compiled 4 times over
         (["kernel-check", "--dtype", "bf16", "bf16"], "--dtype: bf16 is named twice"),
         (["evidence", "--only", "report", "report"], "--only: report is named twice"),
+        (["quality", "--quick", "--families", "dense", "dense"], "--families: dense is named twice"),
     ],
 )
 def test_a_list_value_named_twice_is_refused_before_any_work(argv, says, tmp_path, capsys):
@@ -1093,6 +1095,26 @@ def test_a_torchrun_variable_that_is_no_integer_is_named(variable, monkeypatch):
     monkeypatch.setenv(variable, "abc")
     with pytest.raises(ValueError, match=f"{variable} must be an integer"):
         distributed.from_environment()
+
+
+@pytest.mark.parametrize(
+    ("environment", "says"),
+    [
+        ({"WORLD_SIZE": "1", "RANK": "1"}, "RANK must be in [0, WORLD_SIZE 1); got 1"),
+        ({"WORLD_SIZE": "2", "RANK": "-1"}, "RANK must be in [0, WORLD_SIZE 2); got -1"),
+        ({"LOCAL_RANK": "-2"}, "LOCAL_RANK must be >= 0; got -2"),
+    ],
+)
+def test_a_rank_outside_its_world_is_refused_before_any_work(
+    environment, says, tmp_path, capsys, monkeypatch
+):
+    """A stale RANK past WORLD_SIZE: speed measured, then wrote nothing and printed nothing, exit 0 (only rank 0
+    writes); train failed on an empty shard of the data, exit 3."""
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    argv = ["speed", "--quick", "--device", "cpu", "--presets", "tiny-switchhead", "--scopes", "layer"]
+    fails_cleanly(capsys, [*argv, "--out", str(tmp_path / "out")], says=says)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_table_s_name_taken_by_a_folder_is_refused_before_any_work(tmp_path, capsys, monkeypatch):

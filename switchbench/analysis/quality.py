@@ -19,6 +19,7 @@ import torch
 from switchbench.analysis import plots
 from switchbench.analysis.intervals import difference_interval, mean_interval
 from switchbench.bench.command import (
+    Distinct,
     add_json,
     add_kernel_choices,
     describe_kernels,
@@ -391,6 +392,7 @@ def register(commands) -> None:
         nargs="+",
         type=registry.as_key,
         choices=FAMILIES,
+        action=Distinct,
         help="default: all; differences are to dense",
     )
     parser.add_argument(

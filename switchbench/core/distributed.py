@@ -42,6 +42,11 @@ def from_environment() -> World:
     )
     if size < 1:
         raise ValueError(f"WORLD_SIZE must be >= 1; got {size}")
+    # a stale RANK (a shell's, a container's) past the world measured and then wrote nothing, exit 0
+    if not 0 <= rank < size:
+        raise ValueError(f"RANK must be in [0, WORLD_SIZE {size}); got {rank}")
+    if local_rank < 0:
+        raise ValueError(f"LOCAL_RANK must be >= 0; got {local_rank}")
     return World(size, rank, local_rank)
 
 

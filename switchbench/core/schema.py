@@ -142,7 +142,8 @@ def check_checkpoint(path: Path, payload: dict) -> dict:
     for key, kind in CHECKPOINT.items():
         if key not in payload:
             raise ValueError(f"{path}: incomplete checkpoint (no {key!r})")
-        if not _is(payload[key], kind):
+        # a whole float is an integer in JSON text, not in a checkpoint, which torch saves as it was made
+        if not _is(payload[key], kind) or (kind == INTEGER and not isinstance(payload[key], int)):
             raise ValueError(f"{path}: the checkpoint's {key!r} must be {kind}")
     return payload
 
@@ -152,8 +153,9 @@ def read_json(path: Path, what: str = "JSON file"):
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"{path}: no such {what}") from None
-    # RecursionError: arrays or objects nested past Python's stack
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+    # RecursionError: arrays or objects nested past Python's stack; ValueError (UnicodeDecodeError and
+    # JSONDecodeError among them): an integer past Python's 4,300 digits too
+    except (OSError, ValueError, RecursionError) as error:
         raise ValueError(f"{path}: not a readable {what} ({first_line(error)})") from None
 
 

@@ -446,7 +446,7 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
         trained=labels.trained, speed_setting=labels.speed_setting, reference_min_r=summary.REFERENCE_MIN_R
     )
     env.tests["numeric"] = _numeric
-    context = {"environment": environment, "summary": summary.lines(loaded), "link": link}
+    context = {"environment": environment, "summary": _summary(loaded), "link": link}
     sections = []
     for section in (s for s in SECTIONS if s.name in loaded):
         template = env.get_template(f"sections/{section.name}.html.j2")
@@ -457,6 +457,19 @@ def render(loaded: dict, environment: dict, link: str = ".") -> str:
             continue
         sections.append((section, markupsafe.Markup(html)))
     return env.get_template("report.html.j2").render(context | {"sections": sections})
+
+
+def _summary(loaded: dict) -> list[summary.Line]:
+    """The summary's lines; a part whose results it cannot read is left out, named, as a section is."""
+    found = []
+    for name, part in summary.parts(loaded):
+        try:
+            found += part()
+        except UNREADABLE as error:
+            print(
+                f"switchbench report: the summary's {name} lines left out: {_reason(error)}", file=sys.stderr
+            )
+    return found
 
 
 def write_report(results: Path, out: Path, environment: dict, loaded: dict | None = None) -> Path:

@@ -8,6 +8,7 @@ similarity whose reference (two seeds of one model) is as noisy as the effect, i
 
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,20 +60,33 @@ def _pct(value: float) -> str:
 
 
 def lines(loaded: dict) -> list[Line]:
-    claims, out = _claims(), []
+    return [line for _, part in parts(loaded) for line in part()]
+
+
+def parts(loaded: dict) -> list[tuple[str, Callable[[], list[Line]]]]:
+    """The summary's parts, each named by what it reads and computed on call, so the report can leave out one
+    whose results lack a field it reads (a run of another version) and keep the rest."""
+    claims, found = _claims(), []
     if "tables" in loaded:
-        out += _headline(loaded["tables"]["tables"], claims)
+        found.append(("tables", lambda: _headline(loaded["tables"]["tables"], claims)))
     if "speed" in loaded:
-        out += _wallclock(loaded["speed"], claims["wallclock_ratio"])
+        found.append(("speed", lambda: _wallclock(loaded["speed"], claims["wallclock_ratio"])))
     if "kernels" in loaded:
-        out += _kernel(loaded["kernels"], claims["kernel_fraction"])
+        found.append(("kernels", lambda: _kernel(loaded["kernels"], claims["kernel_fraction"])))
     if "quality" in loaded:
-        out += _quality(loaded["quality"])
+        found.append(("quality", lambda: _quality(loaded["quality"])))
     for analysis in loaded.get("analysis", []):
-        out += _accuracy(analysis, claims["listops_accuracy"])
-        out += _similarity(analysis, claims["attention_similarity"])
-        out += _dead_experts(analysis)
-    return out
+        found.append(
+            (
+                "analysis",
+                lambda analysis=analysis: [
+                    *_accuracy(analysis, claims["listops_accuracy"]),
+                    *_similarity(analysis, claims["attention_similarity"]),
+                    *_dead_experts(analysis),
+                ],
+            )
+        )
+    return found
 
 
 def _headline(tables: dict, claims: dict) -> list[Line]:

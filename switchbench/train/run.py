@@ -394,7 +394,9 @@ def _check_moments(optimizer: torch.optim.Optimizer, path: Path) -> None:
     for group in optimizer.param_groups:
         for weight in group["params"]:
             for name, value in optimizer.state.get(weight, {}).items():
-                if torch.is_tensor(value) and value.dim() and value.shape != weight.shape:
+                if not torch.is_tensor(value):  # AdamW keeps tensors alone: its step too
+                    raise ValueError(f"{path}: the optimizer state's {name} is no tensor")
+                if value.dim() and value.shape != weight.shape:
                     raise ValueError(
                         f"{path}: the optimizer state does not fit ({name} of shape {tuple(value.shape)} for a "
                         f"weight of shape {tuple(weight.shape)})"
