@@ -346,6 +346,11 @@ CHECKPOINT_DAMAGE = {
     "train as a list": (lambda p: p.update(train=[1, 2]), "'train' must be an object"),
     "step as text": (lambda p: p.update(step="4"), "'step' must be an integer"),
     "step as a float": (lambda p: p.update(step=4.0), "'step' must be an integer"),  # a TypeError, exit 3
+    # built for minutes before its weights were found not to fit
+    "a configuration of 200,000 layers": (
+        lambda p: p["config"].update(n_layers=200_000),
+        "weights do not match the configuration: the configuration has 200000 layers, the weights 6",
+    ),
     # torch's first line alone named no weight
     "a weight of another shape": (
         lambda p: p["model"].update({next(iter(p["model"])): torch.zeros(3)}),
