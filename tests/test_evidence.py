@@ -83,7 +83,7 @@ def test_a_step_that_does_not_fit_waits_for_a_later_call_and_the_steps_after_it_
 
 @pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it_again(tmp_path, monkeypatch):
-    # a report of 2 s: its git calls and command had 0.5 s, four times what they took beside busy processes
+    # a report of 2 s: with 0.5 s, its git calls and command took up to a quarter of it beside busy processes
     report = evidence.Step(evidence.REPORT, "the report", 1, _writer("report"), cpu_seconds=2)
     slow = evidence.Step("slow", "figure S", 1, _writer("slow", 30), cpu_seconds=0.1)
     monkeypatch.setattr(evidence, "STEPS", (slow, report))
@@ -771,7 +771,8 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
         os.kill(pid, signal.SIGKILL)  # what no stop can reach: cleaned up here
 
 
-# the sixth test blocks the first call until its budget stops it, whatever pytest's start took; the next passes it
+# the sixth test blocks the first call until its budget stops it (pytest starting from the warmed fork server);
+# the next call passes it
 PART = """
 import os, time, pytest
 @pytest.mark.parametrize("i", range(12))

@@ -78,7 +78,7 @@ def parts(loaded: dict) -> list[tuple[str, Callable[[], list[Line]]]]:
     for analysis in loaded.get("analysis", []):
         found.append(
             (
-                "analysis",
+                f"analysis {analysis.get('folder', '')}".strip(),
                 lambda analysis=analysis: [
                     *_accuracy(analysis, claims["listops_accuracy"]),
                     *_similarity(analysis, claims["attention_similarity"]),

@@ -49,10 +49,11 @@ def save(
     return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
-def _layers_match(cfg: ModelConfig, weights: dict) -> None:
+def _check_layers(cfg: ModelConfig, weights: dict) -> None:
     """The configuration has as many layers as the weights, found before the model is built: one edited to
-    200,000 layers built for minutes before its weights were found not to fit."""
-    saved = {key.split(".")[2] for key in weights if key.startswith("stack.blocks.")}
+    200,000 layers built for minutes before its weights were found not to fit. A RuntimeError, as
+    load_state_dict raises for weights that do not fit."""
+    saved = {key.split(".")[2] for key in weights if isinstance(key, str) and key.startswith("stack.blocks.")}
     if len(saved) != cfg.n_layers:
         raise RuntimeError(f"the configuration has {cfg.n_layers} layers, the weights {len(saved)}")
 
@@ -78,7 +79,7 @@ def load(path: Path) -> dict:
     try:
         # configurations saved before the field existed were built without the XL biases and learned scale
         cfg = ModelConfig.from_dict({"xl_bias_and_scale": False} | payload["config"])
-        _layers_match(cfg, payload["model"])
+        _check_layers(cfg, payload["model"])
         module = build_model(payload["task"], cfg, payload.get("n_classes"))
         module.load_state_dict(payload["model"])
     except (KeyError, TypeError) as error:

@@ -16,7 +16,7 @@ WEIGHT_GRADIENT_LABEL = "switchbench.expert_matmul.weight_gradient"
 # applied inside the op, not with the routing of the module around them
 GATES_LABEL = "switchbench.expert_matmul.gates"
 # The Triton weight-gradient kernel, by name, as well: an H100 profile of torch 2.11 saw it outside the label when
-# the label was user-scoped (see weight_gradient_range), and a run without kernel links may still
+# the label was user-scoped (see weight_gradient_range); kept for profiles that link no kernel to its range
 WEIGHT_GRADIENT_KERNELS = ("_grouped_outer_kernel",)
 
 
