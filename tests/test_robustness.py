@@ -346,7 +346,12 @@ CHECKPOINT_DAMAGE = {
     "train as a list": (lambda p: p.update(train=[1, 2]), "'train' must be an object"),
     "step as text": (lambda p: p.update(step="4"), "'step' must be an integer"),
     "step as a float": (lambda p: p.update(step=4.0), "'step' must be an integer"),  # a TypeError, exit 3
-    # built for minutes before its weights were found not to fit
+    # built for minutes, or its weights allocated, before they were found not to fit
+    "a configuration 1,000 times wider": (
+        lambda p: p["config"].update(d_model=1000 * p["config"]["d_model"]),
+        "weights do not match the configuration: Error(s) in loading state_dict for SequenceClassifier: size "
+        "mismatch for",
+    ),
     "a configuration of 200,000 layers": (
         lambda p: p["config"].update(n_layers=200_000),
         "weights do not match the configuration: the configuration has 200000 layers, the weights 6",

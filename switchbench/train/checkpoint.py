@@ -49,13 +49,19 @@ def save(
     return replace_atomically(Path(path), lambda tmp: torch.save(payload, tmp))
 
 
-def _check_layers(cfg: ModelConfig, weights: dict) -> None:
-    """The configuration has as many layers as the weights, found before the model is built: one edited to
-    200,000 layers built for minutes before its weights were found not to fit. A RuntimeError, as
-    load_state_dict raises for weights that do not fit."""
+def _check_fits(task: str, cfg: ModelConfig, n_classes: int | None, weights: dict) -> None:
+    """The weights fit the configuration, found before the model is built for real: one edited to 200,000 layers
+    built for minutes, and one a thousand times wider would have allocated its weights, before they were found
+    not to fit. The layers are counted first (even the meta device builds each module), then the model is built
+    there and loaded, which raises load_state_dict's RuntimeError for weights that do not fit."""
     saved = {key.split(".")[2] for key in weights if isinstance(key, str) and key.startswith("stack.blocks.")}
     if len(saved) != cfg.n_layers:
         raise RuntimeError(f"the configuration has {cfg.n_layers} layers, the weights {len(saved)}")
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", ".*copying from a non-meta parameter", UserWarning
+        )  # a no-op: meant
+        build_model(task, cfg, n_classes).load_state_dict(weights)
 
 
 def load(path: Path) -> dict:
@@ -79,7 +85,7 @@ def load(path: Path) -> dict:
     try:
         # configurations saved before the field existed were built without the XL biases and learned scale
         cfg = ModelConfig.from_dict({"xl_bias_and_scale": False} | payload["config"])
-        _check_layers(cfg, payload["model"])
+        _check_fits(payload["task"], cfg, payload.get("n_classes"), payload["model"])
         module = build_model(payload["task"], cfg, payload.get("n_classes"))
         module.load_state_dict(payload["model"])
     except (KeyError, TypeError) as error:
