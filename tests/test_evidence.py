@@ -41,8 +41,11 @@ def _writer(name: str, seconds: float = 0.0, code: int = 0):
     return run
 
 
-def _steps(*steps: evidence.Step) -> tuple:
-    return (*steps, evidence.Step(evidence.REPORT, "the report", 1, _writer("report"), cpu_seconds=0.5))
+def _steps(*steps: evidence.Step, report_seconds: float = 0.5) -> tuple:
+    return (
+        *steps,
+        evidence.Step(evidence.REPORT, "the report", 1, _writer("report"), cpu_seconds=report_seconds),
+    )
 
 
 def _chain(tmp_path: Path, budget: float, **kwargs) -> dict:
@@ -84,9 +87,8 @@ def test_a_step_that_does_not_fit_waits_for_a_later_call_and_the_steps_after_it_
 @pytest.mark.slow  # a subprocess or a timing: seconds each, in tox
 def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it_again(tmp_path, monkeypatch):
     # a report of 2 s: with 0.5 s, its git calls and command took up to a quarter of it beside busy processes
-    report = evidence.Step(evidence.REPORT, "the report", 1, _writer("report"), cpu_seconds=2)
     slow = evidence.Step("slow", "figure S", 1, _writer("slow", 30), cpu_seconds=0.1)
-    monkeypatch.setattr(evidence, "STEPS", (slow, report))
+    monkeypatch.setattr(evidence, "STEPS", _steps(slow, report_seconds=2))
     start = time.monotonic()
     state = _chain(tmp_path, budget=6)
     assert time.monotonic() - start < 12 and _runs(tmp_path, "slow") == 0  # killed, nothing written
