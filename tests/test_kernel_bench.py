@@ -129,6 +129,35 @@ TINY = kernels.Case(
 )  # unaligned widths; an expert without tokens (k=2 of 3)
 
 
+@pytest.mark.parametrize(
+    "error", ["CUDA error: operation failed due to a previous error during capture", "CUDA out of memory"]
+)
+def test_a_capture_that_fails_is_its_row_s_reason_and_out_of_memory_still_raises(error, monkeypatch):
+    """On an H200, torch 2.11 ended one implementation's capture with an error host_wait had not foreseen, and
+    kernel-tune lost every row: that implementation is now an uncapturable row saying why. Out of memory is a
+    result the callers record (an OOM row), not a reason."""
+
+    def failing(device, graphs=False):
+        def ms(fn, grad_to_none=()):
+            raise RuntimeError(error)
+
+        return ms
+
+    monkeypatch.setattr(kernels, "timer", failing)
+    monkeypatch.setattr(kernels, "host_wait", lambda call: None)  # no sync seen: capturable, by that check
+    measure = lambda graphs: kernels.measure(TINY, "all_experts", "cpu", torch.float32, graphs=graphs)  # noqa: E731
+    if "memory" in error:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            measure(True)
+        return
+    rows = measure(True)
+    assert [(r["pass"], r["status"], r["reason"]) for r in rows] == [
+        (p, "uncapturable", error) for p in kernels.PASSES
+    ]
+    with pytest.raises(RuntimeError, match="during capture"):  # no graphs: nothing was captured, a bug
+        measure(False)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_every_timed_call_matches_its_float64_loop_in_output_and_every_gradient(dtype):
     """The whole op of each implementation (and the loop peer) and each kernel alone, off a GPU."""
