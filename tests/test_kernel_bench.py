@@ -132,10 +132,18 @@ TINY = kernels.Case(
 @pytest.mark.parametrize(
     "error", ["CUDA error: operation failed due to a previous error during capture", "CUDA out of memory"]
 )
-def test_a_capture_that_fails_is_its_row_s_reason_and_out_of_memory_still_raises(error, monkeypatch):
+@pytest.mark.parametrize(
+    "timed",
+    [
+        lambda graphs: kernels.measure(TINY, "all_experts", "cpu", torch.float32, graphs=graphs),
+        lambda graphs: kernels.routing_rows(TINY, "cpu", torch.float32, graphs=graphs),
+    ],
+    ids=["op", "routing"],
+)
+def test_a_capture_that_fails_is_its_row_s_reason_and_out_of_memory_still_raises(timed, error, monkeypatch):
     """On an H200, torch 2.11 ended one implementation's capture with an error host_wait had not foreseen, and
-    kernel-tune lost every row: that implementation is now an uncapturable row saying why. Out of memory is a
-    result the callers record (an OOM row), not a reason."""
+    kernel-tune lost every row: that implementation (or routing) is now an uncapturable row saying why. Out of
+    memory is a result the callers record (an OOM row), not a reason."""
 
     def failing(device, graphs=False):
         def ms(fn, grad_to_none=()):
@@ -145,17 +153,16 @@ def test_a_capture_that_fails_is_its_row_s_reason_and_out_of_memory_still_raises
 
     monkeypatch.setattr(kernels, "timer", failing)
     monkeypatch.setattr(kernels, "host_wait", lambda call: None)  # no sync seen: capturable, by that check
-    measure = lambda graphs: kernels.measure(TINY, "all_experts", "cpu", torch.float32, graphs=graphs)  # noqa: E731
     if "memory" in error:
         with pytest.raises(RuntimeError, match="out of memory"):
-            measure(True)
+            timed(True)
         return
-    rows = measure(True)
+    rows = timed(True)
     assert [(r["pass"], r["status"], r["reason"]) for r in rows] == [
         (p, "uncapturable", error) for p in kernels.PASSES
     ]
     with pytest.raises(RuntimeError, match="during capture"):  # no graphs: nothing was captured, a bug
-        measure(False)
+        timed(False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

@@ -469,11 +469,7 @@ def measure(
     try:
         times = ms(forward), ms(both, grad_to_none=_leaves(inputs, peer.leaves))
     except RuntimeError as error:
-        if not graphs or is_oom(error):
-            raise
-        # a capture that failed where host_wait saw no sync (torch ends the capture as it raises): this
-        # implementation's row says why and the others are timed (kernel-tune lost every row to one, on an H200)
-        return _untimed(case, impl, "uncapturable", reason=first_line(error))
+        return _untimed(case, impl, "uncapturable", reason=_failed_capture(error, graphs))
     rows = []
     for what, timed, macs in zip(PASSES, times, (case.macs, 3 * case.macs), strict=True):
         t = statistics.median(timed)
@@ -528,7 +524,10 @@ def routing_rows(
     reason = host_wait(call) if graphs else None
     if reason:
         return _untimed(case, impl, "uncapturable", reason=reason)
-    times = timer(device, graphs)(call)
+    try:
+        times = timer(device, graphs)(call)
+    except RuntimeError as error:
+        return _untimed(case, impl, "uncapturable", reason=_failed_capture(error, graphs))
     row = {"impl": impl, "routing": name, "view": "routing", "status": "ok", "ms": statistics.median(times)}
     method = {"method": method or routing_method(torch.device(device).type)}
     return [{"case": case.name, "pass": p} | row | _spread(times) | method | _shape(case) for p in PASSES]
@@ -545,6 +544,15 @@ def host_wait(call: Callable) -> str | None:
             raise
         return str(error).strip().splitlines()[0]
     return None
+
+
+def _failed_capture(error: RuntimeError, graphs: bool) -> str:
+    """The reason for a row whose capture failed where host_wait saw no sync (torch ends the capture as it
+    raises), so that the other implementations are still timed: kernel-tune lost every row to one, on an H200.
+    Out of memory (a result its callers record) and any error outside a capture (a bug) are raised."""
+    if not graphs or is_oom(error):
+        raise error
+    return first_line(error)
 
 
 def _spread(times: list[float]) -> dict:
