@@ -58,9 +58,8 @@ def _check_fits(task: str, cfg: ModelConfig, n_classes: int | None, weights: dic
     if len(saved) != cfg.n_layers:
         raise RuntimeError(f"the configuration has {cfg.n_layers} layers, the weights {len(saved)}")
     with torch.device("meta"), warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", ".*copying from a non-meta parameter", UserWarning
-        )  # a no-op: meant
+        # torch warns that copying into a meta weight does nothing: here only the shapes are asked
+        warnings.filterwarnings("ignore", ".*copying from a non-meta parameter", UserWarning)
         build_model(task, cfg, n_classes).load_state_dict(weights)
 
 
