@@ -74,6 +74,7 @@ OPTIONAL_NUMBERS = (
     "ratio_memory",
     "ratio_macs",
     "ratio_macs_executed",
+    "ratio_scores",
     "time_over_floor",
     "fraction_of_matmul_peak",
     "vs_dense",

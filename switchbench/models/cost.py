@@ -3,7 +3,11 @@ position scheme, the laid-out input of its output projection. A family's ``exact
 
 One attention layer, one sequence, forward pass: T current tokens after (C - 1) T cached ones, S = C T keys.
 Compute is in MACs (multiply-accumulates of matmul-like products); memory in floats that autograd saves for the
-backward pass (distinct storages of floating tensors, parameters excluded). A batch of B sequences computes
+backward pass (distinct storages of floating tensors, parameters excluded); attention scores in the logits a
+softmax normalises, H T S. Scores are the work MACs leave out: each takes an exponential (twice in a flash
+backward, which recomputes it), a running maximum and sum, and with Transformer-XL a read of the position term and a
+write of its gradient, whatever the head's width; a family with fewer, wider heads computes fewer of them for its
+MACs. A batch of B sequences computes
 B times the MACs of one, less what depends on positions alone (XL's projected positions), which it computes once
 (:meth:`Cost.batched_macs`).
 """
@@ -19,9 +23,17 @@ class Cost:
     macs: int
     mem: int  # floats kept for backward
     shared_macs: int = 0  # of macs, those a batch computes once for all its sequences
+    scores: int = (
+        0  # attention logits a softmax normalises (the causal mask's half not taken off, as in macs)
+    )
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.macs + other.macs, self.mem + other.mem, self.shared_macs + other.shared_macs)
+        return Cost(
+            self.macs + other.macs,
+            self.mem + other.mem,
+            self.shared_macs + other.shared_macs,
+            self.scores + other.scores,
+        )
 
     def batched_macs(self, batch: int) -> int:
         """MACs of ``batch`` sequences. Counting the shared part once per sequence overstated a 262M dense step's
@@ -65,13 +77,13 @@ def softmax_attention(
         macs = 2 * H * T * S * dh + positions + H * T * dh * D  # q k^T and A v, the projection, q r^T
         # sinusoids, projected positions, q, k, the attention map (after softmax), v
         mem = D * dm + D * Hp * dh + T * H * dh + S * Hk * dh + H * T * S + S * Hk * dh
-        return Cost(macs, mem + kept_queries * T * H * dh, shared_macs=positions)
+        return Cost(macs, mem + kept_queries * T * H * dh, shared_macs=positions, scores=H * T * S)
     half = int(dh * 0.5) // 2  # rotated channel pairs
     rotation = 2 * (T + S) * half  # cos and sin of the query and key positions
     dp = sdpa_width(dh)  # SDPA runs on heads zero-padded to this width
     # q and k rotated, v and the output (all four padded), its logsumexp, and the boolean mask made additive
     sdpa = T * H * dp + S * Hk * dp + S * Hk * dp + T * H * dp + H * T + (T * S if cfg.causal else 0)
-    return Cost(2 * H * T * S * dp, rotation + sdpa)
+    return Cost(2 * H * T * S * dp, rotation + sdpa, scores=H * T * S)
 
 
 def printed_xl(H: int, d_head: int, d_model: int, T: int, C: int) -> Cost:

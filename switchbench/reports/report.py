@@ -21,7 +21,7 @@ import markupsafe
 from switchbench.bench.command import device_from_args
 from switchbench.bench.inference import decode
 from switchbench.bench.published import WALLCLOCK
-from switchbench.bench.timing.speed import below_floor
+from switchbench.bench.timing.speed import below_floor, scores_ratio
 from switchbench.core.environment import describe_machine, environment
 from switchbench.core.results import newest, read_csv, recorded, writable_file, write_atomic
 from switchbench.core.schema import read_json, read_run, read_table
@@ -440,7 +440,7 @@ def _numeric(value) -> bool:
 def render(loaded: dict, environment: dict, link: str = ".") -> str:
     """The page; ``link`` is the results folder as seen from the report (for the CSV links)."""
     env = jinja2.Environment(loader=jinja2.PackageLoader("switchbench.reports"), autoescape=True)
-    env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count)
+    env.filters.update(number=_number, percent=_percent, mib=_mib, count=_count, scores_ratio=scores_ratio)
     env.tests.update(below_floor=below_floor, below_decode_floor=decode.below_floor)
     env.globals.update(
         trained=labels.trained, speed_setting=labels.speed_setting, reference_min_r=summary.REFERENCE_MIN_R

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from switchbench.bench.published import CLAIMS, TABLES
-from switchbench.bench.timing.speed import below_floor
+from switchbench.bench.timing.speed import below_floor, scores_ratio
 from switchbench.core.results import read_csv
 from switchbench.reports import labels
 
@@ -182,13 +182,15 @@ def _wallclock(speed: dict, claim: dict) -> list[Line]:
 
 
 def _against_floor(row: dict) -> str:
-    """'0.87 (MAC floor 0.76: 1.14x it; flash)': the ratio, what compute alone allows (and what the model executed,
-    where more), and the kernel."""
+    """'0.87 (MAC floor 0.76: 1.14x it; scores 0.25; flash)': the ratio, what compute alone allows (and what the
+    model executed, where more), its share of the attention scores, and the kernel."""
     text = f"{row['ratio_time']:.2f}"
     if row.get("ratio_macs") is not None:
         text += f" (MAC floor {row['ratio_macs']:.2f}: {row['time_over_floor']:.3f}x it"
         if row.get("ratio_macs_executed") is not None:
             text += f"; {row['ratio_macs_executed']:.2f} executed"
+        if scores_ratio(row) is not None:
+            text += f"; scores {scores_ratio(row):.2f}"
         text += f"; {row['attention']})" if row.get("attention") else ")"
     return text
 

@@ -61,3 +61,9 @@ def model_macs(cfg: ModelConfig, batch: int = 1) -> int:
     else:  # router, then K experts of size G up and down
         mlp = T * dm * cfg.mlp_experts + 2 * T * cfg.mlp_k * dm * cfg.mlp_expert_size
     return cfg.n_layers * (exact_cost(cfg).batched_macs(batch) + batch * mlp) + batch * T * dm * cfg.vocab
+
+
+def model_scores(cfg: ModelConfig, batch: int = 1) -> int:
+    """Attention scores of the whole language model's forward pass on ``batch`` sequences: what its softmaxes
+    normalise, H T S a layer and sequence (:class:`~switchbench.models.cost.Cost`)."""
+    return cfg.n_layers * batch * exact_cost(cfg).scores

@@ -151,6 +151,7 @@ def time_group(
                 executed = _executed(bench) / _executed(benches[base])
                 if executed != floor:  # an implementation that computes every expert: what it allows
                     row["ratio_macs_executed"] = executed
+                row |= _scores(row["preset"], baseline, bench.scope)
                 row["baseline"] = baseline
         rows.append(row)
     _flag_mixed_attention(rows)
@@ -245,6 +246,7 @@ def count_ratios() -> list[dict]:
                     "baseline": group[0],
                     "ratio_macs": cost.macs / base.macs,
                     "ratio_memory": cost.mem / base.mem,
+                    "ratio_scores": cost.scores / base.scores,
                 }
             )
     return rows
@@ -598,6 +600,27 @@ def preset_groups(
     return {g: GROUPS[g] for g in groups}
 
 
+def _scores(preset: str, baseline: str, scope: str) -> dict:
+    """``ratio_scores``: the model's attention scores over its baseline's (models/cost.py), for a group's row, where
+    both presets are known. Beside the MAC floor it says how much of the work MACs leave out each one does: a
+    family of fewer heads may beat the floor through it without its baseline being slow."""
+    if any(name.partition(OVERRIDES)[0] not in PRESETS for name in (preset, baseline)):
+        return {}
+    a, b = from_name(preset), from_name(baseline)
+    layers = (a.n_layers, b.n_layers) if scope == "model" else (1, 1)
+    return {"ratio_scores": layers[0] * exact_cost(a).scores / (layers[1] * exact_cost(b).scores)}
+
+
+def scores_ratio(r: dict) -> float | None:
+    """A row's ratio of attention scores to its baseline's: as it was written, or, for a row written before the
+    suite counted them, from its presets."""
+    if "ratio_scores" in r:
+        return r["ratio_scores"]
+    if r.get("baseline") is None or r.get("scope") not in ("model", "layer"):
+        return None
+    return _scores(r["preset"], r["baseline"], r["scope"]).get("ratio_scores")
+
+
 def below_floor(r: dict) -> bool:
     """Whether a row's time ratio beats what compute allows against its baseline: its MAC floor, or, where the
     model executed more (an expert matmul computing every expert), the executed floor. That says the baseline ran
@@ -625,6 +648,7 @@ def _printed(r: dict) -> dict:
         "MAC floor": f"{r['ratio_macs']:.2f}" if "ratio_macs" in r else "",
         "time/floor": _over_floor(r),
         "executed floor": f"{r['ratio_macs_executed']:.2f}" if "ratio_macs_executed" in r else "",
+        "scores": f"{scores_ratio(r):.2f}" if scores_ratio(r) is not None else "",
         "attention": r.get("attention", "") + (" (mixed!)" if r.get("attention_mixed") else ""),
         "expert matmul": r.get("expert_matmul", ""),
         "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
