@@ -213,6 +213,9 @@ def _key_block_backward_kernel(
     sp_h,
     sp_t,
     stride_mask,
+    sd_b,
+    sd_h,
+    sd_s,
     scale,
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -223,7 +226,7 @@ def _key_block_backward_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """dK, dV of one key block (over every query head of its key head's group) and the term's gradient of its
-    tiles. Every tensor is contiguous: do has q's strides, v, dk and dv k's, and dpos the term's."""
+    tiles. do has q's strides, v k's, dpos the term's, and dk and dv theirs (``sd_*``)."""
     bkh = tl.program_id(1).to(tl.int64)
     Hk = H // group
     b, kh = bkh // Hk, bkh % Hk
@@ -233,6 +236,7 @@ def _key_block_backward_kernel(
     kv_at = b * sk_b + kh * sk_h + cols[:, None] * sk_s + dims[None, :]
     k = tl.load(k_ptr + kv_at, mask=col_in, other=0.0)
     v = tl.load(v_ptr + kv_at, mask=col_in, other=0.0)
+    grad_at = b * sd_b + kh * sd_h + cols[:, None] * sd_s + dims[None, :]
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     first, last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
@@ -270,8 +274,8 @@ def _key_block_backward_kernel(
                 _zero_tile(
                     dpos_ptr + terms, start + tl.arange(0, BLOCK_M), cols, t, S, P, sp_t, BLOCK_M, BLOCK_N
                 )
-    tl.store(dk_ptr + kv_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
-    tl.store(dv_ptr + kv_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
+    tl.store(dk_ptr + grad_at, (dk * scale).to(dk_ptr.dtype.element_ty), mask=col_in)
+    tl.store(dv_ptr + grad_at, dv.to(dv_ptr.dtype.element_ty), mask=col_in)
 
 
 @triton.jit
@@ -426,9 +430,9 @@ def forward(
 ) -> tuple[Tensor, Tensor]:
     """q [B, H, t, D], k, v [B, Hk, S, D], pos [B, H, t, P] or None, mask [t, S] bool or None -> (o [B, H, t, D],
     the log-sum-exp of each query's logits [B * H, t] in the accumulators' dtype)."""
-    q, k, v, pos = _dense(q, k, v, pos)
+    (q, pos), (k, v) = _taken(q, pos), _keys_values(k, v)
     B, H, t = q.shape[:3]
-    o = torch.empty_like(q)
+    o = empty_in_order_of(q)
     lse = q.new_empty(B * H, t, dtype=accumulated(q.dtype))
     common = _common(q, k, pos, mask)
     spans = _spans_of(mask, q)
@@ -457,15 +461,14 @@ def backward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """The gradients of :func:`forward`'s o for its output gradient ``do``: dq, dk, dv and the term's (None
     without one; zero at the distances no query meets a key)."""
-    q, k, v, pos, do = _dense(q, k, v, pos, do)
+    (q, pos), (k, v) = _taken(q, pos), _keys_values(k, v)
+    do = do if do.stride() == q.stride() else empty_in_order_of(q).copy_(do)  # o's gradient, laid out as o
     B, H, t = q.shape[:3]
     # rowsum(dO o) = rowsum(P dP), FlashAttention-2's D
-    delta = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1).view(B * H, t)
-    dq = torch.empty_like(q)
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
-    # Written whole by the kernels, zero where no query meets a key (no separate fill of the [B, H, t, P] tensor):
-    # timing the candidates one after another into it leaves it right
-    dpos = None if pos is None else torch.empty_like(pos)
+    delta = (do.to(lse.dtype) * o.to(lse.dtype)).sum(-1).contiguous().view(B * H, t)
+    # dpos is written whole by the kernels, zero where no query meets a key (no separate fill of the [B, H, t, P]
+    # tensor): timing the candidates one after another into it leaves it right
+    dq, dk, dv, dpos = gradients_like(q, k, v, pos)
     common = _common(q, k, pos, mask)
     sizes, strides, constants = common["sizes"], common["strides"], common["constants"]
     per_key_block = _spans_of(None if mask is None else mask.T, q)  # per key block, its query blocks
@@ -475,8 +478,8 @@ def backward(
         block_m, block_n, warps, stages = config
         _key_block_backward_kernel[(triton.cdiv(k.shape[2], block_n), B * k.shape[1])](
             q, k, v, *common["pointers"], per_key_block(block_n, block_m), do, lse, delta, dk, dv,
-            q if dpos is None else dpos, *sizes, *strides, scale, **constants, BLOCK_M=block_m, BLOCK_N=block_n,
-            num_warps=warps, num_stages=stages,
+            q if dpos is None else dpos, *sizes, *strides, *dk.stride()[:3], scale, **constants, BLOCK_M=block_m,
+            BLOCK_N=block_n, num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
     def query_blocks(config):
@@ -601,10 +604,68 @@ def accumulated(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _dense(*tensors: Tensor | None) -> list[Tensor | None]:
-    """The tensors contiguous: tensors of one shape then share strides (o, do and dq q's; v, dk and dv k's; the
-    term's gradient the term's), which the kernels are given once."""
-    return [x if x is None else x.contiguous() for x in tensors]
+# Layouts. The kernels take any strides but a unit one for the channels, one set for q and the tensors laid out as
+# it (o, do, dq), one for k and v, one for dk and dv, one for the term and its gradient. A head-split projection,
+# [B, t, H, D] viewed as [B, H, t, D], is taken as it is, and o and the gradients come out in their input's order:
+# dense's O projection then reads o with no copy, and each gradient flows back into its projection with none. On an
+# H200 (262M, batch 64, eager) dense spent 27.5 ms a step in strided copies of attention's tensors, 9 launches a
+# layer; on the CPU, 10 of a dense XL layer's 13 copies a training step were these inputs made contiguous, twice
+# (forward and backward), and the copies they caused outside.
+
+
+def packed(x: Tensor) -> bool:
+    """Whether ``x`` is a permutation of a contiguous tensor with unit-stride channels: its elements fill their
+    span with no gap, as a head-split view of one projection's output does."""
+    if x.stride(-1) != 1:
+        return False
+    expected = 1
+    for size, stride in sorted(zip(x.shape, x.stride(), strict=True), key=lambda pair: pair[1]):
+        if size != 1:
+            if stride != expected:
+                return False
+            expected *= size
+    return True
+
+
+def empty_in_order_of(x: Tensor) -> Tensor:
+    """An uninitialised tensor of ``x``'s shape and dtype, packed, its dimensions in the order of ``x``'s strides."""
+    order = sorted(
+        range(x.dim()), key=lambda dim: -x.stride(dim)
+    )  # outermost first; a stable sort keeps ties
+    made = x.new_empty([x.shape[dim] for dim in order])
+    return made.permute([order.index(dim) for dim in range(x.dim())])
+
+
+def _taken(*tensors: Tensor | None) -> list[Tensor | None]:
+    """Each tensor as the kernels take it: as it is where :func:`packed`, else contiguous."""
+    return [x if x is None or packed(x) else x.contiguous() for x in tensors]
+
+
+def _keys_values(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """k and v as the kernels take them, on one set of strides: as they are where they share unit-stride ones
+    (slices of one projection's output, two head-split views alike), else both contiguous."""
+    if k.stride() == v.stride() and k.stride(-1) == 1:
+        return k, v
+    return k.contiguous(), v.contiguous()
+
+
+def output_like(q: Tensor) -> Tensor:
+    """An empty o for ``q`` (as given to :func:`forward`): laid out as the kernels take q."""
+    return empty_in_order_of(*_taken(q))
+
+
+def gradients_like(
+    q: Tensor, k: Tensor, v: Tensor, pos: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Empty dq, dk, dv and dpos for the inputs as given: each in its input's order as the kernels take it (dk and
+    dv packed, also where k and v are slices of a wider tensor)."""
+    (q, pos), k = _taken(q, pos), _keys_values(k, v)[0]
+    return (
+        empty_in_order_of(q),
+        empty_in_order_of(k),
+        empty_in_order_of(k),
+        None if pos is None else empty_in_order_of(pos),
+    )
 
 
 def _common(q: Tensor, k: Tensor, pos: Tensor | None, mask: Tensor | None) -> dict:
@@ -658,7 +719,7 @@ def launches(
         "key_block": (
             "backward",
             _key_block_backward_kernel,
-            (q, k, k, *pointers, q, lse, lse, k, k, dpos, *shared, 1.0),
+            (q, k, k, *pointers, q, lse, lse, k, k, dpos, *shared, *k.stride()[:3], 1.0),
         ),
         "query_block": (
             "backward",

@@ -242,8 +242,7 @@ def _(q, k, v, pos, mask, scale):
     from switchbench.ops.attention import flash
 
     B, H, t = q.shape[:3]
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    return out, q.new_empty(B * H, t, dtype=flash.accumulated(q.dtype))
+    return flash.output_like(q), q.new_empty(B * H, t, dtype=flash.accumulated(q.dtype))
 
 
 @torch.library.custom_op("switchbench::flash_attention_backward", mutates_args=())
@@ -266,9 +265,10 @@ def _flash_backward_op(
 
 @_flash_backward_op.register_fake
 def _(do, q, k, v, pos, mask, o, lse, scale):
-    dense = torch.contiguous_format
-    grads = (torch.empty_like(x, memory_format=dense) for x in (q, k, v))
-    return *grads, q.new_empty(0) if pos is None else torch.empty_like(pos, memory_format=dense)
+    from switchbench.ops.attention import flash
+
+    dq, dk, dv, dpos = flash.gradients_like(q, k, v, pos)
+    return dq, dk, dv, q.new_empty(0) if dpos is None else dpos
 
 
 def _flash_setup(ctx, inputs, output):

@@ -1,0 +1,88 @@
+"""Triton's flash attention takes the layouts the models hand it, under TRITON_INTERPRET=1 without a GPU: q split
+into heads from one projection's [B, t, H, D] output, k and v slices of one projection's output, a cache's window,
+an output gradient in any layout. Each equals the explicit kernel in float64 (output and every gradient), and o
+and the gradients come out in their inputs' order, so that no projection copies them on the way in or out."""
+
+import pytest
+import torch
+from small import TRITON_DEVICE
+
+from switchbench.ops.attention import flash, kernels
+from switchbench.ops.attention.relative import RelativeBias
+
+F64 = torch.float64
+
+
+def _draw(seed: int, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64).to(TRITON_DEVICE)
+
+
+def _head_split(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, L, heads * D] -> the view [B, heads, L, D], as a model splits a projection's output."""
+    B, L, _ = x.shape
+    return x.view(B, L, heads, -1).transpose(1, 2)
+
+
+def _layouts(B, H, Hk, t, S, D):
+    """q head-split; k and v head-split slices of one [B, S, 2 Hk D] output (dense's K and V read their window
+    in one product); the same data contiguous."""
+    q = _head_split(_draw(0, B, t, H * D), H)
+    kv = _draw(1, B, S, 2 * Hk * D)
+    k, v = _head_split(kv[..., : Hk * D], Hk), _head_split(kv[..., Hk * D :], Hk)
+    return (q, k, v), tuple(x.contiguous() for x in (q, k, v))
+
+
+def _run(kernel, q, k, v, pos, mask, cotangent):
+    leaves = [x.detach().requires_grad_() for x in (q, k, v, pos)]
+    out = kernel(*leaves[:3], mask, RelativeBias(leaves[3], k.shape[2]), 0.3)
+    out = out[0] if isinstance(out, tuple) else out
+    return out, *torch.autograd.grad(out, leaves, cotangent)
+
+
+@pytest.mark.parametrize(("H", "Hk"), [(2, 2), (4, 2), (2, 1)], ids=["heads", "grouped", "shared"])
+def test_the_kernel_takes_head_split_views_as_they_are(H, Hk):
+    """Output and every gradient equal the explicit kernel's in float64, the output gradient arriving as the O
+    projection's gradient does (a head-split view) and as a contiguous tensor."""
+    B, t, S, D = 2, 24, 40, 16
+    (q, k, v), _ = _layouts(B, H, Hk, t, S, D)
+    pos = _draw(3, B, H, t, S)
+    mask = (torch.arange(S)[None] <= torch.arange(S - t, S)[:, None]).to(TRITON_DEVICE)
+    for cotangent in (_head_split(_draw(4, B, t, H * D), H), _draw(4, B, H, t, D)):
+        want = _run(
+            lambda q, k, v, m, b, s: kernels.explicit(q, k, v, m, b, s, False), q, k, v, pos, mask, cotangent
+        )
+        have = _run(kernels.fused, q, k, v, pos, mask, cotangent)
+        for got, expected in zip(have, want, strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
+def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_order():
+    (q, k, v), (qc, _, vc) = _layouts(2, 4, 2, 24, 40, 16)
+    assert flash.packed(q) and not flash.packed(k) and flash.packed(qc)
+    assert flash._taken(q)[0] is q  # a head-split view, packed
+    assert all(a is b for a, b in zip(flash._keys_values(k, v), (k, v), strict=True))  # one set of strides
+    o = flash.output_like(q)
+    assert (
+        o.stride() == q.stride() and o.transpose(1, 2).is_contiguous()
+    )  # the O projection reads it as it is
+    dq, dk, dv, dpos = flash.gradients_like(q, k, v, None)
+    assert dq.stride() == q.stride() and dpos is None
+    for grad in (dk, dv):  # packed in the slices' order: the view back to [B, S, Hk D] needs no copy
+        assert grad.transpose(1, 2).is_contiguous()
+    # what the kernels cannot share strides for is made contiguous: a v of another layout than k's
+    taken = flash._keys_values(k, vc)
+    assert all(x.is_contiguous() for x in taken) and flash.gradients_like(q, k, vc, None)[1].is_contiguous()
+    # a head-split view with one key head reads as a contiguous one
+    assert flash.packed(_head_split(_draw(5, 2, 40, 16), 1))
+
+
+@pytest.mark.parametrize(
+    "strides",
+    [(32, 8, 2, 1), (24, 1, 8, 2), (48, 12, 3, 1)],
+    ids=["padded rows", "channels strided", "gaps"],
+)
+def test_a_tensor_with_gaps_or_strided_channels_is_not_packed(strides):
+    x = torch.empty_strided((2, 4, 3, 2), strides, dtype=F64)
+    assert not flash.packed(x)
+    made = flash.empty_in_order_of(x.contiguous())
+    assert made.is_contiguous()
