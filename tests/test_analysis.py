@@ -128,7 +128,14 @@ def test_validation_runs_each_length_unpadded_and_splits_accuracy_by_operator_an
             assert got[f"val_accuracy_{name}_{value}"] == pytest.approx(sum(oks) / len(oks))
 
 
-@pytest.mark.parametrize("preset", ["listops-transformer-h8", "listops-switchhead-h2", "listops-moa-h4"])
+@pytest.mark.parametrize(  # a second each: the routed SwitchHead in the fast loop, all three in the full suite
+    "preset",
+    [
+        pytest.param("listops-transformer-h8", marks=pytest.mark.slow),
+        "listops-switchhead-h2",
+        pytest.param("listops-moa-h4", marks=pytest.mark.slow),
+    ],
+)
 def test_a_listops_sample_is_observed_as_each_sequence_alone(preset):
     """The classifier has no padding mask, so padding changes the real tokens' attention and routing: every
     statistic reads each sequence run alone, unpadded, as it was trained, with zeros at its padding."""
@@ -328,6 +335,7 @@ def test_resume_continues_where_it_stopped(tmp_path):
     assert len((tmp_path / "resumed" / "log.csv").read_text().splitlines()) == 3
 
 
+@pytest.mark.slow  # trains twice
 def test_a_run_stops_once_three_evaluations_in_a_row_reach_its_target_and_stays_stopped(tmp_path):
     """The main job trains the ListOps trio until the analysis' accuracy holds, not to an arbitrary step."""
     cfg = TrainConfig(
@@ -546,6 +554,7 @@ def test_a_run_stopped_and_resumed_is_the_run_straight_through(task, preset, tmp
     assert all(torch.equal(a[name], b[name]) for name in a)
 
 
+@pytest.mark.slow  # a training
 def test_a_checkpoint_at_a_negative_step_is_refused(tmp_path):
     """A step below 0 would train steps -3 to 0 at a negative learning rate (the warm-up's), climbing the loss."""
     cfg = TrainConfig(
@@ -563,7 +572,9 @@ def test_a_checkpoint_at_a_negative_step_is_refused(tmp_path):
     ("moment", "says"),
     [
         (torch.zeros(3), r"the optimizer state does not fit \(exp_avg of shape \(3,\)"),
-        ("x", "the optimizer state's exp_avg is no tensor"),
+        pytest.param(
+            "x", "the optimizer state's exp_avg is no tensor", marks=pytest.mark.slow
+        ),  # a training each
     ],
     ids=["another shape", "text"],
 )
@@ -581,6 +592,7 @@ def test_optimizer_moments_of_another_shape_or_kind_are_refused_at_the_resume(mo
         train(TrainConfig(**{**cfg.__dict__, "steps": 4}), tmp_path, resume=True, progress=False)
 
 
+@pytest.mark.slow  # a training and two resumes
 def test_a_checkpoint_that_does_not_record_its_settings_is_held_to_their_defaults(tmp_path):
     """A ``train`` record without the batch, rate or seed passed every comparison with this run's settings, so
     one log told two trainings as one. Unrecorded (older code), a setting ran at its default."""

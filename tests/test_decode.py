@@ -36,7 +36,15 @@ def test_every_built_in_family_decodes():
     assert set(FAMILIES) == set(registry.names())
 
 
-@pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
+@pytest.mark.parametrize(  # the fast loop: XL over two chunks of memory, RoPE over one (docs/layout.md)
+    ("pos", "context_blocks"),
+    [
+        pytest.param("xl", 1, marks=pytest.mark.slow),
+        ("xl", 2),
+        pytest.param("rope", 0, marks=pytest.mark.slow),
+        ("rope", 1),
+    ],
+)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_decoding_gives_the_full_forward_float64(model, pos, context_blocks):
     """Any split, from an empty cache, gives one forward pass's logits to 1e-10 in float64: the positions (RoPE's
@@ -69,7 +77,15 @@ def test_a_cache_of_layer_inputs_decodes_too(model, pos):
 TINY = sorted({p for f in registry.families() for role in ("tiny", "tiny-rope") if (p := f.roles.get(role))})
 
 
-@pytest.mark.parametrize("preset", TINY)
+@pytest.mark.parametrize(  # beyond dense and SwitchHead, a family sweep's cases are slow (docs/layout.md)
+    "preset",
+    [
+        p
+        if p.startswith(("tiny-transformer", "tiny-switchhead"))
+        else pytest.param(p, marks=pytest.mark.slow)
+        for p in TINY
+    ],
+)
 def test_tiny_presets_decode_within_1e4_in_float32(preset):
     """The presets `decode` times, in float32, token by token over two chunks: within 1e-4 of the forward pass."""
     cfg = PRESETS[preset].replace(T=32)

@@ -104,6 +104,7 @@ def test_a_step_that_runs_past_the_budget_is_stopped_and_the_next_call_starts_it
     assert _chain(tmp_path, budget=60)["steps"]["slow"]["status"] == "done" and _runs(tmp_path, "slow") == 1
 
 
+@pytest.mark.slow  # four chains of subprocesses
 def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_path, monkeypatch):
     monkeypatch.setattr(
         evidence,
@@ -320,6 +321,7 @@ def test_since_counts_the_budget_from_before_the_chain(tmp_path, monkeypatch, ca
     assert (tmp_path / "results" / "a.txt").exists()
 
 
+@pytest.mark.slow  # two calls of a step that sleeps
 def test_a_resumable_step_done_over_two_calls_lasts_both(tmp_path, monkeypatch):
     """Its duration was the last call's alone, so the next code planned a short step for a long one."""
     calls = []

@@ -41,10 +41,10 @@ def device(passes: str) -> str:
     return TRITON_DEVICE if passes == "triton" else "cpu"
 
 
-# In the fast loop Triton's passes run SwitchHead's two projections (one input group, one output group) and the
-# edge cases, in fp64 (exact) and bf16 (the casts): in Triton's interpreter each case costs a third of a second. The
-# full suite runs every case in every dtype.
-FAST_TRITON = ("switchhead-v", "switchhead-o", "empty-experts", "one-expert-takes-all")
+# In the fast loop Triton's passes run SwitchHead's two projections (one input group, one output group), in fp64
+# (exact) and bf16 (the casts): in Triton's interpreter each case costs a third of a second. The full suite runs
+# every case, the edge cases included, in every dtype.
+FAST_TRITON = ("switchhead-v", "switchhead-o")
 assert set(FAST_TRITON) <= set(ONE_SIDE)
 CASES_AND_DTYPES = [
     pytest.param(

@@ -29,8 +29,8 @@ def run(impl, x, weight, indices, scores, s_out, grad_out):
     return naive.outputs(impl, x, weight, indices, scores, s_out, grad_out, device)
 
 
-# The fast loop keeps two cases of the interpreter; the rest run in the full suite.
-FAST_CASES = ("single-token", "k-1")
+# The fast loop keeps one case of the interpreter; the rest run in the full suite.
+FAST_CASES = ("single-token",)
 
 
 @pytest.mark.parametrize("gated", [True, False], ids=["gates", "no-gates"])

@@ -158,7 +158,13 @@ FIGURES = {
 }
 
 
-@pytest.mark.parametrize("figure", list(FIGURES))
+@pytest.mark.parametrize(  # the seconds-long figures in the full suite only
+    "figure",
+    [
+        pytest.param(f, marks=pytest.mark.slow) if f in ("attention maxima", "cost sweep") else f
+        for f in FIGURES
+    ],
+)
 def test_a_figure_is_readable_at_the_reports_width(figure):
     """Titles and legends cover no data line and no other text; labels collide with nothing; every text can
     be read once the figure is scaled to the report's width."""
@@ -191,7 +197,9 @@ HEAT_MAPS = {  # the figure at the most positions it shows, its heat maps, the b
 }
 
 
-@pytest.mark.parametrize("figure", list(HEAT_MAPS))
+@pytest.mark.parametrize(  # the attention maxima's 18 maps take seconds: in the full suite only
+    "figure", [pytest.param(f, marks=pytest.mark.slow) if f == "attention maxima" else f for f in HEAT_MAPS]
+)
 def test_a_heat_map_is_one_image_in_its_svg(figure, tmp_path):
     """Committed SVGs stay small: each heat map is one embedded image, not a vector square per cell (seaborn's
     heatmap wrote 6.3 MiB for the ListOps attention maxima). Random maps compress worst, so they bound real ones."""

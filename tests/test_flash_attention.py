@@ -61,7 +61,7 @@ CASES = [
     (1, 2, 2, 66, 66, 16, False),
     # whole tiles outside the window, skipped (in the fast loop by the term's zeros below): a second a case here
     pytest.param(1, 2, 1, 200, 400, 16, True, marks=pytest.mark.slow),
-    (1, 2, 2, 128, 256, 16, True),  # every block full
+    pytest.param(1, 2, 2, 128, 256, 16, True, marks=pytest.mark.slow),  # every block full: the full suite
 ]
 
 
@@ -158,7 +158,7 @@ def test_a_query_that_reads_no_key_gives_zero_and_leaves_every_gradient_finite(b
         pytest.param("transformer", "xl", marks=pytest.mark.slow),
         pytest.param("switchhead", "xl", marks=pytest.mark.slow),
         ("moa", "xl"),
-        ("gqa", "rope"),
+        pytest.param("gqa", "rope", marks=pytest.mark.slow),  # grouped heads: the kernel's own cases above
     ],
 )
 def test_a_model_on_the_kernel_is_the_model_on_the_explicit_attention(model, pos):

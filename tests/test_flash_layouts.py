@@ -39,7 +39,11 @@ def _run(kernel, q, k, v, pos, mask, cotangent):
     return out, *torch.autograd.grad(out, leaves, cotangent)
 
 
-@pytest.mark.parametrize(("H", "Hk"), [(2, 2), (4, 2), (2, 1)], ids=["heads", "grouped", "shared"])
+@pytest.mark.parametrize(
+    ("H", "Hk"),
+    [pytest.param(2, 2, marks=pytest.mark.slow), (4, 2), pytest.param(2, 1, marks=pytest.mark.slow)],
+    ids=["heads", "grouped", "shared"],
+)
 def test_the_kernel_takes_head_split_views_as_they_are(H, Hk):
     """Output and every gradient equal the explicit kernel's in float64, the output gradient arriving as the O
     projection's gradient does (a head-split view) and as a contiguous tensor."""

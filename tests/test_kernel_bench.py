@@ -445,7 +445,7 @@ def test_the_moe_overhead_counts_the_share_of_routing_its_op_reads():
     assert (shared["routing_ms"], shared["moe_overhead_ms"]) == (1.5, 3.5)
 
 
-@pytest.mark.parametrize("method", ["count", "triton"])
+@pytest.mark.parametrize("method", ["count", pytest.param("triton", marks=pytest.mark.slow)])  # interpreted
 def test_the_routing_flag_is_in_force_and_recorded(method, tmp_path, monkeypatch, capsys):
     """--routing count (or triton): the timed routing ranks and groups by counting, and the run says so; the other
     methods are timed beside it, each row named by its method."""

@@ -398,8 +398,14 @@ def test_a_sample_past_the_memory_is_refused_before_it_is_made(run_folder, tmp_p
     assert not out.exists()
 
 
-@pytest.mark.parametrize("damage", list(CHECKPOINT_DAMAGE))
-@pytest.mark.parametrize("command", ["analyze", "train --resume"])
+@pytest.mark.parametrize(  # a resume builds its model first: one damage in the fast loop, every one in the full
+    ("command", "damage"),
+    [
+        pytest.param(c, d, marks=pytest.mark.slow) if c != "analyze" and d != "no optimizer state" else (c, d)
+        for d in CHECKPOINT_DAMAGE
+        for c in ["analyze", "train --resume"]
+    ],
+)
 def test_a_checkpoint_of_the_wrong_shape_is_named(command, damage, run_folder, tmp_path, capsys):
     change, message = CHECKPOINT_DAMAGE[damage]
     folder = _damaged_checkpoint(run_folder, tmp_path, change)
@@ -785,7 +791,11 @@ def test_training_into_an_earlier_run_needs_resume_or_force(run_folder, tmp_path
 
 
 @pytest.mark.parametrize(
-    ("task", "preset", "tokens"), [("lm", "tiny-switchhead", 256), ("listops", "listops-switchhead-h2", 16)]
+    ("task", "preset", "tokens"),
+    [
+        ("lm", "tiny-switchhead", 256),
+        pytest.param("listops", "listops-switchhead-h2", 16, marks=pytest.mark.slow),
+    ],
 )
 def test_a_vocabulary_below_the_data_s_is_refused_before_training(task, preset, tokens, tmp_path, capsys):
     """It failed in the first step's embedding lookup (IndexError, exit 3); the model at the data's own

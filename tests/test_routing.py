@@ -71,12 +71,9 @@ def test_a_sort_free_method_takes_a_strided_view_and_one_expert_for_everything(b
     ("tokens", "slots", "experts", "programs"),
     [
         (1024, 8, 16, None),  # SwitchHead 262M's V (4 heads x 4 experts): a program a block of slots
-        (
-            700,
-            3,
-            MAX_GROUPED,
-            40,
-        ),  # the most it counts, 66 blocks over 33 programs, each reading 2 tiles of counts
+        pytest.param(  # the most it counts, 66 blocks over 33 programs, each reading 2 tiles of counts
+            700, 3, MAX_GROUPED, 40, marks=pytest.mark.slow
+        ),
         (50, 4, MAX_GROUPED + 1, None),  # past it: sorted
     ],
 )

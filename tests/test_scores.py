@@ -30,8 +30,22 @@ def normalised(monkeypatch) -> list[int]:
     return counted
 
 
-@pytest.mark.parametrize("name", TINY)
-@pytest.mark.parametrize("causal, blocks", [(True, 1), (True, 2), (False, 0)])
+# every family over the training window; two chunks of memory and a window without a mask for two of them in the
+# fast loop, for all in the full suite
+BOTH_WAYS = ("tiny-switchhead", "tiny-moh-rope")
+WINDOWS = [
+    pytest.param(
+        name,
+        causal,
+        blocks,
+        marks=() if (causal, blocks) == (True, 1) or name in BOTH_WAYS else pytest.mark.slow,
+    )
+    for name in TINY
+    for causal, blocks in ((True, 1), (True, 2), (False, 0))
+]
+
+
+@pytest.mark.parametrize(("name", "causal", "blocks"), WINDOWS)
 def test_a_layer_normalises_the_scores_it_is_counted(name, causal, blocks, normalised):
     cfg = PRESETS[name].replace(causal=causal, context_blocks=blocks)
     layer, x, mem, window = layer_and_inputs(cfg, batch=3)

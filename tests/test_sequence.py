@@ -138,7 +138,7 @@ def test_xl_memory_matches_explicit_reference(model):
 
 @pytest.mark.parametrize("pos", POSITIONS)
 @pytest.mark.parametrize("model", FAMILIES)
-@pytest.mark.parametrize("context_blocks", [1, 2])
+@pytest.mark.parametrize("context_blocks", [pytest.param(1, marks=pytest.mark.slow), 2])  # 2 in the fast loop
 def test_context_blocks_reach(model, pos, context_blocks):
     """One layer: chunk 3 depends on chunk 1 exactly when two chunks of context are kept."""
     cfg = small_cfg(model, pos, n_layers=1, context_blocks=context_blocks)
@@ -204,7 +204,15 @@ PIECES = {
 }
 
 
-@pytest.mark.parametrize(("pos", "context_blocks"), [("xl", 1), ("xl", 2), ("rope", 0), ("rope", 1)])
+@pytest.mark.parametrize(  # the fast loop: XL over two chunks of memory, RoPE over one (docs/layout.md)
+    ("pos", "context_blocks"),
+    [
+        pytest.param("xl", 1, marks=pytest.mark.slow),
+        ("xl", 2),
+        pytest.param("rope", 0, marks=pytest.mark.slow),
+        ("rope", 1),
+    ],
+)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_incremental_matches_chunks(model, pos, context_blocks):
     """Any split of the sequence, token by token included, gives the logits of chunks of T."""

@@ -169,6 +169,7 @@ def test_the_printout_marks_a_ratio_below_its_floor():
     assert speed._printed(row)["time/floor"] == ""
 
 
+@pytest.mark.slow  # times a group
 def test_without_its_dense_baseline_a_group_gets_no_ratios(monkeypatch):
     """Dense is the member most likely not to be built (the largest step at 262M, or not capturable): the next
     member must not become the baseline, its ratios read as SwitchHead's to dense."""
@@ -363,6 +364,7 @@ def test_a_batch_no_member_fits_is_refused_before_any_work(tmp_path, capsys, mon
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # times a group
 def test_members_too_large_are_oom_rows_beside_those_that_fit(tmp_path, capsys, monkeypatch):
     """Where some case fits, the run goes on: the others are OOM rows, refused before they are built."""
     free = 2**21  # above a tiny layer's bound at batch 2 by more than CPU_MARGIN (no probe), below a model's
@@ -592,13 +594,14 @@ class _MatmulDtypes(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+FAST_SORTS = {("tiny-moa", "torch"), ("tiny-switchhead", "all_experts")}
 MATMULS = {f"aten::{name}" for name in ("mm", "bmm", "addmm", "baddbmm", "_grouped_mm")}
 
 
-@pytest.mark.parametrize(  # beyond dense and SwitchHead, a family sweep's cases are slow (docs/layout.md)
+@pytest.mark.parametrize(  # beyond dense and SwitchHead's torch path, a family sweep's cases are slow (docs/layout.md)
     ("preset", "impl"),
     [
-        pytest.param(p, i, marks=() if p == "tiny-switchhead" else pytest.mark.slow)
+        pytest.param(p, i, marks=() if (p, i) == ("tiny-switchhead", "torch") else pytest.mark.slow)
         for p in ("tiny-switchhead", "tiny-moa", "tiny-switchall")
         for i in ("torch", "grouped_mm")
     ]
@@ -635,9 +638,13 @@ def test_a_bf16_training_step_runs_no_fp32_matmul(preset, impl):
         assert any(name == "aten::_grouped_mm" for name, _ in inner)
 
 
-@pytest.mark.parametrize("impl", ["torch", "all_experts"])
-@pytest.mark.parametrize(
-    ("preset", "routers_per_layer"), [("tiny-switchhead", 2), ("tiny-moa", 1), ("tiny-switchall", 3)]
+@pytest.mark.parametrize(  # each path once in the fast loop, on a family of one router a layer and one of two
+    ("preset", "routers_per_layer", "impl"),
+    [
+        pytest.param(p, r, i, marks=() if (p, i) in FAST_SORTS else pytest.mark.slow)
+        for p, r in [("tiny-switchhead", 2), ("tiny-moa", 1), ("tiny-switchall", 3)]
+        for i in ["torch", "all_experts"]
+    ],
 )
 def test_one_sort_per_router_per_training_step(preset, routers_per_layer, impl):
     """Every projection a router drives reuses its one sort of the slots by expert; the backward sorts nothing.
