@@ -4,6 +4,7 @@ import pytest
 from hypothesis import settings
 
 from switchbench.core.versions import triton_interpreter_problem
+from switchbench.jobs.processes import die_with_parent
 
 # The same examples on every run and machine: a property that fails in CI fails here too, from its seed alone.
 settings.register_profile("switchbench", derandomize=True, database=None)
@@ -33,6 +34,10 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        # A worker dies with its controller: the evidence chain stops a test step by killing its session, but a
+        # chain killed from outside (a node's time limit) takes only the controller with it, and a worker left in
+        # a long GPU test would hold the device into the node's next call
+        die_with_parent()
 
 
 def pytest_collection_modifyitems(items):

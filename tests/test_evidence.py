@@ -775,6 +775,54 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
         os.kill(pid, signal.SIGKILL)  # what no stop can reach: cleaned up here
 
 
+SLEEPING_TEST = """
+import os, time
+def test_sleeps():
+    open(PIDS, "w").write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+@pytest.mark.slow  # a pytest-xdist run started and killed: seconds
+def test_a_pytest_worker_dies_with_its_controller(tmp_path):
+    """A chain killed from outside takes its test step's pytest with it (the kernel kills it at its parent's death)
+    but not pytest's workers, which its session kill would have reached: this suite's worker asks the kernel to kill
+    it at its controller's death too, so none is left in a GPU test into a node's next call."""
+    pids = tmp_path / "pid.txt"
+    (tmp_path / "test_sleeps.py").write_text(f"PIDS = {str(pids)!r}\n" + SLEEPING_TEST)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))  # this suite's conftest, as a plugin
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-n",
+        "1",
+        "-p",
+        "conftest",
+        "-p",
+        "no:cacheprovider",
+        "test_sleeps.py",
+    ]
+    controller = subprocess.Popen(
+        argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 60
+    while not pids.exists() or not pids.read_text():
+        assert time.monotonic() < deadline and controller.poll() is None, "the worker never started its test"
+        time.sleep(0.1)
+    worker = int(pids.read_text())
+    controller.kill()
+    controller.wait()
+    for _ in range(50):
+        if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(worker, signal.SIGKILL)
+        pytest.fail(f"the worker (pid {worker}) outlived its controller")
+
+
 # the sixth test blocks the first call until its budget stops it (pytest starting from the warmed fork server);
 # the next call passes it
 PART = """
