@@ -60,6 +60,22 @@ def test_the_kernel_takes_head_split_views_as_they_are(H, Hk):
             torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
+def test_broadcast_keys_and_values_are_copied_and_their_gradients_are_right():
+    """k and v expanded from one head (a zero stride) share strides, but dK and dV must not be laid out in their
+    order: they are taken contiguous, and the gradients equal the explicit kernel's."""
+    B, H, t, S, D = 2, 2, 8, 16, 16
+    q, pos = _draw(0, B, H, t, D), _draw(3, B, H, t, S + t - 1)  # no mask: every distance, negative ones too
+    k, v = (_draw(seed, B, 1, S, D).expand(B, H, S, D) for seed in (1, 2))
+    assert all(x.is_contiguous() for x in flash._keys_values(k, v))
+    cotangent = _draw(4, B, H, t, D)
+    want = _run(
+        lambda q, k, v, m, b, s: kernels.explicit(q, k, v, m, b, s, False), q, k, v, pos, None, cotangent
+    )
+    have = _run(kernels.fused, q, k, v, pos, None, cotangent)
+    for got, expected in zip(have, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
 def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_order():
     (q, k, v), (qc, _, vc) = _layouts(2, 4, 2, 24, 40, 16)
     assert flash.packed(q) and not flash.packed(k) and flash.packed(qc)

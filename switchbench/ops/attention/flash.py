@@ -642,11 +642,16 @@ def _taken(*tensors: Tensor | None) -> list[Tensor | None]:
 
 
 def _keys_values(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """k and v as the kernels take them, on one set of strides: as they are where they share unit-stride ones
-    (slices of one projection's output, two head-split views alike), else both contiguous."""
-    if k.stride() == v.stride() and k.stride(-1) == 1:
+    """k and v as the kernels take them, on one set of strides: as they are where they share unit-stride ones with
+    no broadcast dimension (slices of one projection's output, two head-split views alike), else both
+    contiguous."""
+    if (
+        k.stride() == v.stride()
+        and k.stride(-1) == 1
+        and all(st or n == 1 for n, st in zip(k.shape, k.stride(), strict=True))
+    ):
         return k, v
-    return k.contiguous(), v.contiguous()
+    return k.contiguous(), v.contiguous()  # also heads or sequences broadcast (a zero stride): dk must not be
 
 
 def output_like(q: Tensor) -> Tensor:
