@@ -23,9 +23,8 @@ class Cost:
     macs: int
     mem: int  # floats kept for backward
     shared_macs: int = 0  # of macs, those a batch computes once for all its sequences
-    scores: int = (
-        0  # attention logits a softmax normalises (the causal mask's half not taken off, as in macs)
-    )
+    # attention logits a softmax normalises (the causal mask's half not taken off, as in macs)
+    scores: int = 0
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(

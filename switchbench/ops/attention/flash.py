@@ -629,9 +629,8 @@ def packed(x: Tensor) -> bool:
 
 def empty_in_order_of(x: Tensor) -> Tensor:
     """An uninitialised tensor of ``x``'s shape and dtype, packed, its dimensions in the order of ``x``'s strides."""
-    order = sorted(
-        range(x.dim()), key=lambda dim: -x.stride(dim)
-    )  # outermost first; a stable sort keeps ties
+    # outermost first; a stable sort keeps ties in x's order (size-1 dimensions, whose strides address nothing)
+    order = sorted(range(x.dim()), key=lambda dim: -x.stride(dim))
     made = x.new_empty([x.shape[dim] for dim in order])
     return made.permute([order.index(dim) for dim in range(x.dim())])
 
@@ -651,7 +650,8 @@ def _keys_values(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         and all(st or n == 1 for n, st in zip(k.shape, k.stride(), strict=True))
     ):
         return k, v
-    return k.contiguous(), v.contiguous()  # also heads or sequences broadcast (a zero stride): dk must not be
+    # also where k is broadcast over heads or sequences (a zero stride): dk must not take that order
+    return k.contiguous(), v.contiguous()
 
 
 def output_like(q: Tensor) -> Tensor:
