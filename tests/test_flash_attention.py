@@ -186,22 +186,53 @@ def test_a_model_on_the_kernel_is_the_model_on_the_explicit_attention(model, pos
     torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-6)  # every parameter's, named where one differs
 
 
-def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in():
-    """Each block of rows visits the column blocks from its first to its last with a readable entry: every block
-    with one, against a loop over the tiles, and at the window above some without."""
+def _causal(t: int, S: int) -> torch.Tensor:
+    """A Transformer-XL training window: the last t of S keys as queries, each reading every key up to its own."""
+    return (torch.arange(S)[None] <= torch.arange(S - t, S)[:, None]).to(TRITON_DEVICE)
+
+
+@pytest.mark.parametrize("window", ["band", "causal"])
+def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in(window):
+    """Each block of rows visits the column blocks from its first to its last with a readable entry, and reads the
+    mask outside its first run of blocks it may read whole: against a loop over the tiles (a ragged last block is
+    never whole), at a window with blocks skipped and, for the causal one, with whole ones."""
     from switchbench.ops.attention import flash
 
-    _, mask = _window(200, 400, True)
+    t, S = 200, 400
+    mask = _window(t, S, True)[1] if window == "band" else _causal(t, S)
     for rows, cols in ((128, 64), (64, 32), (32, 64)):
         spans = flash._spans(mask, rows, cols, None).cpu()
         for r in range(spans.shape[0]):
-            live = [
-                c
-                for c in range(-(-400 // cols))
-                if mask[r * rows : (r + 1) * rows, c * cols : (c + 1) * cols].any()
-            ]
-            assert spans[r].tolist() == [live[0], live[-1] + 1]
-    assert spans[:, 0].max() > 0  # the window's early keys are skipped by its late queries
+            tiles = [mask[r * rows : (r + 1) * rows, c * cols : (c + 1) * cols] for c in range(-(-S // cols))]
+            live = [c for c, tile in enumerate(tiles) if tile.any()]
+            whole = [c for c, tile in enumerate(tiles) if tile.shape == (rows, cols) and tile.all()]
+            run = [c for i, c in enumerate(whole) if c == whole[0] + i]  # the first run of whole tiles
+            full = [run[0], run[-1] + 1] if run else [live[-1] + 1] * 2
+            assert spans[r].tolist() == [live[0], live[-1] + 1, *full]
+        if window == "band":
+            assert spans[:, 0].max() > 0  # the window's early keys are skipped by its late queries
+        else:
+            assert (spans[:, 3] > spans[:, 2]).any() and (
+                spans[:, 1] > spans[:, 3]
+            ).any()  # whole, then partial
+
+
+@pytest.mark.parametrize("biased", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["xl", "no-term"])
+def test_tiles_read_whole_are_the_explicit_attention(monkeypatch, biased):
+    """A causal window over memory with blocks small enough that most tiles are whole (their mask unread) and the
+    diagonal's are not, in every kernel: output and every gradient against the explicit kernel in float64."""
+    from switchbench.ops import tuned as tuning
+    from switchbench.ops.attention import flash
+
+    pins = {kernel: flash.config_label(flash.candidates(kernel, 16)[2]) for kernel in flash.CONFIGS}
+    monkeypatch.setenv(tuning.ENV, ";".join(f"flash_{kernel}={label}" for kernel, label in pins.items()))
+    t, S = 128, 256
+    q, k, v, pos, _ = _inputs(1, 2, 1, t, S, 16, True, biased, F64)
+    cotangent = _draw(9, 1, 2, t, 16)
+    want = _attend(_explicit, q, k, v, pos, _causal(t, S), cotangent)
+    have = _attend(kernels.fused, q, k, v, pos, _causal(t, S), cotangent)
+    for got, expected in zip(have, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
 
 def test_a_speed_row_on_the_kernel_says_so():

@@ -58,13 +58,19 @@ def _logits(
     stride_pos,
     stride_mask,
     scale,
+    along,
+    full_first,
+    full_last,
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
     PRECISION: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """A tile's logits [BLOCK_M, BLOCK_N] in the accumulators' dtype: scale q k^T, plus the term by distance,
-    -inf off the grid and where the mask hides the key."""
+    -inf off the grid and where the mask hides the key. The mask is read only outside [full_first, full_last),
+    the run of the loop's tiles it leaves whole (``along``: the tile's offsets along the loop, its rows or its
+    columns); inside it the load is predicated off, with no memory read, as FlashAttention masks only a causal
+    window's diagonal tiles."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
     inside = (rows[:, None] < t) & (cols[None, :] < S)
     if HAS_POS:
@@ -72,22 +78,28 @@ def _logits(
         term = tl.load(pos_ptr + at, mask=on_grid, other=0.0)
         s += term.to(ACC)
     if HAS_MASK:
-        seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=inside, other=0)
+        partial = (along < full_first) | (along >= full_last)
+        seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=inside & partial, other=1)
         inside = inside & (seen != 0)
     return tl.where(inside, s, float("-inf"))
 
 
 @triton.jit
 def _span(spans_ptr, block, length, BLOCK: tl.constexpr, HAS_MASK: tl.constexpr):
-    """The offsets [first, last) in steps of BLOCK a program's loop visits: the blocks its mask leaves something
-    to read in (:func:`_spans`), or all of ``length``."""
+    """The offsets [first, last) in steps of BLOCK a program's loop visits, the blocks its mask leaves something
+    to read in (:func:`_spans`), or all of ``length``; and [full_first, full_last), those it leaves whole (none
+    without a mask)."""
     if HAS_MASK:
-        first = tl.load(spans_ptr + 2 * block) * BLOCK
-        last = tl.load(spans_ptr + 2 * block + 1) * BLOCK
+        first = tl.load(spans_ptr + 4 * block) * BLOCK
+        last = tl.load(spans_ptr + 4 * block + 1) * BLOCK
+        full_first = tl.load(spans_ptr + 4 * block + 2) * BLOCK
+        full_last = tl.load(spans_ptr + 4 * block + 3) * BLOCK
     else:
         first = 0
         last = length
-    return first, last
+        full_first = 0
+        full_last = 0
+    return first, last, full_first, full_last
 
 
 @triton.jit
@@ -158,14 +170,14 @@ def _forward_kernel(
     m = tl.full([BLOCK_M], float("-inf"), ACC)
     total = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
-    first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
+    first, last, full_first, full_last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
     for start in range(first, last, BLOCK_N):
         cols = start + tl.arange(0, BLOCK_N)
         col_in = (cols < S)[:, None] & dim_in[None, :]
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
         s = _logits(
-            q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, HAS_POS, HAS_MASK, PRECISION,
-            ACC,
+            q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, cols[None, :], full_first,
+            full_last, HAS_POS, HAS_MASK, PRECISION, ACC,
         )  # fmt: skip
         new = tl.maximum(m, tl.max(s, 1))
         shift = tl.where(new == float("-inf"), 0.0, new)  # a row with no key yet: nothing to rescale
@@ -239,7 +251,7 @@ def _key_block_backward_kernel(
     grad_at = b * sd_b + kh * sd_h + cols[:, None] * sd_s + dims[None, :]
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
-    first, last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
+    first, last, full_first, full_last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
     for member in range(0, group):
         h = kh * group + member
         bh = b * H + h
@@ -254,8 +266,8 @@ def _key_block_backward_kernel(
             lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
             delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
             s = _logits(
-                q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, HAS_POS, HAS_MASK,
-                PRECISION, ACC,
+                q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, rows[:, None],
+                full_first, full_last, HAS_POS, HAS_MASK, PRECISION, ACC,
             )  # fmt: skip
             p = tl.exp(s - lse[:, None])
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
@@ -327,7 +339,7 @@ def _query_block_backward_kernel(
     at = b * sq_b + h * sq_h + rows[:, None] * sq_t + dims[None, :]
     tile_in = row_in[:, None] & dim_in[None, :]
     k_ptr += b * sk_b + kh * sk_h
-    first, last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
+    first, last, full_first, full_last = _span(spans_ptr, tl.program_id(0), S, BLOCK_N, HAS_MASK)
     if HAS_POS:
         dpos_ptr += b * sp_b + h * sp_h
         dq = _dq_from_term(dpos_ptr, k_ptr, rows, dims, first, last, t, S, P, width, sp_t, sk_s, PRECISION, ACC,
@@ -352,7 +364,8 @@ def _query_block_backward_kernel(
             k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
             v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
             s = _logits(
-                q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, 0, stride_mask, scale, False, HAS_MASK, PRECISION, ACC
+                q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, 0, stride_mask, scale, cols[None, :], full_first,
+                full_last, False, HAS_MASK, PRECISION, ACC,
             )  # fmt: skip
             p = tl.exp(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
@@ -584,19 +597,27 @@ def _spans_of(mask: Tensor | None, stand_in: Tensor):
 
 def _spans(mask: Tensor | None, block_rows: int, block_cols: int, stand_in: Tensor) -> Tensor:
     """For each block of ``block_rows`` rows of ``mask`` [rows, cols], the first and one past the last block of
-    ``block_cols`` columns with an entry it may read, [row blocks, 2] int32: a kernel's loop runs over those and
-    skips the rest, a causal window's fully masked tiles (a quarter of the 262M window's). Without a mask,
-    ``stand_in`` (never read). Static shapes and no read-back: a step with it stays capturable."""
+    ``block_cols`` columns with an entry it may read, then the same of its first run of blocks whose entries it
+    may all read, [row blocks, 4] int32: a kernel's loop runs over the first range and skips the rest, a causal
+    window's fully masked tiles (a quarter of the 262M window's), and reads the mask outside the second only.
+    Without a mask, ``stand_in`` (never read). Static shapes and no read-back: a step with it stays capturable."""
     if mask is None:
         return stand_in
     rows, cols = mask.shape
-    padded = F.pad(mask, (0, -cols % block_cols, 0, -rows % block_rows))
-    blocks = padded.shape[1] // block_cols
-    live = padded.view(-1, block_rows, blocks, block_cols).any(3).any(1)  # [row blocks, column blocks]
+    padded = F.pad(
+        mask, (0, -cols % block_cols, 0, -rows % block_rows)
+    )  # the padding is hidden: no tile past
+    blocks = padded.shape[1] // block_cols  # the edges is whole
+    tiles = padded.view(-1, block_rows, blocks, block_cols)
+    live, whole = tiles.any(3).any(1), tiles.all(3).all(1)  # [row blocks, column blocks]
     index = torch.arange(blocks, device=mask.device)
     first = torch.where(live, index, blocks).amin(1)
     last = torch.where(live, index + 1, 0).amax(1)  # a row block with nothing to read: first > last, no loop
-    return torch.stack([first, last], 1).to(torch.int32)
+    # the first run of whole tiles, within [first, last]; empty (at last) where there is none
+    full_first = torch.minimum(torch.where(whole, index, blocks).amin(1), last)
+    broken = ~whole & (index >= full_first[:, None])
+    full_last = torch.maximum(torch.minimum(torch.where(broken, index, blocks).amin(1), last), full_first)
+    return torch.stack([first, last, full_first, full_last], 1).to(torch.int32)
 
 
 def accumulated(dtype: torch.dtype) -> torch.dtype:
@@ -717,7 +738,7 @@ def launches(
     lse = torch.empty(B * H, t, dtype=accumulated(dtype), device="meta")
     common = _common(q, k, pos, mask)
     shared = (*common["sizes"], *common["strides"])
-    pointers = (*common["pointers"], torch.empty(1, 2, dtype=torch.int32, device="meta"))
+    pointers = (*common["pointers"], torch.empty(1, 4, dtype=torch.int32, device="meta"))
     dpos = q if pos is None else pos  # as backward passes it
     kernels = {
         "forward": ("forward", _forward_kernel, (q, k, k, *pointers, q, lse, *shared, 1.0)),
