@@ -217,20 +217,33 @@ def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in(window):
             ).any()  # whole, then partial
 
 
+def _holed(t: int, S: int) -> torch.Tensor:
+    """Every key readable but one, in a tile the key blocks' kernel would read whole if it took the run of whole
+    tiles along the wrong axis (a review's case: only dK and dV came out wrong)."""
+    mask = torch.ones(t, S, dtype=torch.bool)
+    mask[3, 40] = False
+    return mask.to(TRITON_DEVICE)
+
+
 @pytest.mark.parametrize("biased", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["xl", "no-term"])
-def test_tiles_read_whole_are_the_explicit_attention(monkeypatch, biased):
-    """A causal window over memory with blocks small enough that most tiles are whole (their mask unread) and the
-    diagonal's are not, in every kernel: output and every gradient against the explicit kernel in float64."""
+@pytest.mark.parametrize(  # the fast loop's: the holed window, whose whole tiles lie on both sides of a partial one
+    "window", [pytest.param(_causal, marks=pytest.mark.slow), _holed], ids=["causal", "holed"]
+)
+def test_tiles_read_whole_are_the_explicit_attention(monkeypatch, window, biased):
+    """Windows with blocks small enough that most tiles are whole (their mask unread) and some are not, in every
+    kernel: a causal one over memory, and one with a single key hidden; output and every gradient against the
+    explicit kernel in float64."""
     from switchbench.ops import tuned as tuning
     from switchbench.ops.attention import flash
 
     pins = {kernel: flash.config_label(flash.candidates(kernel, 16)[2]) for kernel in flash.CONFIGS}
     monkeypatch.setenv(tuning.ENV, ";".join(f"flash_{kernel}={label}" for kernel, label in pins.items()))
     t, S = 128, 256
-    q, k, v, pos, _ = _inputs(1, 2, 1, t, S, 16, True, biased, F64)
+    # the term's distances: those of a causal window, or every one, negative ones too
+    q, k, v, pos, _ = _inputs(1, 2, 1, t, S, 16, window is _causal, biased, F64)
     cotangent = _draw(9, 1, 2, t, 16)
-    want = _attend(_explicit, q, k, v, pos, _causal(t, S), cotangent)
-    have = _attend(kernels.fused, q, k, v, pos, _causal(t, S), cotangent)
+    want = _attend(_explicit, q, k, v, pos, window(t, S), cotangent)
+    have = _attend(kernels.fused, q, k, v, pos, window(t, S), cotangent)
     for got, expected in zip(have, want, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
 
