@@ -1,5 +1,6 @@
 """Small models for the sequence and decoding tests: two layers of d_model 32, chunks of T tokens, any family."""
 
+import pytest
 import torch
 
 from switchbench.models.config import ModelConfig
@@ -9,6 +10,14 @@ from switchbench.ops.attention.choice import NO_FLOAT64_ON_CUDA
 T = 8
 SEQ = 2 * T + 3
 TIGHT = dict(rtol=1e-10, atol=1e-10)
+# (pos, context_blocks) of a sweep over windows; the fast loop's: XL over two chunks of memory, RoPE over one
+# (docs/layout.md)
+WINDOWS = [
+    pytest.param("xl", 1, marks=pytest.mark.slow),
+    ("xl", 2),
+    pytest.param("rope", 0, marks=pytest.mark.slow),
+    ("rope", 1),
+]
 # Where a Triton kernel runs: the GPU, else the CPU in Triton's interpreter (conftest.py)
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # The backends that refuse float64 on a GPU (choice.NO_FLOAT64_ON_CUDA): there their checks run them in float32

@@ -3,7 +3,7 @@ of one forward pass over the whole sequence, with XL and RoPE positions; the cac
 
 import pytest
 import torch
-from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
+from small import SEQ, TIGHT, WINDOWS, T, make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
 from switchbench.models.layers.kv_cache import INPUTS, CacheEntry, KVCache, elements_per_token
@@ -36,15 +36,7 @@ def test_every_built_in_family_decodes():
     assert set(FAMILIES) == set(registry.names())
 
 
-@pytest.mark.parametrize(  # the fast loop: XL over two chunks of memory, RoPE over one (docs/layout.md)
-    ("pos", "context_blocks"),
-    [
-        pytest.param("xl", 1, marks=pytest.mark.slow),
-        ("xl", 2),
-        pytest.param("rope", 0, marks=pytest.mark.slow),
-        ("rope", 1),
-    ],
-)
+@pytest.mark.parametrize(("pos", "context_blocks"), WINDOWS)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_decoding_gives_the_full_forward_float64(model, pos, context_blocks):
     """Any split, from an empty cache, gives one forward pass's logits to 1e-10 in float64: the positions (RoPE's

@@ -775,6 +775,16 @@ def test_a_stop_reaches_a_grandchild_that_left_the_session_and_the_call_ends(tmp
         os.kill(pid, signal.SIGKILL)  # what no stop can reach: cleaned up here
 
 
+def _ended_soon(pid: int, what: str, outlived: str) -> None:
+    """Fails unless process ``pid`` is gone (or a zombie) within 5 s, killing it then."""
+    for _ in range(50):
+        if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"{what} (pid {pid}) outlived {outlived}")
+
+
 SLEEPING_TEST = """
 import os, time
 def test_sleeps():
@@ -814,13 +824,7 @@ def test_a_pytest_worker_dies_with_its_controller(tmp_path):
     worker = int(pids.read_text())
     controller.kill()
     controller.wait()
-    for _ in range(50):
-        if not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text().split()[2]:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(worker, signal.SIGKILL)
-        pytest.fail(f"the worker (pid {worker}) outlived its controller")
+    _ended_soon(worker, "the worker", "its controller")
 
 
 # the sixth test blocks the first call until its budget stops it (pytest starting from the warmed fork server);
@@ -1060,15 +1064,8 @@ def test_a_chain_killed_mid_step_leaves_the_finished_steps_packed_and_no_step_ru
     printed = "" if reader_gone else chain.stdout.read()
     chain.stdout.close()
     assert code == (143 if how == signal.SIGTERM else -signal.SIGKILL), printed
-    for _ in range(
-        50
-    ):  # the step is killed with the chain: by the chain, or by the kernel at its parent's death
-        if not Path(f"/proc/{step}").exists() or "Z" in Path(f"/proc/{step}/stat").read_text().split()[2]:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(step, signal.SIGKILL)
-        pytest.fail(f"the step (pid {step}) outlived the chain")
+    # the step is killed with the chain: by the chain, or by the kernel at its parent's death
+    _ended_soon(step, "the step", "the chain")
     with tarfile.open(tmp_path / "out" / "e.tar.gz") as tar:
         names = set(tar.getnames())
         state = json.load(tar.extractfile(next(n for n in names if n.endswith("state.json"))))

@@ -39,6 +39,17 @@ def _run(kernel, q, k, v, pos, mask, cotangent):
     return out, *torch.autograd.grad(out, leaves, cotangent)
 
 
+def _explicit(q, k, v, mask, bias, scale):
+    return kernels.explicit(q, k, v, mask, bias, scale, False)
+
+
+def _assert_fused_is_explicit(q, k, v, pos, mask, cotangent):
+    """The output and the gradients of q, k, v and the term, against the explicit kernel's in float64."""
+    want, have = (_run(kernel, q, k, v, pos, mask, cotangent) for kernel in (_explicit, kernels.fused))
+    for got, expected in zip(have, want, strict=True):
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize(
     ("H", "Hk"),
     [pytest.param(2, 2, marks=pytest.mark.slow), (4, 2), pytest.param(2, 1, marks=pytest.mark.slow)],
@@ -52,12 +63,7 @@ def test_the_kernel_takes_head_split_views_as_they_are(H, Hk):
     pos = _draw(3, B, H, t, S)
     mask = (torch.arange(S)[None] <= torch.arange(S - t, S)[:, None]).to(TRITON_DEVICE)
     for cotangent in (_head_split(_draw(4, B, t, H * D), H), _draw(4, B, H, t, D)):
-        want = _run(
-            lambda q, k, v, m, b, s: kernels.explicit(q, k, v, m, b, s, False), q, k, v, pos, mask, cotangent
-        )
-        have = _run(kernels.fused, q, k, v, pos, mask, cotangent)
-        for got, expected in zip(have, want, strict=True):
-            torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+        _assert_fused_is_explicit(q, k, v, pos, mask, cotangent)
 
 
 def test_broadcast_keys_and_values_are_copied_and_their_gradients_are_right():
@@ -67,13 +73,7 @@ def test_broadcast_keys_and_values_are_copied_and_their_gradients_are_right():
     q, pos = _draw(0, B, H, t, D), _draw(3, B, H, t, S + t - 1)  # no mask: every distance, negative ones too
     k, v = (_draw(seed, B, 1, S, D).expand(B, H, S, D) for seed in (1, 2))
     assert all(x.is_contiguous() for x in flash._keys_values(k, v))
-    cotangent = _draw(4, B, H, t, D)
-    want = _run(
-        lambda q, k, v, m, b, s: kernels.explicit(q, k, v, m, b, s, False), q, k, v, pos, None, cotangent
-    )
-    have = _run(kernels.fused, q, k, v, pos, None, cotangent)
-    for got, expected in zip(have, want, strict=True):
-        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    _assert_fused_is_explicit(q, k, v, pos, None, _draw(4, B, H, t, D))
 
 
 def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_order():

@@ -10,7 +10,7 @@ pytest.importorskip("hypothesis")  # a GPU node without it skips this module, na
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from small import SEQ, TIGHT, T, make_lm, random_tokens, small_cfg
+from small import SEQ, TIGHT, WINDOWS, T, make_lm, random_tokens, small_cfg
 
 from switchbench.models import family as registry
 from switchbench.models.families.moa import MoAAttention
@@ -204,15 +204,7 @@ PIECES = {
 }
 
 
-@pytest.mark.parametrize(  # the fast loop: XL over two chunks of memory, RoPE over one (docs/layout.md)
-    ("pos", "context_blocks"),
-    [
-        pytest.param("xl", 1, marks=pytest.mark.slow),
-        ("xl", 2),
-        pytest.param("rope", 0, marks=pytest.mark.slow),
-        ("rope", 1),
-    ],
-)
+@pytest.mark.parametrize(("pos", "context_blocks"), WINDOWS)
 @pytest.mark.parametrize("model", FAMILIES)
 def test_incremental_matches_chunks(model, pos, context_blocks):
     """Any split of the sequence, token by token included, gives the logits of chunks of T."""
