@@ -218,8 +218,8 @@ def test_the_loops_skip_exactly_the_tiles_the_mask_leaves_nothing_in(window):
 
 
 def _holed(t: int, S: int) -> torch.Tensor:
-    """Every key readable but one, in a tile the key blocks' kernel would read whole if it took the run of whole
-    tiles along the wrong axis (a review's case: only dK and dV came out wrong)."""
+    """Every key readable but one: whole tiles on both sides of a partial one along a loop, and a tile a kernel would
+    read whole if it took the run of whole tiles along the wrong axis (a review's case)."""
     mask = torch.ones(t, S, dtype=torch.bool)
     mask[3, 40] = False
     return mask.to(TRITON_DEVICE)
@@ -230,9 +230,9 @@ def _holed(t: int, S: int) -> torch.Tensor:
     "window", [pytest.param(_causal, marks=pytest.mark.slow), _holed], ids=["causal", "holed"]
 )
 def test_tiles_read_whole_are_the_explicit_attention(monkeypatch, window, biased):
-    """Windows with blocks small enough that most tiles are whole (their mask unread) and some are not, in every
-    kernel: a causal one over memory, and one with a single key hidden; output and every gradient against the
-    explicit kernel in float64."""
+    """Windows with blocks small enough that most tiles are whole (their mask unread by the forward and the query
+    blocks' kernels) and some are not: a causal one over memory, and one with a single key hidden; output and
+    every gradient against the explicit kernel in float64."""
     from switchbench.ops import tuned as tuning
     from switchbench.ops.attention import flash
 

@@ -63,14 +63,15 @@ def _logits(
     full_last,
     HAS_POS: tl.constexpr,
     HAS_MASK: tl.constexpr,
+    WHOLE_UNREAD: tl.constexpr,
     PRECISION: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """A tile's logits [BLOCK_M, BLOCK_N] in the accumulators' dtype: scale q k^T, plus the term by distance,
-    -inf off the grid and where the mask hides the key. The mask is read only outside [full_first, full_last),
-    the run of the loop's tiles it leaves whole (``along``: the tile's offsets along the loop, its rows or its
-    columns); inside it the load is predicated off, with no memory read, as FlashAttention masks only a causal
-    window's diagonal tiles."""
+    -inf off the grid and where the mask hides the key. With WHOLE_UNREAD the mask is read only outside
+    [full_first, full_last), the run of the loop's tiles it leaves whole (``along``: the tile's offsets along the
+    loop, its rows or its columns); inside it the load is predicated off, with no memory read, as FlashAttention
+    masks only a causal window's diagonal tiles."""
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC) * scale
     inside = (rows[:, None] < t) & (cols[None, :] < S)
     if HAS_POS:
@@ -78,8 +79,10 @@ def _logits(
         term = tl.load(pos_ptr + at, mask=on_grid, other=0.0)
         s += term.to(ACC)
     if HAS_MASK:
-        partial = (along < full_first) | (along >= full_last)
-        seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=inside & partial, other=1)
+        readable = inside
+        if WHOLE_UNREAD:
+            readable = readable & ((along < full_first) | (along >= full_last))
+        seen = tl.load(mask_ptr + rows[:, None] * stride_mask + cols[None, :], mask=readable, other=1)
         inside = inside & (seen != 0)
     return tl.where(inside, s, float("-inf"))
 
@@ -177,7 +180,7 @@ def _forward_kernel(
         k = tl.load(k_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
         s = _logits(
             q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, cols[None, :], full_first,
-            full_last, HAS_POS, HAS_MASK, PRECISION, ACC,
+            full_last, HAS_POS, HAS_MASK, True, PRECISION, ACC,
         )  # fmt: skip
         new = tl.maximum(m, tl.max(s, 1))
         shift = tl.where(new == float("-inf"), 0.0, new)  # a row with no key yet: nothing to rescale
@@ -251,7 +254,9 @@ def _key_block_backward_kernel(
     grad_at = b * sd_b + kh * sd_h + cols[:, None] * sd_s + dims[None, :]
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
-    first, last, full_first, full_last = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
+    # The mask read in every tile: under Triton 3.9 skipping it in whole ones took the 128-channel heads' 32 x 64
+    # candidate past 255 registers (an 8-byte spill on sm_90)
+    first, last, _, _ = _span(spans_ptr, tl.program_id(0), t, BLOCK_M, HAS_MASK)
     for member in range(0, group):
         h = kh * group + member
         bh = b * H + h
@@ -266,8 +271,8 @@ def _key_block_backward_kernel(
             lse = tl.load(lse_ptr + bh * t + rows, mask=row_in, other=0.0)
             delta = tl.load(delta_ptr + bh * t + rows, mask=row_in, other=0.0)
             s = _logits(
-                q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, rows[:, None],
-                full_first, full_last, HAS_POS, HAS_MASK, PRECISION, ACC,
+                q, k, pos_ptr + terms, mask_ptr, rows, cols, t, S, P, sp_t, stride_mask, scale, rows[:, None], 0, 0,
+                HAS_POS, HAS_MASK, False, PRECISION, ACC,
             )  # fmt: skip
             p = tl.exp(s - lse[:, None])
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PRECISION, out_dtype=ACC)
@@ -365,7 +370,7 @@ def _query_block_backward_kernel(
             v = tl.load(v_ptr + cols[:, None] * sk_s + dims[None, :], mask=col_in, other=0.0)
             s = _logits(
                 q, k, pos_ptr, mask_ptr, rows, cols, t, S, P, 0, stride_mask, scale, cols[None, :], full_first,
-                full_last, False, HAS_MASK, PRECISION, ACC,
+                full_last, False, HAS_MASK, True, PRECISION, ACC,
             )  # fmt: skip
             p = tl.exp(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION, out_dtype=ACC)
