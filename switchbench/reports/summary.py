@@ -189,8 +189,8 @@ def _against_floor(row: dict) -> str:
         text += f" (MAC floor {row['ratio_macs']:.2f}: {row['time_over_floor']:.3f}x it"
         if row.get("ratio_macs_executed") is not None:
             text += f"; {row['ratio_macs_executed']:.2f} executed"
-        if scores_ratio(row) is not None:
-            text += f"; scores {scores_ratio(row):.2f}"
+        if (scores := scores_ratio(row)) is not None:
+            text += f"; scores {scores:.2f}"
         text += f"; {row['attention']})" if row.get("attention") else ")"
     return text
 

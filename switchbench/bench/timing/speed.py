@@ -641,7 +641,7 @@ def _over_floor(r: dict) -> str:
 
 
 def _printed(r: dict) -> dict:
-    memory = r.get("memory_bytes")
+    memory, scores = r.get("memory_bytes"), scores_ratio(r)
     return {
         "group": r["group"],
         "preset": r["preset"],
@@ -652,7 +652,7 @@ def _printed(r: dict) -> dict:
         "MAC floor": f"{r['ratio_macs']:.2f}" if "ratio_macs" in r else "",
         "time/floor": _over_floor(r),
         "executed floor": f"{r['ratio_macs_executed']:.2f}" if "ratio_macs_executed" in r else "",
-        "scores": f"{scores_ratio(r):.2f}" if scores_ratio(r) is not None else "",
+        "scores": "" if scores is None else f"{scores:.2f}",
         "attention": r.get("attention", "") + (" (mixed!)" if r.get("attention_mixed") else ""),
         "expert matmul": r.get("expert_matmul", ""),
         "memory": "" if memory is None else f"{memory / 2**20:,.1f} MiB",
