@@ -1,7 +1,10 @@
 """Small models for the sequence and decoding tests: two layers of d_model 32, chunks of T tokens, any family."""
 
+import contextlib
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from switchbench.models.config import ModelConfig
 from switchbench.models.lm import LanguageModel
@@ -63,3 +66,26 @@ def make_lm(cfg: ModelConfig, seed: int = 0) -> LanguageModel:
 
 def random_tokens(cfg: ModelConfig, length: int, batch: int = 2, seed: int = 1) -> torch.Tensor:
     return torch.randint(cfg.vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+COPIES = ("aten.clone", "aten.copy_", "aten._to_copy")
+
+
+class _Copies(TorchDispatchMode):
+    def __init__(self, shapes: list):
+        super().__init__()
+        self.shapes = shapes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith(COPIES):
+            self.shapes.append(tuple(args[0].shape))
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def counted_copies():
+    """The shapes of the tensors copied (cloned, copied into another, converted) inside the block, in order:
+    what torch dispatches, the backward included when it runs inside."""
+    shapes = []
+    with _Copies(shapes):
+        yield shapes

@@ -1,13 +1,17 @@
 """Triton's flash attention takes the layouts the models hand it, under TRITON_INTERPRET=1 without a GPU: q split
 into heads from one projection's [B, t, H, D] output, k and v slices of one projection's output, a cache's window,
 an output gradient in any layout. Each equals the explicit kernel in float64 (output and every gradient), and o
-and the gradients come out in their inputs' order, so that no projection copies them on the way in or out."""
+and the gradients come out in their inputs' order, so that no projection copies them on the way in or out. XL's
+position term comes head by head from one product a head, which copies neither the queries nor the encodings."""
 
 import pytest
 import torch
-from small import TRITON_DEVICE
+from small import TRITON_DEVICE, counted_copies, small_cfg
 
-from switchbench.ops.attention import flash, kernels
+from switchbench.models.families.dense import DenseAttention
+from switchbench.models.layers.attention_xl import scores_by_distance
+from switchbench.models.layers.window import make_window
+from switchbench.ops.attention import choice, flash, kernels, layout
 from switchbench.ops.attention.relative import RelativeBias
 
 F64 = torch.float64
@@ -78,7 +82,7 @@ def test_broadcast_keys_and_values_are_copied_and_their_gradients_are_right():
 
 def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_order():
     (q, k, v), (qc, _, vc) = _layouts(2, 4, 2, 24, 40, 16)
-    assert flash.packed(q) and not flash.packed(k) and flash.packed(qc)
+    assert layout.packed(q) and not layout.packed(k) and layout.packed(qc)
     assert flash._taken(q)[0] is q  # a head-split view, packed
     assert all(a is b for a, b in zip(flash._keys_values(k, v), (k, v), strict=True))  # one set of strides
     o = flash.output_like(q)
@@ -93,7 +97,7 @@ def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_ord
     taken = flash._keys_values(k, vc)
     assert all(x.is_contiguous() for x in taken) and flash.gradients_like(q, k, vc, None)[1].is_contiguous()
     # a head-split view with one key head reads as a contiguous one
-    assert flash.packed(_head_split(_draw(5, 2, 40, 16), 1))
+    assert layout.packed(_head_split(_draw(5, 2, 40, 16), 1))
 
 
 @pytest.mark.parametrize(
@@ -103,6 +107,42 @@ def test_head_split_inputs_are_taken_without_a_copy_and_outputs_follow_their_ord
 )
 def test_a_tensor_with_gaps_or_strided_channels_is_not_packed(strides):
     x = torch.empty_strided((2, 4, 3, 2), strides, dtype=F64)
-    assert not flash.packed(x)
-    made = flash.empty_in_order_of(x.contiguous())
+    assert not layout.packed(x)
+    made = layout.empty_in_order_of(x.contiguous())
     assert made.is_contiguous()
+
+
+@pytest.mark.parametrize("Hk", [3, 1], ids=["a key head each", "one for all"])
+@pytest.mark.parametrize("split", [True, False], ids=["head-split q", "contiguous q"])
+def test_the_position_term_is_one_product_a_head(Hk, split):
+    """Equal to the broadcast product q @ r in float64, with both gradients, laid out head by head."""
+    B, H, t, D, P = 2, 3, 5, 4, 7
+    q = _head_split(_draw(0, B, t, H * D), H) if split else _draw(0, B, H, t, D)
+    r = _draw(1, Hk, D, P)
+    cotangent = _draw(2, B, H, t, P)
+    got, want = (
+        (product(q_, r_), *torch.autograd.grad(product(q_, r_), (q_, r_), cotangent))
+        for product in (scores_by_distance, torch.matmul)
+        for q_, r_ in [(q.detach().requires_grad_(), r.detach().requires_grad_())]
+    )
+    for have, expected in zip(got, want, strict=True):
+        torch.testing.assert_close(have, expected, rtol=1e-12, atol=1e-12)
+    assert layout.order_of(got[0]) == [1, 0, 2, 3] and layout.packed(got[0])
+
+
+def test_a_dense_xl_layer_copies_only_its_query_gradient():
+    """A dense XL layer's forward and backward on flash attention, with a chunk of memory: of its activations only
+    the queries' gradient is copied, their position part coming head by head into the projection's token order.
+    The broadcast q @ r copied the queries and the encodings once a sequence as well (and summed the encodings'
+    gradient over the sequences)."""
+    cfg = small_cfg(
+        "transformer", "xl", n_heads=4, d_head=16, d_model=64
+    )  # 16 channels: none padded for tl.dot
+    layer = DenseAttention(cfg).double().to(TRITON_DEVICE)
+    B, T = 2, cfg.T
+    x, memory = _draw(0, B, T, 64).requires_grad_(), _draw(1, B, T, 64)
+    window = make_window(T, T, T, T, 1, True, TRITON_DEVICE)
+    with choice.selected("triton"), counted_copies() as copies:
+        layer(x, memory, window)[0].sum().backward()
+    distances = 2 * T
+    assert copies == [(distances, 1), (B, T, 4, 16)]  # the distances made floats, the queries' gradient

@@ -3,6 +3,7 @@ the Triton kernels (under TRITON_INTERPRET=1 without a GPU) against the views in
 
 import pytest
 import torch
+from small import counted_copies
 
 from switchbench.ops.attention.relative import ROW_ALIGNMENT, RelativeBias, relative_shift
 
@@ -41,12 +42,21 @@ def test_relative_shift_reads_each_distance(t, S, causal):
             assert torch.equal(shifted[..., i, j], expected), (i, j)
 
 
+def _head_by_head(x: torch.Tensor) -> torch.Tensor:
+    """x [B, H, t, D] laid out [H, B, t, D], as a model's scores by distance come (one product a head)."""
+    return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    "layout", ["contiguous", pytest.param("head by head", marks=pytest.mark.slow)], ids=lambda x: x
+)
 @pytest.mark.parametrize(("t", "S", "causal"), [*SHAPES, (2, 1100, True), (5, 1030, False)])
-def test_the_triton_kernels_are_the_views(t, S, causal):
+def test_the_triton_kernels_are_the_views(t, S, causal, layout):
     """The bias, -inf where masked, and the scores' gradient (from a cotangent that is nonzero everywhere, masked
-    entries included): bit for bit the views' and masked_fill's."""
+    entries included): bit for bit the views' and masked_fill's. The gradient is laid out as the scores."""
     D, mask = _window(t, S, causal)
-    scores = _draw(t * S, 2, 3, t, D).requires_grad_()
+    scores = _draw(t * S, 2, 3, t, D)
+    scores = (scores if layout == "contiguous" else _head_by_head(scores)).requires_grad_()
     bias = RelativeBias(scores, S)
     expected = bias.masked(mask, impl="torch")
     got = bias.masked(mask, impl="triton")
@@ -54,7 +64,18 @@ def test_the_triton_kernels_are_the_views(t, S, causal):
     cotangent = _draw(1, *expected.shape)
     (want,) = torch.autograd.grad(expected, scores, cotangent)
     (have,) = torch.autograd.grad(got, scores, cotangent)
-    assert torch.equal(have, want)
+    assert torch.equal(have, want) and have.stride() == scores.stride()
+
+
+def test_scores_laid_out_head_by_head_are_read_in_place():
+    """Rows addressed through their strides: the kernels read [H, B, t, D] scores and write their gradient there,
+    where a reshape into [B * H * t, D] rows would copy the whole term each way."""
+    D, mask = _window(3, 9, True)
+    scores = _head_by_head(_draw(2, 2, 3, 3, D)).requires_grad_()
+    with counted_copies() as copies:
+        bias = RelativeBias(scores, 9).masked(mask, impl="triton")
+        (grad,) = torch.autograd.grad(bias, scores, _draw(1, *bias.shape))
+    assert copies == [] and grad.stride() == scores.stride()
 
 
 def test_the_triton_bias_rows_are_aligned_for_the_memory_efficient_kernel():
@@ -70,14 +91,18 @@ def test_the_triton_bias_rows_are_aligned_for_the_memory_efficient_kernel():
 def test_the_op_compiles_without_a_graph_break():
     """torch.compile reads the op's shapes and strides from its fake implementation, backward included."""
     D, mask = _window(3, 9, True)
-    scores = _draw(0, 2, 3, 3, D).requires_grad_()
+    drawn = _draw(0, 2, 3, 3, D)
 
     def step(scores):
         return RelativeBias(scores, 9).masked(mask, impl="triton").exp().sum()
 
-    expected = torch.autograd.grad(step(scores), scores)[0]
-    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
-    torch.testing.assert_close(torch.autograd.grad(compiled(scores), scores)[0], expected, rtol=0, atol=0)
+    for scores in (drawn, _head_by_head(drawn)):  # the fakes lay the gradient out as the kernels do
+        scores = scores.requires_grad_()
+        expected = torch.autograd.grad(step(scores), scores)[0]
+        compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+        got = torch.autograd.grad(compiled(scores), scores)[0]
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        assert got.stride() == scores.stride()
 
 
 def test_an_unknown_implementation_is_refused():

@@ -34,6 +34,7 @@ from triton.runtime.errors import OutOfResources
 from switchbench.core.versions import NO_BF16_DOT, interpreted_bf16_dot
 from switchbench.ops import tuned as tuning
 from switchbench.ops.attention import choice
+from switchbench.ops.attention.layout import empty_in_order_of, packed
 
 
 @triton.jit
@@ -637,28 +638,6 @@ def accumulated(dtype: torch.dtype) -> torch.dtype:
 # H200 (262M, batch 64, eager) dense spent 27.5 ms a step in strided copies of attention's tensors, 9 launches a
 # layer; on the CPU, 10 of a dense XL layer's 13 copies a training step were these inputs made contiguous, twice
 # (forward and backward), and the copies they caused outside.
-
-
-def packed(x: Tensor) -> bool:
-    """Whether ``x`` is a permutation of a contiguous tensor with unit-stride channels: its elements fill their
-    span with no gap, as a head-split view of one projection's output does."""
-    if x.stride(-1) != 1:
-        return False
-    expected = 1
-    for size, stride in sorted(zip(x.shape, x.stride(), strict=True), key=lambda pair: pair[1]):
-        if size != 1:
-            if stride != expected:
-                return False
-            expected *= size
-    return True
-
-
-def empty_in_order_of(x: Tensor) -> Tensor:
-    """An uninitialised tensor of ``x``'s shape and dtype, packed, its dimensions in the order of ``x``'s strides."""
-    # outermost first; a stable sort keeps ties in x's order (size-1 dimensions, whose strides address nothing)
-    order = sorted(range(x.dim()), key=lambda dim: -x.stride(dim))
-    made = x.new_empty([x.shape[dim] for dim in order])
-    return made.permute([order.index(dim) for dim in range(x.dim())])
 
 
 def _taken(*tensors: Tensor | None) -> list[Tensor | None]:

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from switchbench.ops.attention.layout import empty_in_order, order_of
+
 IMPLS = ("torch", "triton")
 # The memory-efficient SDPA kernel reads a float mask whose strides are multiples of 16 bytes and copies one that
 # is not; 16 elements covers every dtype up to float64
@@ -98,26 +100,26 @@ def _(scores, S, mask):
 
 
 @torch.library.custom_op("switchbench::position_bias_backward", mutates_args=())
-def _position_bias_backward_op(grad: Tensor, D: int, mask: Tensor | None) -> Tensor:
+def _position_bias_backward_op(grad: Tensor, D: int, mask: Tensor | None, order: list[int]) -> Tensor:
     from switchbench.ops.attention import position_kernels
 
-    return position_kernels.gather(grad, D, mask)
+    return position_kernels.gather(grad, D, mask, order)
 
 
 @_position_bias_backward_op.register_fake
-def _(grad, D, mask):
-    return grad.new_empty(*grad.shape[:-1], D)
+def _(grad, D, mask, order):
+    return empty_in_order(grad, (*grad.shape[:-1], D), order)
 
 
 def _setup_context(ctx, inputs, output):
     scores, _, mask = inputs
     ctx.save_for_backward(mask)
-    ctx.distances = scores.shape[-1]
+    ctx.distances, ctx.order = scores.shape[-1], order_of(scores)  # the gradient is laid out as the scores
 
 
 def _backward(ctx, grad):
     (mask,) = ctx.saved_tensors
-    return torch.ops.switchbench.position_bias_backward(grad, ctx.distances, mask), None, None
+    return torch.ops.switchbench.position_bias_backward(grad, ctx.distances, mask, ctx.order), None, None
 
 
 _position_bias_op.register_autograd(_backward, setup_context=_setup_context)
