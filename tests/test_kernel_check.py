@@ -144,6 +144,33 @@ def test_flash_attention_is_checked_over_every_familys_distinct_window():
     }
 
 
+def test_the_position_bias_is_checked_as_the_model_launches_it():
+    """Both kernels specialised as the 262M dense model's launches are at batch 64 (its scores by distance made
+    head by head, the bias in aligned rows): no size or stride the JIT would compile as a constant, or as
+    16-divisible, where the model's is not."""
+    from switchbench.models.layers.attention_xl import scores_by_distance
+    from switchbench.models.presets import PRESETS
+    from switchbench.ops.attention import position_kernels
+    from switchbench.ops.attention.layout import empty_in_order, order_of
+    from switchbench.ops.attention.relative import aligned_width
+
+    cfg = PRESETS["c4-262m-transformer-h16"]
+    H, t, S, d = cfg.n_heads, cfg.T, 2 * cfg.T, cfg.d_head
+    meta = {"dtype": torch.bfloat16, "device": "meta"}
+    q = torch.empty(64, t, H, d, **meta).transpose(1, 2)  # head-split
+    scores = scores_by_distance(q, torch.empty(H, d, S, **meta))
+    bias = torch.empty(64, H, t, aligned_width(S), **meta)[..., :S]
+    gradient = empty_in_order(bias, scores.shape, order_of(scores))
+    mask = torch.empty(t, S, dtype=torch.bool, device="meta")
+    model = [
+        position_kernels._arguments(scores, bias, mask, S, S)[1:],
+        position_kernels._arguments(bias, gradient, mask, S, S)[1:],
+    ]
+    checked = position_kernels.launches(t, S, H, torch.bfloat16)
+    for (_, fn, *launch), real in zip(checked, model, strict=True):
+        assert kernel_check._specialise(fn, *launch) == kernel_check._specialise(fn, *real)
+
+
 @pytest.mark.slow
 def test_every_kernel_compiles_to_wgmma_without_spills_on_sm90(capsys):
     """The expert matmul's and the flash attention's kernels to pipelined wgmma (flash attention's grouped and

@@ -47,16 +47,26 @@ def _head_by_head(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(0, 1).contiguous().transpose(0, 1)
 
 
+# Layouts of the scores: as the models give them, and two that the kernels take through a copy (their gradient
+# then contiguous)
+LAYOUTS = {
+    "contiguous": lambda x: x,
+    "head by head": _head_by_head,
+    "strided columns": lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2),
+    "broadcast": lambda x: x[:1].expand_as(x),
+}
+
+
 @pytest.mark.parametrize(
-    "layout", ["contiguous", pytest.param("head by head", marks=pytest.mark.slow)], ids=lambda x: x
+    "layout",
+    ["contiguous", *(pytest.param(name, marks=pytest.mark.slow) for name in list(LAYOUTS)[1:])],
 )
 @pytest.mark.parametrize(("t", "S", "causal"), [*SHAPES, (2, 1100, True), (5, 1030, False)])
 def test_the_triton_kernels_are_the_views(t, S, causal, layout):
     """The bias, -inf where masked, and the scores' gradient (from a cotangent that is nonzero everywhere, masked
-    entries included): bit for bit the views' and masked_fill's. The gradient is laid out as the scores."""
+    entries included): bit for bit the views' and masked_fill's, in every layout of the scores."""
     D, mask = _window(t, S, causal)
-    scores = _draw(t * S, 2, 3, t, D)
-    scores = (scores if layout == "contiguous" else _head_by_head(scores)).requires_grad_()
+    scores = LAYOUTS[layout](_draw(t * S, 2, 3, t, D)).detach().requires_grad_()
     bias = RelativeBias(scores, S)
     expected = bias.masked(mask, impl="torch")
     got = bias.masked(mask, impl="triton")
@@ -64,7 +74,7 @@ def test_the_triton_kernels_are_the_views(t, S, causal, layout):
     cotangent = _draw(1, *expected.shape)
     (want,) = torch.autograd.grad(expected, scores, cotangent)
     (have,) = torch.autograd.grad(got, scores, cotangent)
-    assert torch.equal(have, want) and have.stride() == scores.stride()
+    assert torch.equal(have, want)
 
 
 def test_scores_laid_out_head_by_head_are_read_in_place():
@@ -76,6 +86,16 @@ def test_scores_laid_out_head_by_head_are_read_in_place():
         bias = RelativeBias(scores, 9).masked(mask, impl="triton")
         (grad,) = torch.autograd.grad(bias, scores, _draw(1, *bias.shape))
     assert copies == [] and grad.stride() == scores.stride()
+
+
+def test_a_gradient_the_kernel_cannot_write_in_the_scores_layout_comes_contiguous():
+    """Scores with strided columns or broadcast over the sequences: the kernel writes unit-stride rows with no
+    broadcast, so their gradient comes contiguous (in their order, its columns would overlap or be strided)."""
+    D, mask = _window(3, 9, True)
+    for make in (LAYOUTS["strided columns"], LAYOUTS["broadcast"]):
+        scores = make(_draw(2, 2, 3, 3, D)).detach().requires_grad_()
+        bias = RelativeBias(scores, 9).masked(mask, impl="triton")
+        assert torch.autograd.grad(bias, scores, _draw(1, *bias.shape))[0].is_contiguous()
 
 
 def test_the_triton_bias_rows_are_aligned_for_the_memory_efficient_kernel():

@@ -279,7 +279,7 @@ def _launches(size: str, dtype: torch.dtype):
             yield f"{case.name} all_experts", SLOT_KERNELS, phase, fn, args, constants, config
     cfg = PRESETS[registry.get("transformer").roles[size]]
     t, S = cfg.T, cfg.T * (1 + cfg.context_blocks)
-    for phase, fn, args, constants in position_kernels.launches(t, S, dtype):
+    for phase, fn, args, constants in position_kernels.launches(t, S, cfg.n_heads, dtype):
         config = triton.Config({"BLOCK": constants.pop("BLOCK")}, **JIT_DEFAULTS)
         yield f"{size} position bias", POSITION_KERNELS, phase, fn, args, constants, config
     # Triton's flash attention (--attention triton) over every family's distinct window, XL's and RoPE's

@@ -127,12 +127,14 @@ def _arguments(src: Tensor, dst: Tensor, mask: Tensor | None, S: int, D: int):
     return (B * H * t, triton.cdiv(columns, block)), args, {"HAS_MASK": mask is not None, "BLOCK": block}
 
 
-def launches(t: int, S: int, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
-    """(pass, kernel, arguments, constexprs) of both launches for a causal window of t queries over S keys, on meta
-    tensors: what kernel-check compiles ahead of time."""
+def launches(t: int, S: int, H: int, dtype: torch.dtype) -> list[tuple[str, object, tuple, dict]]:
+    """(pass, kernel, arguments, constexprs) of both launches for a causal window of t queries over S keys in H
+    heads, on meta tensors laid out as a model's (the scores head by head): what kernel-check compiles ahead of
+    time. Two sequences and H heads, so that no size or stride is 1, which Triton would compile as a constant."""
     meta = {"dtype": dtype, "device": "meta"}
     mask = torch.empty(t, S, dtype=torch.bool, device="meta")
-    scores, bias = torch.empty(1, 1, t, S, **meta), torch.empty(1, 1, t, aligned_width(S), **meta)[..., :S]
+    scores = torch.empty(H, 2, t, S, **meta).transpose(0, 1)
+    bias = torch.empty(2, H, t, aligned_width(S), **meta)[..., :S]
     return [
         ("forward", _spread_kernel, *_arguments(scores, bias, mask, S, S)[1:]),
         ("backward", _gather_kernel, *_arguments(bias, scores, mask, S, S)[1:]),

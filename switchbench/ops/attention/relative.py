@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from switchbench.ops.attention.layout import empty_in_order, order_of
+from switchbench.ops.attention.layout import empty_in_order, order_of, packed
 
 IMPLS = ("torch", "triton")
 # The memory-efficient SDPA kernel reads a float mask whose strides are multiples of 16 bytes and copies one that
@@ -114,7 +114,12 @@ def _(grad, D, mask, order):
 def _setup_context(ctx, inputs, output):
     scores, _, mask = inputs
     ctx.save_for_backward(mask)
-    ctx.distances, ctx.order = scores.shape[-1], order_of(scores)  # the gradient is laid out as the scores
+    # the gradient laid out as the scores where the kernel can write that layout (unit-stride columns, no broadcast
+    # dimension), else contiguous
+    ctx.distances, ctx.order = (
+        scores.shape[-1],
+        order_of(scores) if packed(scores) else list(range(scores.dim())),
+    )
 
 
 def _backward(ctx, grad):
