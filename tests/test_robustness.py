@@ -160,6 +160,33 @@ def test_an_empty_value_is_refused_and_nothing_is_written_here(argv, named, tmp_
     assert named in capsys.readouterr().err and not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "least"),
+    [("--steps", 0, 1), ("--warmup", -1, 0), ("--top", 0, 1), ("--batch", 0, 1), ("--fit-from", 0, 1)],
+)
+def test_profile_names_the_number_out_of_range(flag, value, least, tmp_path, capsys):
+    argv = ["profile", "tiny-switchhead", flag, str(value), "--out", str(tmp_path / "p")]
+    fails_cleanly(capsys, argv, says=f"{flag} must be >= {least}; got {value}")
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["speed", "--presets", "listops-switchhead-h2"],
+        ["decode", "listops-switchhead-h2"],
+        ["profile", "listops-switchhead-h2"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_listops_classifier_is_refused_by_name_where_language_models_run(argv, tmp_path, capsys):
+    """The model's own refusal said only "causal must be True for a language model"."""
+    fails_cleanly(
+        capsys, [*argv, "--out", str(tmp_path / "x")], says="listops-switchhead-h2 is a ListOps classifier"
+    )
+    assert not (tmp_path / "x").exists()
+
+
 @pytest.mark.parametrize("command", ["speed", "decode", "quality", "profile"])
 def test_more_threads_than_cores_are_refused_before_any_work(command, tmp_path, monkeypatch, capsys):
     """100,000 intra-op threads: libgomp failed to make them (exit 1) or crashed (exit 139) before the refusal."""
@@ -788,6 +815,15 @@ def test_training_into_an_earlier_run_needs_resume_or_force(run_folder, tmp_path
     argv = ["train", "--preset", "listops-switchhead-h2", "--out", str(run_folder), "--json"]
     fails_cleanly(capsys, argv, says=f"{run_folder} holds an earlier run")
     assert snapshot(run_folder) == before
+
+
+def test_resuming_a_run_without_its_checkpoint_is_refused_and_keeps_its_log(tmp_path, capsys):
+    """--resume over a folder with a log and no checkpoint would start afresh and write over the log."""
+    (tmp_path / "log.csv").write_text("step,loss\n1,3.0\n2,2.5\n")
+    before = snapshot(tmp_path)
+    argv = ["train", "--preset", "listops-switchhead-h2", "--out", str(tmp_path), "--resume", "--steps", "1"]
+    fails_cleanly(capsys, argv, says="holds a log but no checkpoint.pt to resume from")
+    assert snapshot(tmp_path) == before
 
 
 @pytest.mark.parametrize(

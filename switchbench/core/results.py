@@ -4,6 +4,7 @@ import collections
 import contextlib
 import errno
 import glob
+import io
 import json
 import os
 import stat
@@ -304,9 +305,14 @@ def csv_writer(rows: list[dict] | pd.DataFrame) -> Callable[[Path], object]:
 
 
 def read_csv(path: Path) -> pd.DataFrame:
-    """A CSV written by :func:`write_csv`, or shipped as package data; empty cells become missing values."""
+    """A CSV written by :func:`write_csv`, or shipped as package data; empty cells become missing values. A file
+    whose last line has no end was cut off mid-row (every writer here ends its rows): a ValueError naming it, not a
+    table whose last row is filled with missing values."""
     with path.open(newline="") as f:
-        return pd.read_csv(f)
+        text = f.read()
+    if text and not text.endswith(("\n", "\r")):
+        raise ValueError(f"{path}: cut off mid-row (its last line has no end)")
+    return pd.read_csv(io.StringIO(text))
 
 
 def newest(folder: Path, pattern: str = "*.json") -> Path | None:

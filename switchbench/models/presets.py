@@ -138,6 +138,15 @@ PRESETS: dict[str, ModelConfig] = _with_families(
 OVERRIDES = ":"  # NAME:T=2048,context_blocks=0 is the preset NAME with those fields changed
 
 
+def language_model(name: str) -> ModelConfig:
+    """:func:`from_name` for a command that builds language models: a ListOps classifier is refused by name (the
+    model would refuse it as "not causal")."""
+    cfg = from_name(name)
+    if not cfg.causal:
+        raise ValueError(f"{name} is a ListOps classifier, not a language model")
+    return cfg
+
+
 def from_name(name: str) -> ModelConfig:
     """The preset called ``name``, or ``NAME:field=value,...``: the preset with those fields changed (a context
     sweep's ``wikitext103-244m-transformer-h16:T=4096``); ValueError naming the closest presets if there is none,

@@ -553,6 +553,8 @@ def _run(args) -> None:
     earlier = [out / name for name in ("checkpoint.pt", "log.csv") if (out / name).exists()]
     if earlier and not (args.resume or args.force):
         raise ValueError(f"{out} holds an earlier run; --resume to continue it or --force to replace it")
+    if args.resume and earlier and not (out / "checkpoint.pt").exists():  # resuming would start over its log
+        raise ValueError(f"{out} holds a log but no checkpoint.pt to resume from; --force to replace the run")
     with distributed.process_group(cfg.device) as world:
         result = train(cfg, out, resume=args.resume, progress=not args.json and world.main, world=world)
     if not world.main:

@@ -47,7 +47,7 @@ from switchbench.core.environment import environment
 from switchbench.core.profiler import profiled
 from switchbench.core.results import save_run, writable_folder
 from switchbench.models import family as registry
-from switchbench.models.presets import from_name
+from switchbench.models.presets import from_name, language_model
 from switchbench.ops.expert_matmul.slot_rows import (
     GATES_LABEL,
     WEIGHT_GRADIENT_KERNELS,
@@ -504,15 +504,15 @@ def register(commands) -> None:
 def _run(args) -> int:
     device = device_from_args(args.device)
     for preset in args.presets:
-        from_name(preset)  # a ValueError names the closest presets, or what is wrong with a change
+        language_model(
+            preset
+        )  # a ValueError names the closest presets, what is wrong with a change, a classifier
     named_once(args.presets)  # a second column of one preset was dropped from the table
-    if (
-        args.steps < 1
-        or args.warmup < 0
-        or args.top < 1
-        or any(n is not None and n < 1 for n in (args.batch, args.fit_from, args.threads))
-    ):
-        raise ValueError("--steps, --top, --batch, --fit-from, --threads must be >= 1 and --warmup >= 0")
+    lowest = {"--steps": 1, "--warmup": 0, "--top": 1, "--batch": 1, "--fit-from": 1, "--threads": 1}
+    for flag, least in lowest.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be >= {least}; got {value}")
     if args.batch is not None and args.fit_from is not None:
         raise ValueError("--batch and --fit-from: give one")
     writable_folder(Path(args.out))

@@ -50,7 +50,7 @@ from switchbench.core import compiling, distributed, optim, precision
 from switchbench.core.environment import device_name
 from switchbench.core.results import nothing_measured, save_run, writable_folder
 from switchbench.models import family as registry
-from switchbench.models.presets import OVERRIDES, PRESETS, from_name
+from switchbench.models.presets import OVERRIDES, PRESETS, from_name, language_model
 from switchbench.ops.attention import choice as attention_choice
 
 # Each group: a dense baseline first, then the models compared with it: every family's preset of that size.
@@ -591,7 +591,7 @@ def preset_groups(
         if unknown:
             raise ValueError(f"unknown presets: {', '.join(unknown)}")
         for preset in presets:
-            from_name(preset)  # a ValueError says what is wrong with a change
+            language_model(preset)  # a ValueError says what is wrong with a change, or names a classifier
         return {"custom": tuple(presets)}
     groups = groups or default
     unknown = [g for g in groups if g not in GROUPS]
