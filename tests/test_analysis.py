@@ -408,8 +408,11 @@ def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
     payload = torch.load(good, weights_only=True)
     payload["config"]["d_model"] = 64
     torch.save(payload, mismatched)
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"hello, not a checkpoint")  # the unpickler's error is a bare number, KeyError(104)
     cases = {
         tmp_path / "missing.pt": "no such checkpoint",
+        junk: "another format: KeyError",
         truncated: "not a readable checkpoint",
         other: "not a switchbench checkpoint",
         pickled: "not a readable checkpoint",  # weights_only refuses the object
@@ -421,6 +424,9 @@ def test_bad_checkpoints_are_clear_errors(runs, tmp_path, capsys):
         assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+    (tmp_path / "run" / "checkpoint.pt").mkdir(parents=True)  # a run folder whose checkpoint is a folder
+    assert main(["analyze", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err.strip().endswith("checkpoint.pt: a folder, not a checkpoint file")
 
 
 @pytest.mark.slow  # the trained runs
@@ -441,7 +447,7 @@ def test_a_pickle_of_another_protocol_is_one_line(tmp_path, capsys, recwarn):
     path.write_bytes(pickle.dumps({"format": checkpoint.FORMAT}, protocol=4))
     assert main(["analyze", str(path), "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"switchbench analyze: error: {path}: not a readable checkpoint (truncated or another format: Weights only "
+        f"switchbench analyze: error: {path}: not a readable checkpoint (cut short, or another format: Weights only "
         "load failed)"
     ]
     assert not [w for w in recwarn if "pickle protocol" in str(w.message)]

@@ -277,7 +277,7 @@ def test_a_cell_too_large_is_refused_before_it_runs(monkeypatch, tmp_path, capsy
         (["decode", "--contexts", "-8"], "--contexts must be >= 1; got -8"),
         (
             ["decode", "--contexts", "2147483647"],
-            "--contexts must be < 2147483647; got 2147483647",
+            "--contexts must be <= 2147483646 (a model is served one token longer); got 2147483647",
         ),  # named T
         (["decode", "--warmup", "-1"], "--warmup must be >= 0; got -1"),
         (["decode", "--memory-gib", "nan"], "--memory-gib must be"),

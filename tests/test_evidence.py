@@ -497,6 +497,18 @@ def test_on_the_durations_the_h100_suggests_the_first_call_brings_back_figures(t
     assert len(figures) >= 2, finished[0]
 
 
+@pytest.mark.parametrize(
+    "flags", [["--pack", "x.tar.gz"], ["--retry-failed"], ["--since", "0"]], ids=lambda f: f[0]
+)
+def test_list_refuses_what_only_a_run_reads(flags, tmp_path, monkeypatch, capsys):
+    """--list with --pack, --retry-failed or --since printed the plan and ignored them: a user expecting an archive
+    got none."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["evidence", "--list", *flags]) == 2
+    assert "--list runs nothing" in capsys.readouterr().err
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
 def test_the_plan_is_printed_for_a_gpu_on_any_device_call_by_call(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # a machine without CUDA

@@ -73,10 +73,17 @@ def load(path: Path) -> dict:
             payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise ValueError(f"{path}: no such checkpoint") from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: a folder, not a checkpoint file") from None
+    except OSError as error:
+        raise ValueError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
     except Exception as error:  # the unpickler of a damaged file can raise almost anything
-        reason = str(error).split(".")[0][:80] if str(error) else type(error).__name__
+        reason = str(error).split(".")[0][:80]
+        reason = (
+            reason if any(c.isalpha() for c in reason) else type(error).__name__
+        )  # "174812789": a load key
         raise ValueError(
-            f"{path}: not a readable checkpoint (truncated or another format: {reason})"
+            f"{path}: not a readable checkpoint (cut short, or another format: {reason})"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path}: not a switchbench checkpoint")

@@ -430,7 +430,9 @@ def _run(args) -> int:
     at_least({"--batches": (min(batches), 1), "--contexts": (min(contexts), 1), "--rounds": (args.rounds, 1)})
     at_least({"--prefill-rounds": (args.prefill_rounds, 1), "--warmup": (args.warmup, 0)})
     if max(contexts) >= LARGEST_INT:  # a model is served one longer than its longest context
-        raise ValueError(f"--contexts must be < {LARGEST_INT}; got {max(contexts)}")
+        raise ValueError(
+            f"--contexts must be <= {LARGEST_INT - 1} (a model is served one token longer); got {max(contexts)}"
+        )
     # prefill is timed in the first of the timed rounds: the default (3) shrinks to fewer rounds, a count given does not
     if args.prefill_rounds > args.rounds and args.prefill_rounds != TIMING["prefill_rounds"]:
         raise ValueError(f"--prefill-rounds ({args.prefill_rounds}) must be <= --rounds ({args.rounds})")
