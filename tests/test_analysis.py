@@ -71,6 +71,26 @@ def test_listops_is_deterministic_and_encodes():
         listops.tokenize("MAX 1 2 ]")
 
 
+def test_an_expression_evaluates_to_its_generated_answer_and_a_malformed_one_is_refused():
+    """The generator computes each answer as it builds the expression: evaluating its tokens must agree. An
+    input that is not one expression was classified as if it were (analyze --input '[MAX 2 3')."""
+    for tokens, answer in listops.generate(200, seed=5, cfg=listops.ListOpsConfig(max_depth=4)):
+        assert listops.evaluate(tokens) == answer
+    assert listops.tokenize("[MED 2 [MIN 3 [SM 4 9 ] ] 5 ]") == ["[MED", "2", "[MIN", "3", "[SM", "4", "9", "]", "]", "5", "]"]
+    malformed = {
+        "[MAX 2 3": "1 bracket left open",
+        "[MAX 2 [MIN 3": "2 brackets left open",
+        "[MAX 2 ] ]": "token 4 (]) comes after the expression's end",
+        "[MAX 2 ] 3": "token 4 (3) comes after",
+        "3 [MAX 2 ]": "token 1 (3) is outside every bracket",
+        "] [MAX 2 ]": "token 1 (]) is outside every bracket",
+        "[MAX [MIN ] 2 ]": "token 3 closes [MIN before any argument",
+    }
+    for given, reason in malformed.items():
+        with pytest.raises(ValueError, match=re.escape(f"not one ListOps expression: {reason}")):
+            listops.tokenize(given)
+
+
 def test_a_training_batch_has_one_length_and_depends_only_on_seed_and_step():
     """No padding in any training step, and a step's batch is the same however training got there (resumable)."""
     cfg = listops.ListOpsConfig()

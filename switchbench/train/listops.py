@@ -127,9 +127,44 @@ def encode(examples: list[tuple[list[str], int]], length: int) -> tuple[torch.Te
 
 
 def tokenize(text: str) -> list[str]:
-    """'[MAX 2 [MIN 3 4 ] ]' -> its tokens; ValueError on anything outside the vocabulary."""
+    """'[MAX 2 [MIN 3 4 ] ]' -> its tokens; ValueError on anything outside the vocabulary, or tokens that are not
+    one expression (none at all is left to the caller)."""
     tokens = text.split()
     unknown = sorted({t for t in tokens if t not in TOKEN_ID or t == PAD})
     if unknown:
         raise ValueError(f"not ListOps tokens: {' '.join(unknown)}")
+    if tokens:
+        try:
+            evaluate(tokens)
+        except ValueError as error:
+            raise ValueError(f"not one ListOps expression: {error}") from None
     return tokens
+
+
+def evaluate(tokens: list[str]) -> int:
+    """The value of one whole expression; ValueError where the tokens are not one (a bracket closing nothing or
+    left open, an operator without arguments, a token outside every bracket or after the end). A stack, not
+    recursion: an input may nest as deep as the model is long."""
+    open_: list[tuple[str, list[int]]] = []  # each open operator and its arguments' values so far
+    result = None
+    for i, token in enumerate(tokens, 1):
+        if result is not None:
+            raise ValueError(f"token {i} ({token}) comes after the expression's end")
+        if token in OPERATORS:
+            open_.append((token, []))
+        elif not open_:
+            raise ValueError(f"token {i} ({token}) is outside every bracket")
+        elif token == "]":
+            op, values = open_.pop()
+            if not values:
+                raise ValueError(f"token {i} closes {op} before any argument")
+            value = OPERATORS[op](values)
+            if open_:
+                open_[-1][1].append(value)
+            else:
+                result = value
+        else:
+            open_[-1][1].append(int(token))
+    if open_:
+        raise ValueError(f"{len(open_)} bracket{'s' if len(open_) > 1 else ''} left open")
+    return result
