@@ -278,6 +278,13 @@ def _python_version(text: str) -> str:
     return text
 
 
+def _platform(text: str) -> str:
+    # a wheel's platform tag is lower-case letters, digits and underscores (PEP 425: '-' and '.' made '_')
+    if not re.fullmatch(r"[a-z0-9_]+", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a platform tag such as manylinux_2_28_x86_64")
+    return text
+
+
 DESCRIPTION = f"""\
 Build, on a machine with network, the wheels an offline GPU node needs to install switchbench, then copy DIR and
 the checkout to the node. torch, triton and NVIDIA's packages are left out: the node keeps its own. Pure-Python
@@ -301,6 +308,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         dest="platforms",
+        type=_platform,
         help="also fetch binary wheels for this platform tag; pip matches tags literally, so give "
         "each the node accepts: --platform manylinux_2_28_x86_64 --platform "
         "manylinux2014_x86_64",

@@ -76,7 +76,19 @@ def test_an_expression_evaluates_to_its_generated_answer_and_a_malformed_one_is_
     input that is not one expression was classified as if it were (analyze --input '[MAX 2 3')."""
     for tokens, answer in listops.generate(200, seed=5, cfg=listops.ListOpsConfig(max_depth=4)):
         assert listops.evaluate(tokens) == answer
-    assert listops.tokenize("[MED 2 [MIN 3 [SM 4 9 ] ] 5 ]") == ["[MED", "2", "[MIN", "3", "[SM", "4", "9", "]", "]", "5", "]"]
+    assert listops.tokenize("[MED 2 [MIN 3 [SM 4 9 ] ] 5 ]") == [
+        "[MED",
+        "2",
+        "[MIN",
+        "3",
+        "[SM",
+        "4",
+        "9",
+        "]",
+        "]",
+        "5",
+        "]",
+    ]
     malformed = {
         "[MAX 2 3": "1 bracket left open",
         "[MAX 2 [MIN 3": "2 brackets left open",

@@ -194,6 +194,16 @@ def test_a_folder_that_is_not_one_is_exit_2_in_one_line(tmp_path, capsys, where,
     assert line.startswith("switchbench wheelhouse: error: ") and message in line
 
 
+@pytest.mark.parametrize("tag", ["bad tag", "manylinux-2-28", "Linux_x86_64"])
+def test_a_platform_that_is_no_tag_is_refused_before_pip(tag, tmp_path, capsys):
+    """Given to pip, it was matched against no wheel, offline after a long wait for the index."""
+    with pytest.raises(SystemExit) as refused:  # argparse's own exit, as for any flag's type
+        main(["wheelhouse", str(tmp_path / "w"), "--platform", tag])
+    assert refused.value.code == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert f"{tag!r} is not a platform tag" in line and not (tmp_path / "w").exists()
+
+
 @pytest.mark.parametrize(
     "pyproject, says",
     [
