@@ -79,9 +79,8 @@ def load(path: Path) -> dict:
         raise ValueError(f"{path}: cannot be read ({error.strerror or type(error).__name__})") from None
     except Exception as error:  # the unpickler of a damaged file can raise almost anything
         reason = str(error).split(".")[0][:80]
-        reason = (
-            reason if any(c.isalpha() for c in reason) else type(error).__name__
-        )  # "174812789": a load key
+        if not any(c.isalpha() for c in reason):  # "174812789": a load key the unpickler met, not a reason
+            reason = type(error).__name__
         raise ValueError(
             f"{path}: not a readable checkpoint (cut short, or another format: {reason})"
         ) from None

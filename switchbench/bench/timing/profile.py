@@ -504,9 +504,7 @@ def register(commands) -> None:
 def _run(args) -> int:
     device = device_from_args(args.device)
     for preset in args.presets:
-        language_model(
-            preset
-        )  # a ValueError names the closest presets, what is wrong with a change, a classifier
+        language_model(preset)  # a ValueError: the closest presets, what is wrong with a change, a classifier
     named_once(args.presets)  # a second column of one preset was dropped from the table
     lowest = {"--steps": 1, "--warmup": 0, "--top": 1, "--batch": 1, "--fit-from": 1, "--threads": 1}
     for flag, least in lowest.items():

@@ -114,12 +114,10 @@ def _(grad, D, mask, order):
 def _setup_context(ctx, inputs, output):
     scores, _, mask = inputs
     ctx.save_for_backward(mask)
+    ctx.distances = scores.shape[-1]
     # the gradient laid out as the scores where the kernel can write that layout (unit-stride columns, no broadcast
     # dimension), else contiguous
-    ctx.distances, ctx.order = (
-        scores.shape[-1],
-        order_of(scores) if packed(scores) else list(range(scores.dim())),
-    )
+    ctx.order = order_of(scores) if packed(scores) else list(range(scores.dim()))
 
 
 def _backward(ctx, grad):
