@@ -324,6 +324,22 @@ def test_analysing_again_into_a_folder_replaces_the_earlier_analysis(runs, tmp_p
 
 
 @pytest.mark.slow  # the trained runs
+def test_an_analysis_stopped_on_its_way_leaves_the_earlier_one_as_it_was(runs, tmp_path, monkeypatch):
+    """Stopped while writing its last file (the explorer), after every figure and table: the folder held the new
+    figures beside the earlier metadata.json and explorer, which described another analysis."""
+    analyze([runs["lm"], runs["lm-moa"]], tmp_path, sample=2)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+
+    def stopped(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(analyze_module, "_explorer", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        analyze([runs["lm"]], tmp_path, source="other text", sample=2)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+@pytest.mark.slow  # the trained runs
 @pytest.mark.parametrize(
     "metadata", ['{"command": "switchbench tables", "files": ["table1.csv"]}', "{damaged"]
 )

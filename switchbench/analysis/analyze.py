@@ -1,7 +1,10 @@
 """The routing analysis of trained checkpoints: attention-map maxima, per-head expert selections, usage
 statistics; figures (PNG, SVG) with the numbers behind them (CSV) under one folder."""
 
+import functools
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +18,9 @@ from switchbench.bench.timing.benches import estimated_bytes
 from switchbench.core.environment import environment
 from switchbench.core.results import (
     refuse_folders_named_as_files,
+    replace_together,
     save_figure,
     writable_folder,
-    write_atomic,
     write_csv,
 )
 from switchbench.core.schema import read_table
@@ -116,12 +119,41 @@ def analyze(
     """Figures and CSVs of checkpoints of one task; ``sample`` sequences (or LM chunks) feed the statistics.
     ``provenance`` (the main job's mode, training steps and starting commit) goes into metadata.json, with the
     files written. An earlier analysis in ``out`` is replaced: its files that this one does not write again (another
-    model's selections, a similarity of models no longer analysed) are removed once this one is written."""
+    model's selections, a similarity of models no longer analysed) are removed once this one is written.
+
+    The files are made in a staging folder, then put in ``out`` together, metadata.json last: an analysis stopped
+    on its way (minutes of observing models) leaves the earlier one as it was, not a folder of both."""
     started = environment("cpu") | (provenance or {})  # before this run's own files change the checkout
     runs = _load(paths)
     logs = _logs(runs, paths)  # read (and checked) before any work
-    out, written = Path(out), []
+    out = Path(out)
     earlier = _files_of(out)
+    with tempfile.TemporaryDirectory(prefix="switchbench-analysis-") as staging:
+        staged, made = _analysis(runs, logs, paths, Path(staging), source, example, sample)
+        metadata = started | made
+        writers = {out / p.name: functools.partial(_copy, p) for p in staged}
+        writers[out / "metadata.json"] = lambda tmp: tmp.write_text(json.dumps(metadata, indent=2))
+        written = replace_together(writers)
+    for name in earlier - set(metadata["files"]):
+        (out / name).unlink(missing_ok=True)
+    return written
+
+
+def _copy(source: Path, target: Path) -> None:
+    shutil.copyfile(source, target)
+
+
+def _analysis(
+    runs: list[dict],
+    logs: list,
+    paths: list[Path],
+    out: Path,
+    source: str | None,
+    example: int | None,
+    sample: int,
+) -> tuple[list[Path], dict]:
+    """Every file of the analysis written into ``out``, and what its metadata records of them (not yet written)."""
+    written = []
     maxima, sample_maxima, rows = {}, {}, {"usage": [], "summary": [], "cooccurrence": [], "preferences": []}
     # Every model reads the same inputs (those of the first run's seed), so their maps can be compared.
     ids, labels, tokens = _inputs(runs[0], source, example, sample)
@@ -144,7 +176,7 @@ def analyze(
     written += _curves(logs, runs[0]["task"], out)
     written.append(_explorer(runs, ids, tokens, out))
 
-    metadata = started | {
+    metadata = {
         "command": COMMAND,
         "checkpoints": [
             {"path": str(p), "step": r["step"], "train": r["train"]} for p, r in zip(paths, runs, strict=True)
@@ -155,10 +187,7 @@ def analyze(
         "sample": sample,
         "files": sorted(p.name for p in written),
     }
-    written.append(write_atomic(out / "metadata.json", json.dumps(metadata, indent=2)))
-    for name in earlier - set(metadata["files"]):
-        (out / name).unlink(missing_ok=True)
-    return written
+    return written, metadata
 
 
 COMMAND = "switchbench analyze"  # in the metadata.json an analysis writes: what marks a folder as one
