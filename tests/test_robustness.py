@@ -187,6 +187,14 @@ def test_a_listops_classifier_is_refused_by_name_where_language_models_run(argv,
     assert not (tmp_path / "x").exists()
 
 
+def test_a_listops_classifier_s_attention_layer_is_still_timed(tmp_path):
+    """Its attention layer is an attention layer like any other (bidirectional): only its model is refused."""
+    argv = ["speed", "--presets", "listops-transformer-h8", "listops-switchhead-h2", "--scopes", "layer"]
+    argv += ["--device", "cpu", "--rounds", "1", "--warmup", "0", "--batch", "1", "--threads", "1"]
+    assert main([*argv, "--out", str(tmp_path), "--json"]) == 0
+    assert list(tmp_path.rglob("*.json"))
+
+
 @pytest.mark.parametrize("command", ["speed", "decode", "quality", "profile"])
 def test_more_threads_than_cores_are_refused_before_any_work(command, tmp_path, monkeypatch, capsys):
     """100,000 intra-op threads: libgomp failed to make them (exit 1) or crashed (exit 139) before the refusal."""

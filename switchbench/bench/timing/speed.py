@@ -569,7 +569,11 @@ def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, .
     if args.quick and not (args.groups or args.presets):
         return {"gate": GATE_LAYERS}, ("layer",)
     default = GPU_GROUPS if device == "cuda" else CPU_GROUPS
-    return preset_groups(args.presets, args.groups, default), tuple(args.scopes)
+    groups = preset_groups(args.presets, args.groups, default)
+    if "model" in args.scopes:  # a classifier's attention layer times as any other; its model is no LM
+        for preset in args.presets or ():
+            language_model(preset)
+    return groups, tuple(args.scopes)
 
 
 def named_once(named: list[str]) -> None:
@@ -591,7 +595,7 @@ def preset_groups(
         if unknown:
             raise ValueError(f"unknown presets: {', '.join(unknown)}")
         for preset in presets:
-            language_model(preset)  # a ValueError says what is wrong with a change, or names a classifier
+            from_name(preset)  # a ValueError says what is wrong with a change
         return {"custom": tuple(presets)}
     groups = groups or default
     unknown = [g for g in groups if g not in GROUPS]
