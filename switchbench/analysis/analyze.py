@@ -131,16 +131,12 @@ def analyze(
     with tempfile.TemporaryDirectory(prefix="switchbench-analysis-") as staging:
         staged, made = _analysis(runs, logs, paths, Path(staging), source, example, sample)
         metadata = started | made
-        writers = {out / p.name: functools.partial(_copy, p) for p in staged}
+        writers = {out / p.name: functools.partial(shutil.copyfile, p) for p in staged}
         writers[out / "metadata.json"] = lambda tmp: tmp.write_text(json.dumps(metadata, indent=2))
         written = replace_together(writers)
     for name in earlier - set(metadata["files"]):
         (out / name).unlink(missing_ok=True)
     return written
-
-
-def _copy(source: Path, target: Path) -> None:
-    shutil.copyfile(source, target)
 
 
 def _analysis(

@@ -55,7 +55,7 @@ from switchbench.core.environment import environment
 from switchbench.core.results import new_run_stem, nothing_measured, save_run, writable_folder
 from switchbench.models.config import LARGEST_INT
 from switchbench.models.lm import LanguageModel
-from switchbench.models.presets import from_name, language_model
+from switchbench.models.presets import from_name
 
 GPU_GROUPS, CPU_GROUPS = ("262m",), ("tiny", "tiny-rope")
 GRIDS = {"cuda": ((1, 16, 64), (512, 2048, 8192)), "cpu": ((1, 4), (64, 256))}
@@ -441,8 +441,6 @@ def _run(args) -> int:
     if args.memory_gib is not None and not 0 < args.memory_gib <= 2**20:
         raise ValueError(f"--memory-gib must be a positive number of GiB up to 2**20; got {args.memory_gib}")
     groups = preset_groups(args.presets, args.groups, GPU_GROUPS if device == "cuda" else CPU_GROUPS)
-    for preset in args.presets or ():  # a ValueError names a ListOps classifier: decoding serves an LM
-        language_model(preset)
     memory = int(args.memory_gib * 2**30) if args.memory_gib else total_memory(device)
     width = torch.empty((), dtype=DTYPES[dtype_name]).element_size()
     if args.count:

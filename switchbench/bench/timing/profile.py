@@ -33,6 +33,7 @@ from switchbench.bench.command import (
     DTYPES,
     add_json,
     add_kernel_choices,
+    at_least,
     describe_kernels,
     device_from_args,
     kernel_metadata,
@@ -506,11 +507,16 @@ def _run(args) -> int:
     for preset in args.presets:
         language_model(preset)  # a ValueError: the closest presets, what is wrong with a change, a classifier
     named_once(args.presets)  # a second column of one preset was dropped from the table
-    lowest = {"--steps": 1, "--warmup": 0, "--top": 1, "--batch": 1, "--fit-from": 1, "--threads": 1}
-    for flag, least in lowest.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
-        if value is not None and value < least:
-            raise ValueError(f"{flag} must be >= {least}; got {value}")
+    at_least(
+        {
+            "--steps": (args.steps, 1),
+            "--warmup": (args.warmup, 0),
+            "--top": (args.top, 1),
+            "--batch": (args.batch, 1),
+            "--fit-from": (args.fit_from, 1),
+            "--threads": (args.threads, 1),
+        }
+    )
     if args.batch is not None and args.fit_from is not None:
         raise ValueError("--batch and --fit-from: give one")
     writable_folder(Path(args.out))

@@ -569,11 +569,8 @@ def _groups(args, device: str) -> tuple[dict[str, tuple[str, ...]], tuple[str, .
     if args.quick and not (args.groups or args.presets):
         return {"gate": GATE_LAYERS}, ("layer",)
     default = GPU_GROUPS if device == "cuda" else CPU_GROUPS
-    groups = preset_groups(args.presets, args.groups, default)
-    if "model" in args.scopes:  # a classifier's attention layer times as any other; its model is no LM
-        for preset in args.presets or ():
-            language_model(preset)
-    return groups, tuple(args.scopes)
+    scopes = tuple(args.scopes)  # a classifier's attention layer times as any other; its model is no LM
+    return preset_groups(args.presets, args.groups, default, models="model" in scopes), scopes
 
 
 def named_once(named: list[str]) -> None:
@@ -583,10 +580,11 @@ def named_once(named: list[str]) -> None:
 
 
 def preset_groups(
-    presets: list[str] | None, groups: list[str] | None, default: tuple[str, ...] = ()
+    presets: list[str] | None, groups: list[str] | None, default: tuple[str, ...] = (), models: bool = True
 ) -> dict[str, tuple[str, ...]]:
     """The groups a command compares: ``presets`` as one custom group (the first its baseline) when given, else the
-    named ``groups``, else ``default``'s; a ValueError names any unknown or repeated one, or both given."""
+    named ``groups``, else ``default``'s; a ValueError names any unknown or repeated one, or both given, or (where
+    whole ``models`` run, language models all) a ListOps classifier."""
     if presets and groups:
         raise ValueError("the presets given make one group and --groups names groups: give one")
     named_once(presets or groups or [])
@@ -595,7 +593,7 @@ def preset_groups(
         if unknown:
             raise ValueError(f"unknown presets: {', '.join(unknown)}")
         for preset in presets:
-            from_name(preset)  # a ValueError says what is wrong with a change
+            (language_model if models else from_name)(preset)  # a ValueError says what is wrong with it
         return {"custom": tuple(presets)}
     groups = groups or default
     unknown = [g for g in groups if g not in GROUPS]
