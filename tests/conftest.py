@@ -28,6 +28,11 @@ def pytest_configure(config):
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        # triton.jit reads TRITON_INTERPRET where a kernel is defined: defined later, under a test that unsets it
+        # to check a refusal, a module's kernels stayed compiled ones ("0 active drivers") for the rest of the
+        # process
+        from switchbench.ops.attention import flash, position_kernels  # noqa: F401
+        from switchbench.ops.expert_matmul import routing_kernels, slot_kernels, triton_kernels  # noqa: F401
     # Each worker, and each process its tests start, gets one intra-op thread: with PyTorch's default of one per
     # core the workers' thread pools spun against each other, and two workers on two cores took as long as one
     # (the fast tests: 145 s against 138 s serial; 75 s with one thread each).
