@@ -467,7 +467,7 @@ def _done(tmp_path) -> list[str]:
 BUDGET = 540.0  # the default --budget
 
 
-@pytest.mark.parametrize(("slower", "calls"), [(1.0, 12), (1.25, 16)])
+@pytest.mark.parametrize(("slower", "calls"), [(1.0, 12), (1.25, 17)])
 def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
     slower, calls, tmp_path, monkeypatch
 ):
@@ -484,13 +484,13 @@ def test_the_gpu_chain_finishes_in_calls_that_each_end_within_the_budget(
 def test_on_the_durations_the_h100_suggests_the_first_call_brings_back_figures(tmp_path, monkeypatch):
     """The H100's lesson: the fast tests ran twice their declared time, and a compiled step's duration is unknown
     (assumed twice too, but for the 262M one, declared from its stop at 226 s on an H100). The first call still
-    finishes figure steps, and every step is done within 15 calls."""
+    finishes figure steps, and every step is done within 16 calls."""
 
     def slower(step: evidence.Step) -> float:
         unknown = step.name.startswith(("tests", "speed-compiled")) and step.name != "speed-compiled-262m"
         return 2.0 if unknown else 1.0
 
-    lengths, finished, state = _calls(tmp_path, monkeypatch, slower, 15)
+    lengths, finished, state = _calls(tmp_path, monkeypatch, slower, 16)
     assert evidence.missing_figures(state, "cuda") == [], f"after {len(lengths)} calls"
     assert max(lengths) <= BUDGET, lengths
     figures = [name for name in finished[0] if name.startswith(("speed", "profile"))]
