@@ -128,6 +128,24 @@ def test_a_failed_step_is_recorded_skipped_on_resume_and_retried_on_request(tmp_
     assert _runs(tmp_path, "bad") == 3 and _runs(tmp_path, "good") == 1
 
 
+def test_a_step_that_failed_at_its_end_keeps_its_duration(tmp_path, monkeypatch):
+    """A test part whose tests ran, some failing, took as long as it runs: its time is learnt, and it outlives a change
+    of code (the H200's four parts of 19 to 44 s, each failing a few tests, kept their declared 120 s)."""
+
+    def tests_failing(ctx: evidence.Context):
+        time.sleep(0.3)
+        raise evidence_steps.FailedAtItsEnd("2 failed, first tests/test_x.py::test_y")
+
+    part = evidence.Step("part", "the tests", 120, tests_failing, cpu_seconds=60)
+    monkeypatch.setattr(evidence, "STEPS", _steps(part))
+    state = _chain(tmp_path, budget=600)
+    record = state["steps"]["part"]
+    assert record["status"] == "failed" and record["ran_through"]
+    assert 0.3 <= state["durations"]["part"] < 30 and state["durations"]["part"] == record["spent"]
+    again = evidence.load_state(tmp_path / "state.json", "other code")
+    assert again["durations"]["part"] == state["durations"]["part"]
+
+
 def test_a_fault_in_a_steps_own_code_is_a_failed_step_and_the_chain_goes_on(tmp_path, monkeypatch):
     """An exception other than a failed command (a bug in the step) had ended the process before the archive was
     written, so the call brought back nothing of the steps done before it."""

@@ -44,6 +44,7 @@ from switchbench.jobs.evidence_steps import (
     ROOT,
     STEPS,
     Context,
+    FailedAtItsEnd,
     OutOfBudget,
     Step,
     StepFailed,
@@ -61,10 +62,12 @@ def load_state(path: Path, code: str) -> dict:
     steps = state.get("steps", {})
     done = {name: r for name, r in steps.items() if r.get("status") == "done"}
     earlier = state.get("earlier", {}) | done
-    # a step that last failed has no duration: its declared estimate, which new code may have changed, stands
-    # (older chains recorded the estimate of the day as a failed step's duration)
+    # a step that last failed has no duration but where it failed at its end: its declared estimate, which new code
+    # may have changed, stands (older chains recorded the estimate of the day as a failed step's duration)
     durations = {
-        n: d for n, d in state.get("durations", {}).items() if steps.get(n, {}).get("status") != "failed"
+        n: d
+        for n, d in state.get("durations", {}).items()
+        if steps.get(n, {}).get("status") != "failed" or steps[n].get("ran_through")
     }
     return {"fingerprint": code, "steps": {}, "durations": durations, "earlier": earlier}
 
@@ -373,7 +376,7 @@ def _run_step(
             say(f"   (the state or archive not rewritten after a command: {error})")
 
     ctx.step, ctx.after_command = step.name, so_far
-    stopped = None
+    stopped, ran_through = None, False
     try:
         step.run(ctx)
         status, detail = "done", ""
@@ -384,6 +387,7 @@ def _run_step(
         stopped, status, detail = error, "interrupted", f"stopped by {_signal_name(error)}"
     except StepFailed as error:
         status, detail = "failed", str(error)
+        ran_through = isinstance(error, FailedAtItsEnd)
     except Exception as error:  # a fault in the step's own code: the chain goes on, and the call still packs
         say(traceback.format_exc().rstrip())
         status, detail = (
@@ -397,6 +401,7 @@ def _run_step(
         "whole_call": whole_call and stopped is None,
         "status": status,
         "detail": detail,
+        "ran_through": ran_through,
         "seconds": round(seconds, 1),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "files": _files(step, earlier_run, before, roots),
@@ -413,8 +418,9 @@ def _run_step(
         # as a call's first step, with all of it).
         previous = expected_seconds(step, state, ctx.device)
         estimate = previous if step.resumable else max(2 * seconds, previous)
-    # how soon a step failed, or was stopped from outside, says nothing of how long it runs
-    if status != "failed" and stopped is None:
+    # how soon a step failed, or was stopped from outside, says nothing of how long it runs (unless it failed at its
+    # end: a test part whose tests ran, some failing)
+    if (status != "failed" or ran_through) and stopped is None:
         state["durations"][step.name] = round(estimate, 1)
     _save_state(state_path, state)
     say(f"   {status} in {seconds:.0f} s{': ' + detail if detail else ''}")

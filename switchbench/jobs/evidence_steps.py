@@ -45,6 +45,11 @@ class StepFailed(Exception):
     """A command of a step exited non-zero."""
 
 
+class FailedAtItsEnd(StepFailed):
+    """A step that ran to its end and whose results say it failed (tests that failed): how long it took is how long
+    it runs."""
+
+
 class OutOfBudget(Exception):
     """A command of a step was stopped at the end of the budget."""
 
@@ -186,7 +191,7 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
             summary = _tests_summary([*earlier, log], ctx, marker)
             write_atomic(folder / f"{part}.json", json.dumps(summary, indent=2))
         if summary["failed"]:  # this call's failures and those an earlier call of the part logged
-            raise StepFailed(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
+            raise FailedAtItsEnd(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
 
     return run
 
@@ -405,7 +410,7 @@ def _flash(ctx: Context):
     ctx.switchbench("profile", *GPU_PROFILE, *flags, *where)
     failed = sorted(node for node, outcome in test_outcomes([log]).items() if outcome == "failed")
     if failed:
-        raise StepFailed(
+        raise FailedAtItsEnd(
             f"{len(failed)} flash tests failed, first {failed[0]} (the pair was timed all the same)"
         )
     if (status := session_status(log)) != 0:  # a failure the log names no test for
