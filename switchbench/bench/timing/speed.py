@@ -69,8 +69,9 @@ GATE_ROUNDS = 30
 # What a row's fraction_of_matmul_peak (its MFU) counts
 MFU_CONVENTION = (
     "model FLOPs per device per second over this device's measured matmul peak; model FLOPs = 2 x the exact MACs "
-    "(the k experts used, every head run, attention over the whole window, the causal mask's half not taken off: "
-    "the kernels compute it) x 3 for a training step (forward + backward)"
+    "(the k experts used, every head run, attention over the whole window, the causal mask's half not taken off, "
+    "as PaLM's MFU counts it: the explicit, SDPA and cuDNN kernels compute it, Triton's flash and FlexAttention skip "
+    "its whole tiles) x 3 for a training step (forward + backward)"
 )
 
 
