@@ -18,7 +18,7 @@ from switchbench.core.results import read_csv
 from switchbench.models.lm import LanguageModel
 from switchbench.models.presets import PRESETS
 from switchbench.train import checkpoint, listops, text
-from switchbench.train.run import ListOpsTask, TrainConfig, _reached, run_name, train
+from switchbench.train.run import ListOpsTask, TrainConfig, _reached, learning_rate, run_name, train
 
 
 def evaluate(tokens: list[str]) -> int:
@@ -416,6 +416,18 @@ def test_the_target_needs_three_evaluations_in_a_row(accuracies, met):
     rows = [{"step": 500 * (i + 1), "val_accuracy": a} for i, a in enumerate(accuracies)]
     assert _reached(rows, 0.85) is met
     assert _reached(rows, None) is False
+
+
+def test_the_learning_rate_warms_up_linearly_then_decays_by_a_cosine_to_a_tenth():
+    """By hand, 4 warm-up steps of 10 at a peak of 1e-3: a quarter of the peak at step 0 up to the peak at step 3,
+    then the cosine from the peak at step 4 down to a tenth at step 10 and after."""
+    cfg = TrainConfig("listops", "listops-transformer-h8", steps=10, warmup=4, lr=1e-3)
+    for step, rate in enumerate([0.25e-3, 0.5e-3, 0.75e-3, 1e-3]):
+        assert learning_rate(step, cfg) == pytest.approx(rate)
+    for step in range(4, 12):
+        cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 4) / 6)))
+        assert learning_rate(step, cfg) == pytest.approx(1e-3 * (0.1 + 0.9 * cosine))
+    assert learning_rate(10, cfg) == pytest.approx(1e-4) and learning_rate(7, cfg) == pytest.approx(0.55e-3)
 
 
 @pytest.mark.slow  # trains twice

@@ -363,6 +363,22 @@ def test_gpu_path(tmp_path, capsys):
     assert all(r["max_abs_diff_vs_forward"] <= 1e-4 for r in out["rows"])
 
 
+def test_each_ratio_is_the_member_s_time_over_the_baseline_s_round_by_round():
+    """Prefill and decode alike: the member's time over the dense baseline's of the same round, the median of those
+    (under 1: faster); a group whose baseline was not timed gets none."""
+    times = {
+        "dense": {"prefill": [10.0, 20.0], "decode": [4.0, 8.0, 2.0]},
+        "moe": {"prefill": [5.0, 5.0], "decode": [2.0, 2.0, 2.0]},
+    }
+    dense, moe = decode._with_ratios([{"preset": "dense"}, {"preset": "moe"}], times, "dense")
+    assert moe["ratio_prefill_time"] == pytest.approx((0.5 + 0.25) / 2)
+    assert moe["ratio_decode_time"] == pytest.approx(0.5)  # of 0.5, 0.25 and 1.0
+    assert dense["ratio_decode_time"] == 1.0 and moe["baseline"] == "dense"
+    assert (
+        "ratio_decode_time" not in decode._with_ratios([{"preset": "moe"}], {"moe": times["moe"]}, "dense")[0]
+    )
+
+
 def test_decode_every_round_and_prefill_in_the_first_few():
     """Warm-up rounds decode only (the counted prefill warmed it); prefill is timed in the first prefill_rounds."""
     calls = []

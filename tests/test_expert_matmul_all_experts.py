@@ -173,6 +173,17 @@ def test_an_ungrouped_op_compiles_whole():
 
 
 @pytest.mark.parametrize("name", ["switchhead-v", "switchhead-o"])
+def test_rows_wider_than_a_program_s_block_of_each_pass(name, passes):
+    """Widths of 150 and 140 features: past the 128 a program of the layout and gating passes takes, and several
+    steps of the column loops of the passes that loop (32 and 64 features a step), as the 47M and 262M widths are
+    (the cases above fit in one block)."""
+    case = replace(CASES[name], d_in=150, d_out=140)
+    naive.assert_matches_float64(
+        "all_experts", case, True, torch.float64, TOLERANCE[torch.float64], device(passes)
+    )
+
+
+@pytest.mark.parametrize("name", ["switchhead-v", "switchhead-o"])
 def test_tokens_over_several_programs_of_each_pass(name, passes):
     """70 tokens: more than one program of each Triton pass takes (16 or 32), so the grid covers them all (the
     cases above fit in one)."""

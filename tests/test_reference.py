@@ -655,6 +655,44 @@ def test_sigma_moe_matches_reference(n_experts, k):
     _assert_matches(y, y_ref, _leaves(x, None, m), 40 + k)
 
 
+def test_sigma_moe_regularizer_pools_the_whole_batch():
+    """The MLP's entropy regulariser: its coefficient times sum_e p_e log p_e of the softmax of the router's logits
+    averaged over every token of the batch (the authors' sigma-MoE pools the batch, where SwitchHead pools each
+    sequence), by hand in float64."""
+    cfg = ModelConfig(
+        model="switchall", d_model=6, n_layers=2, n_heads=1, d_head=2, mlp_experts=5, mlp_expert_size=3, mlp_k=2,
+        mlp_entropy_reg=0.3, dropout=0.0,
+    )  # fmt: skip
+    m = _build(SigmaMoE, cfg, 24)
+    x = _randn(31, 3, 5, cfg.d_model)
+    _, aux = m(x)
+    rows = [(m.router.weight @ vec).tolist() for vec in x.reshape(-1, cfg.d_model)]
+    assert aux.item() == pytest.approx(0.3 * _hand_entropy_term(rows), rel=1e-12)
+    per_sequence = sum(_hand_entropy_term(rows[b * 5 : (b + 1) * 5]) for b in range(3)) / 3
+    assert abs(0.3 * per_sequence - aux.item()) > 1e-3  # the two poolings differ on these tokens
+
+
+@pytest.mark.parametrize("module", ["sigma-moe", "switchhead"])
+def test_expert_dropout_is_training_only(module):
+    """Expert dropout hides experts from the selection in training alone: in evaluation a module with it gives
+    the outputs of the same module without it (and in training, with half the experts hidden, others)."""
+    if module == "sigma-moe":
+        cfg = ModelConfig(
+            model="switchall", d_model=6, n_layers=2, n_heads=1, d_head=2, mlp_experts=5, mlp_expert_size=3,
+            mlp_k=2, dropout=0.0,
+        )  # fmt: skip
+        cls, field, args = SigmaMoE, "mlp_expert_dropout", (_randn(33, 2, 5, 6),)
+    else:
+        cfg = _window_cfg("no-mem", model="switchhead", n_heads=2, d_head=3, n_experts=4, k=2)
+        cls, field, args = SwitchHeadAttention, "expert_dropout", _inputs(cfg, "no-mem", 34)[:3]
+    plain = _build(cls, cfg, 35)
+    dropped = _build(cls, cfg.replace(**{field: 0.5}), 35)
+    expected = plain.eval()(*args)[0]
+    torch.testing.assert_close(dropped.eval()(*args)[0], expected, rtol=0, atol=0)
+    torch.manual_seed(36)
+    assert not torch.equal(dropped.train()(*args)[0], expected)
+
+
 # ---------------------------------------------------------------- MoA auxiliary losses
 
 

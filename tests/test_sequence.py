@@ -264,6 +264,27 @@ LM_PRESETS = (
 )
 
 
+def test_the_loss_is_the_cross_entropy_plus_every_router_s_auxiliary_loss():
+    """What training minimises: the cross-entropy plus each block's auxiliary losses, its attention's and its MLP's
+    (SwitchAll: SwitchHead's entropy regulariser and the sigma-MoE's), each captured from its module's own output
+    and summed here; the cross-entropy from the log-softmax by hand, in float64."""
+    cfg = PRESETS["tiny-switchall"].replace(vocab=64, dropout=0.0, entropy_reg=0.3, mlp_entropy_reg=0.2)
+    torch.manual_seed(0)
+    lm = LanguageModel(cfg).double()
+    captured = []
+    for block in lm.stack.blocks:
+        for module in (block.attn, block.mlp):
+            module.register_forward_hook(lambda module, args, out: captured.append(out[1]))
+    data = torch.randint(cfg.vocab, (2, cfg.T + 1), generator=torch.Generator().manual_seed(1))
+    inputs, targets = data[:, :-1], data[:, 1:]
+    out = lm(inputs)
+    assert len(captured) == 2 * cfg.n_layers and all(aux.item() != 0 for aux in captured)
+    aux = sum(captured)
+    torch.testing.assert_close(out.aux_loss, aux, rtol=1e-12, atol=0)
+    cross_entropy = -out.logits.log_softmax(-1).gather(-1, targets[..., None]).mean()
+    torch.testing.assert_close(out.loss(targets), cross_entropy + aux, rtol=1e-12, atol=0)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", LM_PRESETS)
 def test_tiny_lm_overfits_a_batch(preset):

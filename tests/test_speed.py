@@ -101,6 +101,35 @@ def _time_a_member_past_the_limit():
     torch._dynamo.reset()
 
 
+class _StandInClock:
+    """A timer whose call lasts what the call returns, in milliseconds: the rounds' times set by the test."""
+
+    device = "cpu"
+
+    def __call__(self, fn) -> float:
+        return fn()
+
+
+def test_each_row_s_ratio_is_its_time_over_the_baseline_s_round_by_round_and_its_rates_in_their_units():
+    """Round by round, the member's time over the baseline's of the same round (a ratio under 1: faster), the median
+    of those; the rates from the median time by hand: TFLOP/s = FLOPs / (ms 1e-3) / 1e12, tokens a second = tokens
+    / (ms 1e-3); the MAC floor the FLOP ratio."""
+    dense_ms, moe_ms = iter([99.0, 10.0, 12.0, 8.0, 11.0]), iter([99.0, 5.0, 9.0, 2.0, 6.6])
+    benches = [
+        speed.Bench("dense", "model", "train step", lambda: next(dense_ms), 4e12, lambda: 1.0, tokens=2048),
+        speed.Bench("moe", "model", "train step", lambda: next(moe_ms), 3e12, lambda: 1.0, tokens=2048),
+    ]
+    dense, moe = speed.time_group(benches, _StandInClock(), rounds=4, warmup=1)
+    assert moe["ratio_time_rounds"] == pytest.approx([0.5, 0.75, 0.25, 0.6])
+    assert moe["ratio_time"] == pytest.approx(0.55) and dense["ratio_time"] == 1.0  # (0.5 + 0.6) / 2
+    assert moe["ms"] == pytest.approx(5.8) and dense["ms"] == pytest.approx(
+        10.5
+    )  # the warm-up round left out
+    assert moe["tflops"] == pytest.approx(3e12 / 5.8e-3 / 1e12)
+    assert moe["tokens_per_s_per_device"] == pytest.approx(2048 / 5.8e-3)
+    assert moe["ratio_macs"] == 0.75 and moe["time_over_floor"] == pytest.approx(0.55 / 0.75)
+
+
 def test_a_member_whose_kernel_went_unread_makes_its_group_mixed():
     """The readout ran out of memory for one member: it was left out of the comparison, so a math-path member
     beside a baseline of unknown kernel passed as fair."""

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.kv_cache import KVCache, caches_inputs
 from switchbench.models.layers.mlp import DenseMLP
+from switchbench.models.layers.router import full_precision
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window, next_memory, with_memory
 
@@ -122,7 +123,8 @@ class LMOutput:
 
     def loss(self, targets: Tensor) -> Tensor:
         """Cross-entropy against targets [B, t], plus the auxiliary losses."""
-        return F.cross_entropy(self.logits.flatten(0, 1).float(), targets.flatten()) + self.aux_loss
+        # in at least float32: under autocast the logits come in bf16, and float64 ones stay float64
+        return F.cross_entropy(full_precision(self.logits.flatten(0, 1)), targets.flatten()) + self.aux_loss
 
 
 class LanguageModel(nn.Module):

@@ -53,8 +53,8 @@ RANKED = {"count": top_by_rank, "triton": top_k_by_rank}
 
 
 def full_precision(logits: Tensor) -> Tensor:
-    """Router logits in at least float32, so that under mixed precision the top-k and the gates are not rounded
-    to bf16 or fp16."""
+    """Logits in at least float32, so that under mixed precision a router's top-k and gates, or the language
+    model's cross-entropy, are not rounded to bf16 or fp16."""
     return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
