@@ -362,32 +362,38 @@ def _rows(run: dict, baseline: dict, name: str) -> dict[str, dict]:
     return rows
 
 
-def layer_time_verdicts(heads: list[dict], references: list[dict], baseline: dict) -> list[dict]:
+def layer_time_verdicts(
+    heads: list[dict], references: list[dict], baseline: dict, first_look: int | None = None
+) -> list[dict]:
     """Each timed row of the baseline's benchmark (the dense and SwitchHead layers) against the same row of the
     reference code, pair by pair: ``heads[i]`` and ``references[i]`` ran at once on this machine. The gated ratios
     stand still when both layers slow down alike (a shared kernel, the harness), which this catches. Held to 1 +
-    the time tolerance; a regression only where every pair's time ratio is past it, the least of them shown as
-    measured; none from fewer than MIN_PAIRS pairs. A row a pair did not time has no verdict here: its other
-    quantities report it."""
+    the time tolerance: a regression only where every pair of the first look (``first_look`` pairs, default all)
+    is past it, the least of them shown as measured; where more pairs were timed after it, only if the median of
+    all the pairs is past it too, the median shown. None from fewer than MIN_PAIRS pairs. A row a pair did not time
+    has no verdict here: its other quantities report it."""
     if len(heads) < MIN_PAIRS:
         return []
     limit = 1 + baseline["tolerances"][TIME]
+    first_look = first_look or len(heads)
     verdicts = []
     for key in (k for k in baseline["ratios"] if not _counted(k)):
         times = [(_time(head, key), _time(ref, key)) for head, ref in zip(heads, references, strict=True)]
         if times and all(h and r for h, r in times):
             pairs = [h / r for h, r in times]
+            measured = min(pairs) if len(pairs) == first_look else statistics.median(pairs)
+            regressed = min(pairs[:first_look]) > limit and measured > limit
             verdicts.append(
                 {
                     "ratio": key,
                     "quantity": LAYER_TIME,
                     "baseline": 1.0,
-                    "measured": min(pairs),
+                    "measured": measured,
                     "pairs": pairs,
                     "low": None,
                     "high": None,
                     "limit": limit,
-                    "verdict": "REGRESSION" if min(pairs) > limit else "ok",
+                    "verdict": "REGRESSION" if regressed else "ok",
                 }
             )
     return verdicts

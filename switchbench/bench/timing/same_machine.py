@@ -220,10 +220,11 @@ def _run(args) -> int:
                     HERE, reference, commit, out, args.pairs, args.rounds, first=args.pairs + 1
                 )
                 heads, references = heads + more[0], references + more[1]
-                head, verdicts = _side_by_side_verdicts(heads, references, baseline)
+                head, verdicts = _side_by_side_verdicts(heads, references, baseline, args.pairs)
                 timed_again = (
-                    f"; a time regressed in the first {args.pairs} pairs, so {args.pairs} more were timed and "
-                    f"every verdict is over all {len(heads)}"
+                    f"; a time regressed in the first {args.pairs} pairs, so {args.pairs} more were timed: the "
+                    f"ratios over all {len(heads)} runs' rounds, a layer time a regression only if the median of "
+                    "all its pairs is past the limit too (the median shown)"
                 )
             against = (
                 f"reference: {commit or reference}{f' ({why})' if why else ''}, timed here side by side with "
@@ -240,12 +241,13 @@ def _run(args) -> int:
 
 
 def _side_by_side_verdicts(
-    heads: list[dict], references: list[dict], baseline: dict
+    heads: list[dict], references: list[dict], baseline: dict, first_look: int | None = None
 ) -> tuple[dict, list[dict]]:
-    """This code's runs pooled, and every verdict against the reference's runs timed beside them."""
+    """This code's runs pooled, and every verdict against the reference's runs timed beside them (the layer times'
+    after a second look: see :func:`~switchbench.bench.timing.gate.layer_time_verdicts`)."""
     head = pooled(heads)
     verdicts = gate.check(head, baseline, reference=pooled(references))
-    return head, verdicts + gate.layer_time_verdicts(heads, references, baseline)
+    return head, verdicts + gate.layer_time_verdicts(heads, references, baseline, first_look)
 
 
 def _timing_regressed(verdicts: list[dict]) -> bool:
