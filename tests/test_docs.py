@@ -70,6 +70,8 @@ FOREIGN_FLAGS = {
     "--benchmark-compare": "pytest-benchmark",
     "--benchmark-compare-fail": "pytest-benchmark",
     "--benchmark-disable": "pytest-benchmark",
+    "--busy": "benchmarks/gate_reliability.py",
+    "--neighbour": "benchmarks/gate_reliability.py",
 }
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)")
 SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
