@@ -685,8 +685,11 @@ def test_the_speed_section_keeps_the_newest_run_of_each_group_and_mode(tmp_path)
     write("new-47m", 2, groups={"47m": []}, compile="eager")
     write("262m", 3, groups={"262m": []}, compile="eager")
     write("262m-compiled", 4, groups={"262m": []}, compile="inductor")
+    # two pairs named with --presets, both the group "custom": the chain's 262M and 47M pairs at their best
+    write("262m-pair", 5, groups={"custom": ["c4-262m-transformer-h16", "c4-262m-switchhead-h4"]})
+    write("47m-pair", 6, groups={"custom": ["c4-47m-transformer-h10", "c4-47m-switchhead-h2"]})
     shown = sorted(run["rows"][0]["preset"] for run in collect(tmp_path)["speed"]["runs"])
-    assert shown == ["262m", "262m-compiled", "new-47m"]
+    assert shown == ["262m", "262m-compiled", "262m-pair", "47m-pair", "new-47m"]
 
 
 def test_a_practitioner_s_run_and_an_eager_one_are_both_shown_the_newest_by_its_recorded_time(tmp_path):

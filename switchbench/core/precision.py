@@ -20,3 +20,9 @@ def autocast_dtype(device: str) -> torch.dtype | None:
 def describe(dtype_name: str) -> str:
     """How a run with ``--dtype dtype_name`` computes, for its metadata."""
     return "fp32" if dtype_name == "fp32" else f"fp32 parameters and inputs, autocast to {dtype_name}"
+
+
+def full_precision(logits: torch.Tensor) -> torch.Tensor:
+    """Logits in at least float32, so that under mixed precision a router's top-k and gates, or the language
+    model's cross-entropy, are not rounded to bf16 or fp16 (float64 ones stay float64)."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))

@@ -191,7 +191,10 @@ def _tests(marker: str, cpu_file: str, shard: tuple[int, int] = (0, 1)) -> Calla
             summary = _tests_summary([*earlier, log], ctx, marker)
             write_atomic(folder / f"{part}.json", json.dumps(summary, indent=2))
         if summary["failed"]:  # this call's failures and those an earlier call of the part logged
-            raise FailedAtItsEnd(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
+            # a call that ran the whole part took as long as the part runs; one that went on from an earlier
+            # call's log (or ran its failures again) took less
+            failure = StepFailed if finished else FailedAtItsEnd
+            raise failure(f"{len(summary['failed'])} failed, first {summary['failed'][0]}")
 
     return run
 
@@ -651,7 +654,8 @@ STEPS = (
         "speed-practitioner-47m-compiled",
         "the 47M dense and SwitchHead pair at its best: flash attention, compiled blocks, CUDA graphs, batch 64",
         # the 47M group's SDPA step runs XL's term through cuDNN, 6% of the matmul peak on an H200: no baseline a
-        # practitioner would keep. Never run on a GPU (the 262M pair's, with Triton's cache warm: 71 s on an H200)
+        # practitioner would keep. Never run on a GPU: the 262M pair's took 71 s on an H200 with Triton's and
+        # Inductor's caches warm, and the 47M pair's head widths compile kernels of their own
         120,
         _flash_compiled(GPU_47M),
     ),

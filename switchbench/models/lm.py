@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from switchbench.core.precision import full_precision
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.kv_cache import KVCache, caches_inputs
 from switchbench.models.layers.mlp import DenseMLP
-from switchbench.models.layers.router import full_precision
 from switchbench.models.layers.sigma_moe import SigmaMoE
 from switchbench.models.layers.window import make_window, next_memory, with_memory
 

@@ -87,13 +87,16 @@ def trained(run: dict | None) -> str:
 
 
 def speed_configuration(metadata: dict) -> tuple:
-    """What makes two speed runs different figures rather than a newer and an older one of the same: the groups,
-    the compile mode, the expert-matmul choice, the attention kernel and whether steps replay from CUDA graphs (an
-    H200's practitioner's 262M run was hidden behind the eager one that followed it). Runs saved before the
-    attention choice existed ran the explicit kernel."""
-    groups = tuple(metadata.get("groups") or ())
+    """What makes two speed runs different figures rather than a newer and an older one of the same: the groups and
+    their members (two ``--presets`` runs are both the group "custom"), the compile mode, the expert-matmul choice,
+    the attention kernel and whether steps replay from CUDA graphs (an H200's practitioner's 262M run was hidden
+    behind the eager one that followed it). Runs saved before the attention choice existed ran the explicit
+    kernel."""
+    groups = metadata.get("groups") or {}
+    if isinstance(groups, dict):
+        groups = tuple((name, tuple(members)) for name, members in groups.items())
     return (
-        groups,
+        tuple(groups),
         metadata.get("compile", "eager"),
         metadata.get("expert_matmul", "auto"),
         metadata.get("attention", "explicit"),

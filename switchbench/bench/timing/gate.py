@@ -372,17 +372,18 @@ def layer_time_verdicts(
     is past it, the least of them shown as measured; where more pairs were timed after it, only if the median of
     all the pairs is past it too, the median shown. None from fewer than MIN_PAIRS pairs. A row a pair did not time
     has no verdict here: its other quantities report it."""
-    if len(heads) < MIN_PAIRS:
+    first_look = first_look or len(heads)
+    if first_look < MIN_PAIRS:  # a second look after one pair would stand on one pair of the first
         return []
     limit = 1 + baseline["tolerances"][TIME]
-    first_look = first_look or len(heads)
     verdicts = []
     for key in (k for k in baseline["ratios"] if not _counted(k)):
         times = [(_time(head, key), _time(ref, key)) for head, ref in zip(heads, references, strict=True)]
         if times and all(h and r for h, r in times):
             pairs = [h / r for h, r in times]
-            measured = min(pairs) if len(pairs) == first_look else statistics.median(pairs)
-            regressed = min(pairs[:first_look]) > limit and measured > limit
+            second_look = len(pairs) > first_look
+            measured = statistics.median(pairs) if second_look else min(pairs)
+            regressed = min(pairs[:first_look]) > limit and (not second_look or measured > limit)
             verdicts.append(
                 {
                     "ratio": key,

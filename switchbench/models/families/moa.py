@@ -5,6 +5,7 @@ owning a Q and an O projection; a router picks the H active experts of every tok
 import torch
 from torch import Tensor, nn
 
+from switchbench.core.precision import full_precision
 from switchbench.models.config import MOA_GATINGS, ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, o_input, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
@@ -13,7 +14,7 @@ from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.projections import project
-from switchbench.models.layers.router import full_precision, sigmoid_topk
+from switchbench.models.layers.router import sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
 from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.op import expert_matmul, route

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from switchbench.core.precision import full_precision
 from switchbench.models.config import ModelConfig, in_range, one_of
 from switchbench.models.cost import Cost, layer_inputs, softmax_attention, symbols
 from switchbench.models.family import Family, register
@@ -32,7 +33,6 @@ from switchbench.models.layers.kv_cache import CacheEntry, keys_values
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.projections import project
-from switchbench.models.layers.router import full_precision
 from switchbench.models.layers.window import Window, with_memory
 
 ROUTERS = ("softmax", "norm")

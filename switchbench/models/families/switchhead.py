@@ -11,6 +11,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from switchbench.core.precision import full_precision
 from switchbench.models.config import ModelConfig, in_range
 from switchbench.models.cost import Cost, layer_inputs, o_input, printed_xl, softmax_attention, symbols
 from switchbench.models.family import BYTES, Family, register
@@ -19,7 +20,7 @@ from switchbench.models.layers.kv_cache import CacheEntry
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.positions import positional_attention
 from switchbench.models.layers.projections import project
-from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
+from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
 from switchbench.models.layers.window import Window, with_memory
 from switchbench.ops.expert_matmul.cases import Case
 from switchbench.ops.expert_matmul.op import Routing, expert_matmul, route

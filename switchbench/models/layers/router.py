@@ -5,6 +5,7 @@ import math
 import torch
 from torch import Tensor
 
+from switchbench.core.precision import full_precision
 from switchbench.ops.expert_matmul.op import routing_method, top_k_by_rank
 
 
@@ -50,12 +51,6 @@ def top_by_rank(candidates: Tensor, k: int) -> Tensor:
 
 # How each sort-free routing ranks few experts: in a few elementwise kernels, or in one Triton launch
 RANKED = {"count": top_by_rank, "triton": top_k_by_rank}
-
-
-def full_precision(logits: Tensor) -> Tensor:
-    """Logits in at least float32, so that under mixed precision a router's top-k and gates, or the language
-    model's cross-entropy, are not rounded to bf16 or fp16."""
-    return logits.to(torch.promote_types(logits.dtype, torch.float32))
 
 
 def entropy_regularizer(logits: Tensor) -> Tensor:

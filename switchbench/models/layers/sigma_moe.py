@@ -3,11 +3,12 @@
 import torch
 from torch import Tensor, nn
 
+from switchbench.core.precision import full_precision
 from switchbench.models.config import ModelConfig
 from switchbench.models.layers.initialization import init_equal_rows_, init_projection_
 from switchbench.models.layers.observe import Observable
 from switchbench.models.layers.projections import project
-from switchbench.models.layers.router import entropy_regularizer, full_precision, sigmoid_topk
+from switchbench.models.layers.router import entropy_regularizer, sigmoid_topk
 from switchbench.ops.expert_matmul.op import expert_matmul, route
 
 
