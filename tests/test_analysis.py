@@ -430,6 +430,30 @@ def test_the_learning_rate_warms_up_linearly_then_decays_by_a_cosine_to_a_tenth(
     assert learning_rate(10, cfg) == pytest.approx(1e-4) and learning_rate(7, cfg) == pytest.approx(0.55e-3)
 
 
+def test_every_step_clips_the_gradients_norm_to_the_configured_bound(tmp_path, monkeypatch):
+    """Each step's gradients, all parameters together, are scaled to a norm of at most ``clip`` before the
+    optimizer reads them: the norm is read off the gradients themselves just after the clip."""
+    clip_grad_norm = torch.nn.utils.clip_grad_norm_
+    seen = []
+
+    def clipped(parameters, max_norm, *args, **kwargs):
+        parameters = list(parameters)
+        before = clip_grad_norm(parameters, max_norm, *args, **kwargs)
+        after = torch.linalg.vector_norm(
+            torch.stack([p.grad.norm() for p in parameters if p.grad is not None])
+        )
+        seen.append((max_norm, before.item(), after.item()))
+        return before
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", clipped)
+    cfg = TrainConfig(
+        "listops", "listops-transformer-h8", steps=2, batch=4, eval_every=2, val_size=8, clip=1e-3
+    )
+    train(cfg, tmp_path, progress=False)
+    assert [bound for bound, _, _ in seen] == [1e-3, 1e-3]
+    assert all(before > 1e-3 and after == pytest.approx(1e-3, rel=1e-3) for _, before, after in seen)
+
+
 @pytest.mark.slow  # trains twice
 def test_a_run_resumed_to_more_steps_restarts_its_cosine_and_logs_each_rate(tmp_path):
     """The main job trains ListOps in stages: each resumes the last and runs a cosine of its own to its end."""
