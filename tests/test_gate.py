@@ -513,6 +513,11 @@ def test_a_reference_run_sets_the_time_limits_and_the_counts():
         gate.check(upgraded, baseline, reference=broken)
 
 
+def _layer_presets(baseline: dict) -> set[str]:
+    """The presets of the baseline's timed (layer) rows: the dense and SwitchHead layers."""
+    return {r["preset"] for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
+
+
 def _timed(run: dict, ms: dict[str, float]) -> dict:
     """``run`` with each layer row timed: ``ms`` by preset."""
     run = copy.deepcopy(run)
@@ -564,7 +569,7 @@ def test_a_slowdown_both_layers_share_fails_the_layer_times_not_the_ratio():
 def test_gate_fails_a_slowdown_both_layers_share(monkeypatch, capsys):
     """The command end to end on stand-in runs: this code's layers 1.3x slower than the reference's in both pairs,
     their ratio unmoved, is a regression (exit 1) on the four layer rows alone, once two more pairs say so too."""
-    layers = {r["preset"] for r in _run_like(_committed())["rows"] if r["scope"] != "count"}
+    layers = _layer_presets(_committed())
     runs = []
 
     def fake_run(source, out, rounds, commit=None):
@@ -590,7 +595,7 @@ def test_a_regression_the_pairs_timed_again_do_not_repeat_is_not_one(burst, monk
     cries wolf, and where they are as the reference's, passes, each verdict over all four pairs. Without the second
     look the first pairs alone fail (the stand-in's burst is a regression as it stands)."""
     baseline = _committed()
-    layers = {r["preset"] for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
+    layers = _layer_presets(baseline)
     runs = []
 
     def fake_run(source, out, rounds, commit=None):
@@ -631,7 +636,7 @@ def test_a_ratio_that_regressed_in_both_looks_fails_and_one_pair_gives_no_layer_
     """A SwitchHead 40% slower in every run is a regression after the second look too; with --pairs 1 the second
     look's pair gives no layer time verdict (it would stand on one pair of the first look)."""
     baseline = _committed()
-    layers = {r["preset"] for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
+    layers = _layer_presets(baseline)
 
     def fake_run(source, out, rounds, commit=None):
         run = _run_like(baseline, rounds=rounds)
@@ -668,7 +673,7 @@ def test_after_a_second_look_a_layer_time_is_a_regression_where_the_median_pair_
     Beside bursts of memory traffic a 1.3x slowdown of both layers read 1.32, 1.23, 1.12 and 1.20 (not every pair
     past 1.15: every-pair over four would have missed it), and unchanged code 1.25 and 1.19, then about 0.95."""
     baseline = _committed()
-    layers = {r["preset"] for r in _run_like(baseline)["rows"] if r["scope"] != "count"}
+    layers = _layer_presets(baseline)
     reference = _timed(_run_like(baseline), dict.fromkeys(layers, 10.0))
 
     def looked(*ratios: float, first_look: int = 2) -> set[str]:
@@ -786,7 +791,7 @@ def test_gate_times_the_sides_side_by_side_and_says_what_it_compared(monkeypatch
         most.append(len(running))
         both.wait()
         running.discard(side)
-        layers = {r["preset"] for r in _run_like(_committed())["rows"] if r["scope"] != "count"}
+        layers = _layer_presets(_committed())
         return _timed(_run_like(_committed(), rounds=rounds), dict.fromkeys(layers, 4.0))
 
     monkeypatch.setattr(same_machine, "timed_run", fake_run)
